@@ -1,0 +1,399 @@
+/*
+ * spyreccl.h — the stable C API of the spyreccl collective-communication library.
+ *
+ * spyreccl moves and reduces host buffers between the ranks (processes) of one node
+ * through POSIX shared memory. The API is deliberately shaped like NCCL's nccl.h so that
+ * a vendor implementation for real Spyre devices can be dropped in behind the same
+ * symbols without touching the layers above (the torch c10d backend only speaks this API).
+ *
+ * General rules (they hold for every function below unless its comment says otherwise):
+ *  - Every function returns a spyrecclResult_t; no C++ exception ever crosses this
+ *    boundary. On failure, spyrecclGetLastError(comm) returns a human readable message
+ *    that names the operation, the offending argument and what was expected.
+ *  - Buffers are host memory, addressed as (pointer, element count, data type). Counts are
+ *    in elements, never bytes. A count of 0 is valid for every operation (it still
+ *    synchronises the ranks and checks that all of them called the same collective).
+ *  - Collectives are blocking: they return when this rank's part of the operation is
+ *    complete (its output buffer is final and its input buffer may be reused).
+ *  - Every rank of a communicator must call the same collectives in the same order with
+ *    matching (operation, data type, count, reduce op, root). A mismatch is detected and
+ *    reported on every rank as spyrecclMismatch, naming both sides; the communicator is
+ *    then unusable (like after any error other than spyrecclInvalidArgument) and must be
+ *    destroyed.
+ *  - Every wait is bounded: by the communicator's timeout (spyrecclTimeout), by
+ *    spyrecclCommAbort (spyrecclAborted) and by the death or abort of a peer
+ *    (spyrecclRemoteError, reported within a fraction of a second of the death).
+ *  - Thread-safety: a communicator may be used by one thread at a time for
+ *    communication. Different communicators may be used concurrently from different
+ *    threads. spyrecclCommAbort, spyrecclGetErrorString, spyrecclGetVersion and the
+ *    query functions are safe to call from any thread at any time.
+ */
+#ifndef SPYRECCL_SPYRECCL_H_
+#define SPYRECCL_SPYRECCL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#error "spyreccl supports POSIX systems only"
+#endif
+
+#define SPYRECCL_API __attribute__((visibility("default")))
+
+#define SPYRECCL_MAJOR 0
+#define SPYRECCL_MINOR 1
+#define SPYRECCL_PATCH 0
+/* Version code as returned by spyrecclGetVersion: MAJOR*10000 + MINOR*100 + PATCH. */
+#define SPYRECCL_VERSION_CODE (SPYRECCL_MAJOR * 10000 + SPYRECCL_MINOR * 100 + SPYRECCL_PATCH)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* Result codes                                                                          */
+/* ------------------------------------------------------------------------------------ */
+
+typedef enum {
+  spyrecclSuccess = 0,
+  spyrecclSystemError = 1,     /* an OS call failed (shm_open, mmap, ...); errno text in message */
+  spyrecclInternalError = 2,   /* a bug in spyreccl: please report it */
+  spyrecclInvalidArgument = 3, /* bad pointer/count/dtype/op/root/peer; nothing was communicated,
+                                  the communicator stays usable */
+  spyrecclInvalidUsage = 4,    /* call out of order: destroyed/erroneous communicator, bad id, ... */
+  spyrecclRemoteError = 5,     /* a peer died or aborted while this rank waited for it */
+  spyrecclTimeout = 6,         /* a wait exceeded the communicator's timeout */
+  spyrecclAborted = 7,         /* spyrecclCommAbort was called on this communicator */
+  spyrecclMismatch = 8,        /* ranks called different collectives / arguments */
+  spyrecclUnsupported = 9,     /* valid request this implementation does not support
+                                  (e.g. ranks on different hosts) */
+  spyrecclNumResults = 10
+} spyrecclResult_t;
+
+/* ------------------------------------------------------------------------------------ */
+/* Data types and reduction operations                                                   */
+/* ------------------------------------------------------------------------------------ */
+
+/* Numbering follows NCCL for the types both libraries have. */
+typedef enum {
+  spyrecclInt8 = 0,
+  spyrecclUint8 = 1,
+  spyrecclInt32 = 2,
+  spyrecclUint32 = 3,
+  spyrecclInt64 = 4,
+  spyrecclUint64 = 5,
+  spyrecclFloat16 = 6,
+  spyrecclFloat32 = 7,
+  spyrecclFloat64 = 8,
+  spyrecclBfloat16 = 9,
+  spyrecclFloat8e4m3 = 10, /* float8_e4m3fn: no infinities, 0x7f/0xff are NaN */
+  spyrecclFloat8e5m2 = 11,
+  spyrecclInt16 = 12,
+  spyrecclBool = 13, /* one byte, 0 or 1 */
+  spyrecclNumTypes = 14
+} spyrecclDataType_t;
+
+/*
+ * Reduction operations. Semantics per type:
+ *  - float16/bfloat16/float8 are reduced with float32 accumulation and rounded once
+ *    (round-to-nearest-even) at the end; every rank receives bitwise identical results.
+ *  - AVG on floating types: sum / nranks. AVG on integer types: the exact sum divided by
+ *    nranks with truncation toward zero (C integer division, the rule NCCL uses).
+ *    AVG on bool is spyrecclInvalidArgument.
+ *  - BAND/BOR/BXOR: integer and bool types only.
+ *  - bool: SUM and MAX are logical OR, PROD and MIN are logical AND.
+ *  - Integer SUM/PROD wrap around (two's complement) like the C++ operators on unsigned.
+ *  - PreMulSum: see spyrecclRedOpCreatePreMulSum.
+ */
+typedef enum {
+  spyrecclSum = 0,
+  spyrecclProd = 1,
+  spyrecclMax = 2,
+  spyrecclMin = 3,
+  spyrecclAvg = 4,
+  spyrecclBand = 5,
+  spyrecclBor = 6,
+  spyrecclBxor = 7,
+  spyrecclNumOps = 8,
+  /* Values >= spyrecclNumOps are handles returned by spyrecclRedOpCreatePreMulSum. */
+  spyrecclMaxRedOp = 0x7fffffff
+} spyrecclRedOp_t;
+
+/* ------------------------------------------------------------------------------------ */
+/* Unique id and configuration                                                           */
+/* ------------------------------------------------------------------------------------ */
+
+#define SPYRECCL_UNIQUE_ID_BYTES 128
+/*
+ * Plain-old-data token that names one communicator-to-be. Rank 0 creates it with
+ * spyrecclGetUniqueId and hands it to the other ranks over any channel (a file, a
+ * socket, torch's Store). It carries a random per-job nonce, the creating host and a
+ * format version; it is valid for exactly one spyrecclCommInitRank round.
+ */
+typedef struct {
+  char internal[SPYRECCL_UNIQUE_ID_BYTES];
+} spyrecclUniqueId;
+
+#define SPYRECCL_CONFIG_MAGIC 0x5350434cu /* "SPCL" */
+#define SPYRECCL_CONFIG_VERSION 1
+
+/*
+ * Versioned communicator configuration. Always start from SPYRECCL_CONFIG_INITIALIZER
+ * so that fields added by a later version get their defaults; the library reads only
+ * the fields covered by `size`.
+ */
+typedef struct {
+  size_t size;          /* sizeof(spyrecclConfig_t) of the caller's header */
+  unsigned int magic;   /* SPYRECCL_CONFIG_MAGIC */
+  unsigned int version; /* SPYRECCL_CONFIG_VERSION */
+  int64_t timeoutMs;    /* bound on every wait, in ms; default 1800000 (30 min); must be > 0 */
+  size_t chunkBytes;    /* staging bytes per rank per pipeline slot; 0 = default (env
+                           SPYRECCL_CHUNK_BYTES or 1 MiB); rounded to 4 KiB, min 16 KiB */
+  size_t p2pChunkBytes; /* staging bytes per ordered pair for send/recv; 0 = default
+                           (env SPYRECCL_P2P_CHUNK_BYTES or 256 KiB) */
+  const char* name;     /* optional label used in error messages and dumps (copied) */
+} spyrecclConfig_t;
+
+#define SPYRECCL_CONFIG_INITIALIZER                                                    \
+  {                                                                                  \
+    sizeof(spyrecclConfig_t), SPYRECCL_CONFIG_MAGIC, SPYRECCL_CONFIG_VERSION,         \
+        (int64_t)1800000, (size_t)0, (size_t)0, (const char*)0                        \
+  }
+
+/* Opaque communicator handle. */
+typedef struct spyrecclComm* spyrecclComm_t;
+
+#define SPYRECCL_SPLIT_NOCOLOR (-1)
+
+/* ------------------------------------------------------------------------------------ */
+/* Library information and errors                                                        */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * spyrecclGetVersion: stores SPYRECCL_VERSION_CODE of the loaded library in *version.
+ * Thread-safe. Returns spyrecclInvalidArgument if version is NULL.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclGetVersion(int* version);
+
+/*
+ * spyrecclGetErrorString: a static, never-NULL description of a result code
+ * ("spyrecclTimeout: a wait exceeded the communicator timeout"). Thread-safe.
+ */
+SPYRECCL_API const char* spyrecclGetErrorString(spyrecclResult_t result);
+
+/*
+ * spyrecclGetLastError: the detailed message of the last failed call on `comm`, or, when
+ * comm is NULL, of the last failed call on the calling thread that had no communicator
+ * (spyrecclCommInitRank, spyrecclGetUniqueId, ...). Empty string when there was none.
+ * The pointer stays valid until the next call on the same communicator (or thread).
+ */
+SPYRECCL_API const char* spyrecclGetLastError(spyrecclComm_t comm);
+
+/* ------------------------------------------------------------------------------------ */
+/* Communicator lifecycle                                                                */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * spyrecclGetUniqueId: fills *uniqueId with a fresh id (random nonce from the kernel's
+ * CSPRNG, hostname, format version). Called once, by rank 0, per communicator.
+ * Thread-safe.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclGetUniqueId(spyrecclUniqueId* uniqueId);
+
+/*
+ * spyrecclCommInitRank: collective over `nranks` processes of one host that all pass the
+ * same `id`; each passes its distinct `rank` in [0, nranks). Rank 0 creates the shared
+ * memory segment (mode 0600, O_EXCL, unguessable name from the id's nonce); the others
+ * attach, validate it (magic, version, nonce, size) and the segment is unlinked as soon as
+ * every rank has attached, so nothing is left in /dev/shm even if a process is killed.
+ * Blocks until all ranks have joined or config->timeoutMs expires (spyrecclTimeout). A
+ * rank on a different host than rank 0 fails with spyrecclUnsupported. `config` may be
+ * NULL for the defaults. On failure *comm is set to NULL.
+ * Thread-safety: may be called concurrently from different threads for different ids.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclCommInitRank(spyrecclComm_t* comm, int nranks,
+                                                   spyrecclUniqueId id, int rank,
+                                                   const spyrecclConfig_t* config);
+
+/*
+ * spyrecclCommSplit: collective over every rank of `comm`. Ranks passing the same
+ * `color` form a new communicator, ordered by (`key`, old rank). A rank passing
+ * SPYRECCL_SPLIT_NOCOLOR gets *newcomm = NULL. `config` NULL inherits comm's settings.
+ * Like any collective it must be called by all ranks of `comm` in the same order.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclCommSplit(spyrecclComm_t comm, int color, int key,
+                                                spyrecclComm_t* newcomm,
+                                                const spyrecclConfig_t* config);
+
+/*
+ * spyrecclCommDestroy: local (not collective) release of all resources of `comm`:
+ * mappings, descriptors, memory. Peers that later wait for this rank get
+ * spyrecclRemoteError ("rank r left the communicator"). Must not race with another
+ * thread still using `comm`: call spyrecclCommAbort first to unblock it, then join it.
+ * Destroying NULL is a no-op returning spyrecclSuccess.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclCommDestroy(spyrecclComm_t comm);
+
+/*
+ * spyrecclCommAbort: marks `comm` aborted and wakes every wait on it. Safe to call from
+ * any thread (also while another thread is blocked inside a collective on `comm`, which
+ * then returns spyrecclAborted) and from a signal-free context only. Peers blocked on
+ * this rank get spyrecclRemoteError. Does not free memory: call spyrecclCommDestroy once
+ * no thread uses the communicator any more. Idempotent.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclCommAbort(spyrecclComm_t comm);
+
+/* spyrecclCommCount / spyrecclCommUserRank: size and rank of `comm`. Thread-safe. */
+SPYRECCL_API spyrecclResult_t spyrecclCommCount(const spyrecclComm_t comm, int* count);
+SPYRECCL_API spyrecclResult_t spyrecclCommUserRank(const spyrecclComm_t comm, int* rank);
+
+/*
+ * spyrecclCommSetTimeout: changes the bound on every subsequent wait (ms, > 0).
+ * Thread-safe; a wait already in progress keeps its deadline.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclCommSetTimeout(spyrecclComm_t comm, int64_t timeoutMs);
+
+/*
+ * spyrecclCommGetAsyncError: spyrecclSuccess while `comm` is healthy, otherwise the
+ * error that broke it (a peer death is noticed here only once a wait observes it).
+ * Thread-safe.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclCommGetAsyncError(spyrecclComm_t comm,
+                                                        spyrecclResult_t* asyncError);
+
+/*
+ * spyrecclCommDumpState: writes a NUL-terminated, human readable snapshot of `comm`
+ * (this rank's recent collectives with sequence numbers, sizes and states, and what
+ * every peer last announced) into buf[0..len). In the spirit of NCCL's flight recorder;
+ * the same text is appended to timeout/peer-failure messages and written to
+ * $SPYRECCL_DUMP_DIR/spyreccl-<name>-rank<r>.txt on such failures when that variable is
+ * set. Thread-safe. Truncates silently when len is too small.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclCommDumpState(spyrecclComm_t comm, char* buf, size_t len);
+
+/*
+ * spyrecclRedOpCreatePreMulSum: creates a reduction handle that computes
+ * sum_r(scalar * x_r) (the scalar is applied in the accumulation type: float32 for
+ * 16/8-bit floats, the type itself otherwise; integer types are rejected). Local call;
+ * the handle is valid on `comm` only and every rank must create its handles in the same
+ * order. At most 1024 live handles per communicator.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclRedOpCreatePreMulSum(spyrecclRedOp_t* op, double scalar,
+                                                           spyrecclDataType_t datatype,
+                                                           spyrecclComm_t comm);
+SPYRECCL_API spyrecclResult_t spyrecclRedOpDestroy(spyrecclRedOp_t op, spyrecclComm_t comm);
+
+/* ------------------------------------------------------------------------------------ */
+/* Collectives (blocking; see the general rules at the top)                              */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * spyrecclAllReduce: recvbuff[i] = op over ranks of sendbuff[i], i < count, on every rank.
+ * In place when sendbuff == recvbuff. Buffers must not otherwise overlap.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclAllReduce(const void* sendbuff, void* recvbuff,
+                                                size_t count, spyrecclDataType_t datatype,
+                                                spyrecclRedOp_t op, spyrecclComm_t comm);
+
+/* spyrecclReduce: like AllReduce but only `root` receives; recvbuff is ignored elsewhere
+ * (may be NULL). In place on root when sendbuff == recvbuff. */
+SPYRECCL_API spyrecclResult_t spyrecclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                             spyrecclDataType_t datatype, spyrecclRedOp_t op,
+                                             int root, spyrecclComm_t comm);
+
+/* spyrecclBroadcast: copies root's sendbuff to every rank's recvbuff. sendbuff is read on
+ * root only (NULL allowed elsewhere). In place when sendbuff == recvbuff. */
+SPYRECCL_API spyrecclResult_t spyrecclBroadcast(const void* sendbuff, void* recvbuff,
+                                                size_t count, spyrecclDataType_t datatype,
+                                                int root, spyrecclComm_t comm);
+
+/* spyrecclAllGather: recvbuff[r*sendcount + i] = sendbuff_of_rank_r[i]. In place when
+ * sendbuff == recvbuff + rank*sendcount (in elements). */
+SPYRECCL_API spyrecclResult_t spyrecclAllGather(const void* sendbuff, void* recvbuff,
+                                                size_t sendcount, spyrecclDataType_t datatype,
+                                                spyrecclComm_t comm);
+
+/* spyrecclReduceScatter: recvbuff[i] = op over ranks r of sendbuff_r[rank*recvcount + i].
+ * sendbuff holds nranks*recvcount elements. In place when
+ * recvbuff == sendbuff + rank*recvcount. */
+SPYRECCL_API spyrecclResult_t spyrecclReduceScatter(const void* sendbuff, void* recvbuff,
+                                                    size_t recvcount,
+                                                    spyrecclDataType_t datatype,
+                                                    spyrecclRedOp_t op, spyrecclComm_t comm);
+
+/* spyrecclAllToAll: block p of sendbuff (count elements) goes to rank p, where it lands
+ * as block `rank` of recvbuff. Not in place. */
+SPYRECCL_API spyrecclResult_t spyrecclAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                                               spyrecclDataType_t datatype, spyrecclComm_t comm);
+
+/* spyrecclAllToAllv: sendcounts[p] elements from sendbuff + sdispls[p] go to rank p, which
+ * receives them at recvbuff + rdispls[rank] with recvcounts[rank] == this sendcounts[p]
+ * (checked: a disagreement is spyrecclMismatch on both ranks). Arrays have nranks entries,
+ * all in elements. Not in place. */
+SPYRECCL_API spyrecclResult_t spyrecclAllToAllv(const void* sendbuff, const size_t* sendcounts,
+                                                const size_t* sdispls, void* recvbuff,
+                                                const size_t* recvcounts, const size_t* rdispls,
+                                                spyrecclDataType_t datatype,
+                                                spyrecclComm_t comm);
+
+/* spyrecclGather: root's recvbuff[r*sendcount + i] = sendbuff_r[i]; recvbuff ignored
+ * elsewhere. In place on root when sendbuff == recvbuff + root*sendcount. */
+SPYRECCL_API spyrecclResult_t spyrecclGather(const void* sendbuff, void* recvbuff,
+                                             size_t sendcount, spyrecclDataType_t datatype,
+                                             int root, spyrecclComm_t comm);
+
+/* spyrecclScatter: recvbuff[i] = root's sendbuff[rank*recvcount + i]; sendbuff read on root
+ * only. In place on root when recvbuff == sendbuff + root*recvcount. */
+SPYRECCL_API spyrecclResult_t spyrecclScatter(const void* sendbuff, void* recvbuff,
+                                              size_t recvcount, spyrecclDataType_t datatype,
+                                              int root, spyrecclComm_t comm);
+
+/* spyrecclBarrier: returns once every rank has entered it. */
+SPYRECCL_API spyrecclResult_t spyrecclBarrier(spyrecclComm_t comm);
+
+/* ------------------------------------------------------------------------------------ */
+/* Point-to-point                                                                        */
+/* ------------------------------------------------------------------------------------ */
+
+/*
+ * spyrecclSend / spyrecclRecv: messages between an ordered pair of ranks are delivered
+ * in FIFO order; a receive must name the same count, datatype and tag as the matching
+ * send (otherwise spyrecclMismatch on the receiving rank, and on the sender when it is
+ * still transferring). Any size; large messages are pipelined through a bounded staging
+ * area, so a blocking send of a large message returns only once the receiver has
+ * consumed most of it. To post sends and receives that must progress together (e.g. a
+ * ring exchange) wrap them in spyrecclGroupStart/End. Peer == own rank is
+ * spyrecclInvalidArgument.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclSend(const void* sendbuff, size_t count,
+                                           spyrecclDataType_t datatype, int peer, int tag,
+                                           spyrecclComm_t comm);
+SPYRECCL_API spyrecclResult_t spyrecclRecv(void* recvbuff, size_t count,
+                                           spyrecclDataType_t datatype, int peer, int tag,
+                                           spyrecclComm_t comm);
+
+/*
+ * spyrecclRecvAnySource: receives the next message with tag `tag` from whichever rank
+ * sends first (lowest rank wins a tie); *source receives that rank. Not allowed inside a
+ * group.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclRecvAnySource(void* recvbuff, size_t count,
+                                                    spyrecclDataType_t datatype, int tag,
+                                                    int* source, spyrecclComm_t comm);
+
+/*
+ * spyrecclGroupStart / spyrecclGroupEnd: between them, spyrecclSend and spyrecclRecv on
+ * the calling thread only validate and enqueue; spyrecclGroupEnd progresses all enqueued
+ * operations concurrently and returns when all are complete (or the first error; the
+ * remaining operations are then abandoned and their communicators marked failed).
+ * Groups nest (only the outermost End executes). Collectives are not allowed inside a
+ * group (spyrecclInvalidUsage). Per-thread state: thread-safe.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclGroupStart(void);
+SPYRECCL_API spyrecclResult_t spyrecclGroupEnd(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SPYRECCL_SPYRECCL_H_ */

@@ -1,0 +1,43 @@
+// Reduction kernels and data-type facts of the core.
+//
+// This is the only place that knows how each (data type, reduce op) pair is computed;
+// the algorithms in src/algorithms only decide *which* buffers are combined.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "spyreccl/spyreccl.h"
+
+namespace spyreccl::kernels {
+
+// A resolved reduction: a built-in op, optionally with a pre-multiplication scalar
+// (PreMulSum handles resolve to op == spyrecclSum, premul == true).
+struct ReduceSpec {
+  spyrecclDataType_t dtype = spyrecclFloat32;
+  spyrecclRedOp_t op = spyrecclSum;  // one of spyrecclSum .. spyrecclBxor
+  bool premul = false;               // multiply every source by `scalar` before summing
+  double scalar = 1.0;
+  int avgDivisor = 1;                // AVG divides the combined value by this (nranks)
+};
+
+// Bytes per element of `dtype`; 0 for an invalid value.
+size_t dtypeSize(spyrecclDataType_t dtype);
+// "float32", "bfloat16", ...; "invalid" for an invalid value.
+const char* dtypeName(spyrecclDataType_t dtype);
+// "sum", "prod", "max", "min", "avg", "band", "bor", "bxor", "premul_sum".
+const char* opName(spyrecclRedOp_t op, bool premul);
+
+// True when `spec` can be computed. Otherwise fills *why with a sentence such as
+// "reduce op band is defined for integer and bool types only, got float32".
+bool validate(const ReduceSpec& spec, std::string* why);
+
+// dst[i] = op(srcs[0][i], ..., srcs[nsrc-1][i]) for i < count, combining the sources in
+// index order (so every rank that calls it with the same sources in the same order gets
+// bitwise identical results). float16/bfloat16/float8 accumulate in float32 and round
+// once at the end (round-to-nearest-even). AVG divides the combined value by
+// spec.avgDivisor (integers: truncation toward zero). dst may alias srcs[0] but no other
+// source. nsrc >= 1. Precondition: validate(spec) holds.
+void reduce(const ReduceSpec& spec, void* dst, const void* const* srcs, int nsrc, size_t count);
+
+}  // namespace spyreccl::kernels
