@@ -28,6 +28,11 @@ const char* dtypeName(spyrecclDataType_t dtype);
 // "sum", "prod", "max", "min", "avg", "band", "bor", "bxor", "premul_sum".
 const char* opName(spyrecclRedOp_t op, bool premul);
 
+// float16, float32, float64, bfloat16, float8_e4m3fn, float8_e5m2.
+bool isFloatingType(spyrecclDataType_t dtype);
+// int8, uint8, int16, int32, uint32, int64, uint64 (bool is neither).
+bool isIntegerType(spyrecclDataType_t dtype);
+
 // True when `spec` can be computed. Otherwise fills *why with a sentence such as
 // "reduce op band is defined for integer and bool types only, got float32".
 bool validate(const ReduceSpec& spec, std::string* why);

@@ -1,0 +1,50 @@
+// allgather and gather: in each step every rank posts the next chunk of its input; after
+// the wait every rank (allgather) or the root (gather) copies the peers' chunks into place.
+#include <cstring>
+
+#include "algorithms/collectives.h"
+#include "algorithms/op_scope.h"
+
+namespace spyreccl::algorithms {
+namespace {
+
+void gatherImpl(Communicator& c, Kind kind, const void* sendbuff, void* recvbuff,
+                size_t sendcount, spyrecclDataType_t dtype, int root) {
+  OpScope scope(c, makeDescriptor(kind, dtype, sendcount, root));
+  const int n = c.nranks();
+  const int r = c.rank();
+  const bool receives = root < 0 || r == root;
+  const size_t bytes = sendcount * kernels::dtypeSize(dtype);
+  const size_t chunk = c.layout().chunkBytes();
+  const size_t nsteps = std::max<size_t>(1, ceilDiv(bytes, chunk));
+  const auto* send = static_cast<const uint8_t*>(sendbuff);
+  auto* recv = static_cast<uint8_t*>(recvbuff);
+  // In place (send == recv + rank * bytes) our block is already where it belongs.
+  if (receives && bytes && send != recv + r * bytes) std::memcpy(recv + r * bytes, send, bytes);
+  for (size_t j = 0; j < nsteps; ++j) {
+    const uint32_t s = c.beginStep();
+    const size_t off = j * chunk;
+    const size_t len = bytes > off ? std::min(chunk, bytes - off) : 0;
+    if (len && r != root) std::memcpy(c.staging(r, s), send + off, len);
+    c.exchange(s, j == 0 ? scope.desc() : nullptr);
+    if (!receives || len == 0) continue;
+    for (int q = 0; q < n; ++q) {
+      if (q != r) std::memcpy(recv + q * bytes + off, c.staging(q, s), len);
+    }
+  }
+  scope.succeed();
+}
+
+}  // namespace
+
+void allGather(Communicator& c, const void* send, void* recv, size_t sendcount,
+               spyrecclDataType_t dtype) {
+  gatherImpl(c, Kind::kAllGather, send, recv, sendcount, dtype, -1);
+}
+
+void gather(Communicator& c, const void* send, void* recv, size_t sendcount,
+            spyrecclDataType_t dtype, int root) {
+  gatherImpl(c, Kind::kGather, send, recv, sendcount, dtype, root);
+}
+
+}  // namespace spyreccl::algorithms

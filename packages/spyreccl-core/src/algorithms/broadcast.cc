@@ -1,0 +1,61 @@
+// broadcast and scatter: the root streams its data through its staging buffers, one chunk
+// per step; the other ranks copy their part out after each step's wait. Double buffering
+// lets the root fill chunk j + 1 while the others still copy chunk j.
+#include <cstring>
+
+#include "algorithms/collectives.h"
+#include "algorithms/op_scope.h"
+
+namespace spyreccl::algorithms {
+
+void broadcast(Communicator& c, const void* sendbuff, void* recvbuff, size_t count,
+               spyrecclDataType_t dtype, int root) {
+  OpScope scope(c, makeDescriptor(Kind::kBroadcast, dtype, count, root));
+  const int r = c.rank();
+  const size_t bytes = count * kernels::dtypeSize(dtype);
+  const size_t chunk = c.layout().chunkBytes();
+  const size_t nsteps = std::max<size_t>(1, ceilDiv(bytes, chunk));
+  const auto* send = static_cast<const uint8_t*>(sendbuff);
+  auto* recv = static_cast<uint8_t*>(recvbuff);
+  if (r == root && bytes && send != recv) std::memcpy(recv, send, bytes);
+  for (size_t j = 0; j < nsteps; ++j) {
+    const uint32_t s = c.beginStep();
+    const size_t off = j * chunk;
+    const size_t len = bytes > off ? std::min(chunk, bytes - off) : 0;
+    if (r == root && len) std::memcpy(c.staging(r, s), send + off, len);
+    c.exchange(s, j == 0 ? scope.desc() : nullptr);
+    if (r != root && len) std::memcpy(recv + off, c.staging(root, s), len);
+  }
+  scope.succeed();
+}
+
+void scatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t recvcount,
+             spyrecclDataType_t dtype, int root) {
+  OpScope scope(c, makeDescriptor(Kind::kScatter, dtype, recvcount, root));
+  const int n = c.nranks();
+  const int r = c.rank();
+  const size_t blockBytes = recvcount * kernels::dtypeSize(dtype);
+  const size_t slot = slotBytes(c);
+  const size_t nsteps = std::max<size_t>(1, ceilDiv(blockBytes, slot));
+  const auto* send = static_cast<const uint8_t*>(sendbuff);
+  auto* recv = static_cast<uint8_t*>(recvbuff);
+  if (r == root && blockBytes && recv != send + root * blockBytes) {
+    std::memcpy(recv, send + root * blockBytes, blockBytes);
+  }
+  for (size_t j = 0; j < nsteps; ++j) {
+    const uint32_t s = c.beginStep();
+    const size_t off = j * slot;
+    const size_t len = blockBytes > off ? std::min(slot, blockBytes - off) : 0;
+    if (r == root && len) {
+      uint8_t* mine = c.staging(r, s);
+      for (int p = 0; p < n; ++p) {
+        if (p != root) std::memcpy(mine + p * slot, send + p * blockBytes + off, len);
+      }
+    }
+    c.exchange(s, j == 0 ? scope.desc() : nullptr);
+    if (r != root && len) std::memcpy(recv + off, c.staging(root, s) + r * slot, len);
+  }
+  scope.succeed();
+}
+
+}  // namespace spyreccl::algorithms

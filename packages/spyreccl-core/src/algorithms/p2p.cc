@@ -1,0 +1,264 @@
+// Point-to-point over the mailbox of each ordered pair (src -> dst): two slots of
+// p2pChunkBytes written by the sender only (`posted` counts chunks) and drained by the
+// receiver only (`consumed`), so each side owns one counter and a chunk is never read
+// while it is written. Two slots let the sender fill chunk i + 1 while the receiver
+// copies chunk i. Every chunk carries a header {message number, count, dtype, tag,
+// offset, bytes}; the receiver checks (count, dtype, tag) on the first chunk of each
+// message before touching its buffer, and a refusal is published in the mailbox so the
+// sender fails with the same mismatch instead of waiting for its peer to time out.
+//
+// Blocked senders and receivers sleep on their own rank's doorbell, which every peer
+// bumps after posting to or draining from one of this rank's mailboxes; one word covers
+// any number of pending operations (groups, receive from any source).
+#include "algorithms/p2p.h"
+
+#include <cstring>
+
+#include "common/error.h"
+#include "transport/wait.h"
+
+namespace spyreccl::algorithms {
+
+using transport::ChunkHeader;
+using transport::MailboxControl;
+
+namespace {
+
+void ringDoorbell(Communicator& c, int peer) {
+  std::atomic<uint32_t>* db = &c.control(peer)->doorbell;
+  db->fetch_add(1, std::memory_order_release);
+  transport::notify(db, c.sleepers());
+}
+
+MailboxControl* outbox(Communicator& c, int peer) {
+  return c.layout().mailbox(c.base(), c.rank(), peer);
+}
+MailboxControl* inbox(Communicator& c, int peer) {
+  return c.layout().mailbox(c.base(), peer, c.rank());
+}
+
+std::string signature(uint64_t count, int dtype, int tag) {
+  return format("count=%llu, %s, tag=%d", static_cast<unsigned long long>(count),
+                kernels::dtypeName(static_cast<spyrecclDataType_t>(dtype)), tag);
+}
+
+bool rejected(const P2POp& op) {
+  return op.started &&
+         outbox(*op.comm, op.peer)->rejectedSeq.load(std::memory_order_acquire) == op.msgSeq + 1;
+}
+
+// True when trySend/tryRecv would make progress (or fail) now.
+bool canProgress(const P2POp& op) {
+  Communicator& c = *op.comm;
+  if (op.isSend) {
+    uint32_t consumed = outbox(c, op.peer)->consumed.load(std::memory_order_acquire);
+    return c.p2p(op.peer).postedChunks - consumed < 2 || rejected(op);
+  }
+  return inbox(c, op.peer)->posted.load(std::memory_order_acquire) !=
+         c.p2p(op.peer).consumedChunks;
+}
+
+bool trySend(P2POp& op) {
+  Communicator& c = *op.comm;
+  MailboxControl* mb = outbox(c, op.peer);
+  Communicator::PeerP2P& st = c.p2p(op.peer);
+  if (rejected(op)) {
+    SPYRECCL_THROW(spyrecclMismatch,
+                   "send to rank %d: rank %d sent message #%llu as send(%s) but rank %d posted "
+                   "recv(%s) for it",
+                   op.peer, c.rank(), static_cast<unsigned long long>(op.msgSeq),
+                   signature(op.count, op.dtype, op.tag).c_str(), op.peer,
+                   signature(mb->expectCount, mb->expectDtype, mb->expectTag).c_str());
+  }
+  const uint32_t posted = st.postedChunks;
+  if (posted - mb->consumed.load(std::memory_order_acquire) >= 2) return false;
+  if (!op.started) {
+    op.msgSeq = st.sendMsgs++;
+    op.started = true;
+  }
+  const size_t total = op.count * kernels::dtypeSize(op.dtype);
+  const size_t len = std::min(c.layout().p2pChunkBytes(), total - op.done);
+  ChunkHeader* h = c.layout().slot(c.base(), c.rank(), op.peer, posted);
+  h->msgSeq = op.msgSeq;
+  h->count = op.count;
+  h->totalBytes = total;
+  h->offset = op.done;
+  h->bytes = len;
+  h->dtype = op.dtype;
+  h->tag = op.tag;
+  if (len) std::memcpy(transport::Layout::payload(h), op.sendBuf + op.done, len);
+  st.postedChunks = posted + 1;
+  mb->posted.store(posted + 1, std::memory_order_release);
+  ringDoorbell(c, op.peer);
+  op.done += len;
+  op.finished = op.done == total;
+  return true;
+}
+
+bool tryRecv(P2POp& op) {
+  Communicator& c = *op.comm;
+  MailboxControl* mb = inbox(c, op.peer);
+  Communicator::PeerP2P& st = c.p2p(op.peer);
+  const uint32_t consumed = st.consumedChunks;
+  if (mb->posted.load(std::memory_order_acquire) == consumed) return false;
+  const ChunkHeader* h = c.layout().slot(c.base(), op.peer, c.rank(), consumed);
+  const size_t total = op.count * kernels::dtypeSize(op.dtype);
+  if (!op.started) {
+    if (h->msgSeq != st.recvMsgs || h->offset != 0) {
+      SPYRECCL_THROW(spyrecclInternalError,
+                     "internal error: recv from rank %d expected the start of message #%llu, "
+                     "found message #%llu at offset %llu",
+                     op.peer, static_cast<unsigned long long>(st.recvMsgs),
+                     static_cast<unsigned long long>(h->msgSeq),
+                     static_cast<unsigned long long>(h->offset));
+    }
+    if (h->count != op.count || h->dtype != op.dtype || h->tag != op.tag ||
+        h->totalBytes != total) {
+      mb->expectCount = op.count;
+      mb->expectDtype = op.dtype;
+      mb->expectTag = op.tag;
+      mb->rejectedSeq.store(h->msgSeq + 1, std::memory_order_release);
+      ringDoorbell(c, op.peer);
+      SPYRECCL_THROW(spyrecclMismatch,
+                     "recv from rank %d: rank %d posted recv(%s) but rank %d sent message #%llu "
+                     "as send(%s)",
+                     op.peer, c.rank(), signature(op.count, op.dtype, op.tag).c_str(), op.peer,
+                     static_cast<unsigned long long>(h->msgSeq),
+                     signature(h->count, h->dtype, h->tag).c_str());
+    }
+    op.msgSeq = st.recvMsgs++;
+    op.started = true;
+  }
+  if (h->offset != op.done || h->bytes > total - op.done || h->msgSeq != op.msgSeq) {
+    SPYRECCL_THROW(spyrecclInternalError,
+                   "internal error: recv from rank %d got chunk (message #%llu, offset %llu, %llu "
+                   "bytes) while expecting message #%llu offset %zu",
+                   op.peer, static_cast<unsigned long long>(h->msgSeq),
+                   static_cast<unsigned long long>(h->offset),
+                   static_cast<unsigned long long>(h->bytes),
+                   static_cast<unsigned long long>(op.msgSeq), op.done);
+  }
+  if (h->bytes) std::memcpy(op.recvBuf + op.done, transport::Layout::payload(h), h->bytes);
+  op.done += h->bytes;
+  st.consumedChunks = consumed + 1;
+  mb->consumed.store(consumed + 1, std::memory_order_release);
+  ringDoorbell(c, op.peer);
+  op.finished = op.done == total;
+  return true;
+}
+
+}  // namespace
+
+std::string P2POp::describe() const {
+  return format("%s(%s) %s rank %d", isSend ? "send" : "recv",
+                signature(count, dtype, tag).c_str(), isSend ? "to" : "from", peer);
+}
+
+GroupState& threadGroup() {
+  thread_local GroupState state;
+  return state;
+}
+
+void runP2P(std::vector<P2POp>& ops) {
+  // pred[i]: the previous operation on the same (communicator, peer, direction); i may only
+  // start once it finished, which keeps each pair's stream FIFO.
+  std::vector<int> pred(ops.size(), -1);
+  std::vector<std::vector<int>> peerLists(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    for (size_t k = i; k-- > 0;) {
+      if (ops[k].comm == ops[i].comm && ops[k].peer == ops[i].peer &&
+          ops[k].isSend == ops[i].isSend) {
+        pred[i] = static_cast<int>(k);
+        break;
+      }
+    }
+    peerLists[i] = {ops[i].peer};
+    ops[i].comm->setOpLabel(ops.size() == 1 ? ops[i].describe()
+                                            : format("group of %zu send/recv", ops.size()));
+  }
+  auto eligible = [&](size_t i) {
+    return !ops[i].finished && (pred[i] < 0 || ops[pred[i]].finished);
+  };
+
+  try {
+    for (;;) {
+      bool progressed = false;
+      bool allDone = true;
+      int firstPending = -1;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (ops[i].finished) continue;
+        if (eligible(i)) {
+          // One chunk per operation per round keeps concurrent streams fair.
+          if (ops[i].isSend ? trySend(ops[i]) : tryRecv(ops[i])) progressed = true;
+        }
+        if (!ops[i].finished) {
+          allDone = false;
+          if (firstPending < 0) firstPending = static_cast<int>(i);
+        }
+      }
+      if (allDone) return;
+      if (progressed) continue;
+
+      auto ready = [&] {
+        for (size_t i = 0; i < ops.size(); ++i) {
+          if (eligible(i) && canProgress(ops[i])) return true;
+        }
+        return false;
+      };
+      Communicator& wc = *ops[firstPending].comm;
+      transport::waitUntil(wc.spin(), &wc.control(wc.rank())->doorbell, wc.sleepers(), ready,
+                           [&](int64_t waited, bool full) {
+                             for (size_t i = 0; i < ops.size(); ++i) {
+                               if (ops[i].finished) continue;
+                               ops[i].comm->checkWait(waited, full, &peerLists[i], ready,
+                                                      [&] { return ops[i].describe(); });
+                             }
+                           });
+    }
+  } catch (const Error& e) {
+    for (P2POp& op : ops) {
+      op.comm->markFailed(e.code(), e.message());
+      op.comm->setLastError(e.message());
+    }
+    throw;
+  }
+}
+
+int recvAnySource(Communicator& c, void* recv, size_t count, spyrecclDataType_t dtype, int tag) {
+  c.setOpLabel(format("recv_any_source(%s)", signature(count, dtype, tag).c_str()));
+  // The next message of each incoming stream is the chunk at the receiver's consumed count;
+  // pick the lowest rank whose next message carries `tag`.
+  auto probe = [&]() -> int {
+    for (int p = 0; p < c.nranks(); ++p) {
+      if (p == c.rank()) continue;
+      const uint32_t consumed = c.p2p(p).consumedChunks;
+      if (inbox(c, p)->posted.load(std::memory_order_acquire) == consumed) continue;
+      const ChunkHeader* h = c.layout().slot(c.base(), p, c.rank(), consumed);
+      if (h->offset == 0 && h->tag == tag) return p;
+    }
+    return -1;
+  };
+  int source = probe();
+  if (source < 0) {
+    auto ready = [&] { return probe() >= 0; };
+    transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
+                         [&](int64_t waited, bool full) {
+                           c.checkWait(waited, full, nullptr, ready, [&] {
+                             return format("a message with tag %d from any rank", tag);
+                           });
+                         });
+    source = probe();
+  }
+  std::vector<P2POp> ops(1);
+  ops[0].comm = &c;
+  ops[0].isSend = false;
+  ops[0].peer = source;
+  ops[0].tag = tag;
+  ops[0].dtype = dtype;
+  ops[0].count = count;
+  ops[0].recvBuf = static_cast<uint8_t*>(recv);
+  runP2P(ops);
+  return source;
+}
+
+}  // namespace spyreccl::algorithms

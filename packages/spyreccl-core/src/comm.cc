@@ -1,0 +1,463 @@
+#include "comm.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "common/env.h"
+#include "common/log.h"
+#include "transport/wait.h"
+
+namespace spyreccl {
+
+using transport::Descriptor;
+using transport::RankControl;
+
+// ---------------------------------------------------------------------------------------
+// configuration
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kMinChunkBytes = 16 << 10;
+constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+constexpr size_t kMinP2PChunkBytes = 4 << 10;
+
+template <class Field>
+bool covers(const spyrecclConfig_t* c, size_t offset) {
+  return c->size >= offset + sizeof(Field);
+}
+
+const char* resultName(int code) {
+  switch (code) {
+    case spyrecclSuccess: return "spyrecclSuccess";
+    case spyrecclSystemError: return "spyrecclSystemError";
+    case spyrecclInternalError: return "spyrecclInternalError";
+    case spyrecclInvalidArgument: return "spyrecclInvalidArgument";
+    case spyrecclInvalidUsage: return "spyrecclInvalidUsage";
+    case spyrecclRemoteError: return "spyrecclRemoteError";
+    case spyrecclTimeout: return "spyrecclTimeout";
+    case spyrecclAborted: return "spyrecclAborted";
+    case spyrecclMismatch: return "spyrecclMismatch";
+    case spyrecclUnsupported: return "spyrecclUnsupported";
+  }
+  return "unknown result";
+}
+
+bool isFloating(spyrecclDataType_t t) {
+  return t == spyrecclFloat16 || t == spyrecclFloat32 || t == spyrecclFloat64 ||
+         t == spyrecclBfloat16 || t == spyrecclFloat8e4m3 || t == spyrecclFloat8e5m2;
+}
+
+}  // namespace
+
+CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char* op,
+                         const CommConfig* inherit) {
+  CommConfig c;
+  if (inherit != nullptr) {
+    c = *inherit;
+  } else {
+    c.chunkBytes = envBytes("SPYRECCL_CHUNK_BYTES", c.chunkBytes);
+    c.p2pChunkBytes = envBytes("SPYRECCL_P2P_CHUNK_BYTES", c.p2pChunkBytes);
+    c.oneshotMaxBytes = envBytes("SPYRECCL_ALLREDUCE_ONESHOT_MAX", c.oneshotMaxBytes);
+  }
+  if (config != nullptr) {
+    SPYRECCL_CHECK_ARG(config->size >= offsetof(spyrecclConfig_t, version) + sizeof(unsigned),
+                       op, "argument 'config' has size %zu, too small for a spyrecclConfig_t "
+                       "(initialise it with SPYRECCL_CONFIG_INITIALIZER)", config->size);
+    SPYRECCL_CHECK_ARG(config->magic == SPYRECCL_CONFIG_MAGIC, op,
+                       "argument 'config' has magic 0x%08x, expected SPYRECCL_CONFIG_MAGIC "
+                       "0x%08x (initialise it with SPYRECCL_CONFIG_INITIALIZER)",
+                       config->magic, SPYRECCL_CONFIG_MAGIC);
+    SPYRECCL_CHECK_ARG(config->version >= 1, op,
+                       "argument 'config' has version %u, expected >= 1", config->version);
+    if (covers<int64_t>(config, offsetof(spyrecclConfig_t, timeoutMs))) {
+      SPYRECCL_CHECK_ARG(config->timeoutMs > 0, op,
+                         "argument 'config->timeoutMs' = %lld must be > 0",
+                         static_cast<long long>(config->timeoutMs));
+      c.timeoutMs = config->timeoutMs;
+    }
+    if (covers<size_t>(config, offsetof(spyrecclConfig_t, chunkBytes)) && config->chunkBytes) {
+      c.chunkBytes = config->chunkBytes;
+    }
+    if (covers<size_t>(config, offsetof(spyrecclConfig_t, p2pChunkBytes)) &&
+        config->p2pChunkBytes) {
+      c.p2pChunkBytes = config->p2pChunkBytes;
+    }
+    if (covers<const char*>(config, offsetof(spyrecclConfig_t, name)) && config->name) {
+      c.name = config->name;
+    }
+  }
+  SPYRECCL_CHECK_ARG(c.chunkBytes <= kMaxChunkBytes, op,
+                     "chunkBytes = %zu exceeds the maximum of %zu", c.chunkBytes, kMaxChunkBytes);
+  SPYRECCL_CHECK_ARG(c.p2pChunkBytes <= kMaxChunkBytes, op,
+                     "p2pChunkBytes = %zu exceeds the maximum of %zu", c.p2pChunkBytes,
+                     kMaxChunkBytes);
+  // Every rank must derive the same sizes: only deterministic rounding below. Each rank's
+  // share of a chunk must stay a useful size (>= 256 bytes) even for many ranks.
+  c.chunkBytes = transport::alignUp(std::max({c.chunkBytes, kMinChunkBytes,
+                                              static_cast<size_t>(nranks) * 256}),
+                                    transport::kPage);
+  c.p2pChunkBytes = transport::alignUp(std::max(c.p2pChunkBytes, kMinP2PChunkBytes),
+                                       transport::kCacheLine);
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------
+// lifetime
+// ---------------------------------------------------------------------------------------
+
+Communicator::Communicator(int rank, int nranks, CommConfig config,
+                           std::unique_ptr<transport::Segment> segment, std::vector<pid_t> pids)
+    : rank_(rank),
+      nranks_(nranks),
+      config_(std::move(config)),
+      timeoutMs_(config_.timeoutMs),
+      segment_(std::move(segment)),
+      layout_(nranks, config_.chunkBytes, config_.p2pChunkBytes),
+      spin_(nranks <= transport::usableCpus()),
+      p2p_(nranks),
+      sources_(nranks),
+      premul_(kMaxPreMulSum) {
+  who_ = format("rank %d/%d", rank, nranks);
+  if (!config_.name.empty()) who_ += " '" + config_.name + "'";
+  watches_.resize(nranks);
+  for (int p = 0; p < nranks; ++p) {
+    if (p == rank) continue;
+    transport::PeerWatch w(pids[p]);
+    if (w.dead()) {
+      // The peer attached moments ago: a pid we cannot see lives in another pid
+      // namespace. Do not watch it rather than report a false death.
+      SPYRECCL_LOG(kWarn, who_.c_str(), "cannot observe rank %d (pid %d) from this pid "
+                   "namespace; its death will be noticed by timeout only", p, pids[p]);
+      continue;
+    }
+    watches_[p] = std::move(w);
+  }
+}
+
+Communicator::~Communicator() {
+  uint32_t expected = transport::kStatusActive;
+  control(rank_)->status.compare_exchange_strong(expected, transport::kStatusDeparted,
+                                                 std::memory_order_acq_rel);
+  wakeAll();
+}
+
+// ---------------------------------------------------------------------------------------
+// step protocol
+// ---------------------------------------------------------------------------------------
+
+void Communicator::exchange(uint32_t s, const Descriptor* announce) {
+  RankControl* me = control(rank_);
+  if (announce != nullptr) me->desc[s & 1] = *announce;  // published by the release below
+  me->step.store(s, std::memory_order_release);
+  transport::notify(&me->step, sleepers());
+  for (int k = 1; k < nranks_; ++k) waitPeerStep((rank_ + k) % nranks_, s);
+  if (announce != nullptr) verifyDescriptors(s, *announce);
+}
+
+void Communicator::waitPeerStep(int peer, uint32_t s) {
+  std::atomic<uint32_t>* word = &control(peer)->step;
+  // Wrap-aware: steps are 32-bit and wrap after 4 billion steps.
+  auto ready = [word, s] {
+    return static_cast<int32_t>(word->load(std::memory_order_acquire) - s) >= 0;
+  };
+  auto describe = [this, s] {
+    std::string missing;
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      if (static_cast<int32_t>(control(p)->step.load(std::memory_order_acquire) - s) < 0) {
+        missing += missing.empty() ? "" : ", ";
+        missing += std::to_string(p);
+      }
+    }
+    if (missing.empty()) missing = "none";
+    return format("rank(s) %s to reach step %u", missing.c_str(), s);
+  };
+  transport::waitUntil(spin_, word, sleepers(), ready, [&](int64_t waited, bool full) {
+    checkWait(waited, full, nullptr, ready, describe);
+  });
+}
+
+void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    const Descriptor& theirs = control(p)->desc[s & 1];
+    if (algorithms::sameCall(theirs, mine)) continue;
+    std::string peerSeq = theirs.seq != mine.seq
+                              ? format(" as its collective seq %llu",
+                                       static_cast<unsigned long long>(theirs.seq))
+                              : std::string();
+    SPYRECCL_THROW(spyrecclMismatch, "%s: rank %d called %s but rank %d called %s%s",
+                   opLabel_.c_str(), rank_, algorithms::describe(mine).c_str(), p,
+                   algorithms::describe(theirs).c_str(), peerSeq.c_str());
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// operation bookkeeping
+// ---------------------------------------------------------------------------------------
+
+Descriptor Communicator::beginOp(Descriptor d) {
+  d.seq = ++seq_;
+  opLabel_ = format("%s seq %llu", algorithms::kindName(d.kind),
+                    static_cast<unsigned long long>(d.seq));
+  std::lock_guard<std::mutex> lock(mu_);
+  FlightRecord& rec = records_[recordCount_ % kFlightRecords];
+  ++recordCount_;
+  rec.d = d;
+  rec.startNs = nowNs();
+  rec.endNs = 0;
+  rec.firstStep = step_ + 1;
+  rec.state = FlightRecord::kRunning;
+  return d;
+}
+
+void Communicator::endOp(bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (recordCount_ == 0) return;
+  FlightRecord& rec = records_[(recordCount_ - 1) % kFlightRecords];
+  rec.endNs = nowNs();
+  rec.state = ok ? FlightRecord::kDone : FlightRecord::kFailed;
+}
+
+// ---------------------------------------------------------------------------------------
+// failures
+// ---------------------------------------------------------------------------------------
+
+void Communicator::throwAborted(const std::string& waitingFor) const {
+  SPYRECCL_THROW(spyrecclAborted,
+                 "%s: spyrecclCommAbort was called on %s while it waited for %s",
+                 opLabel_.c_str(), who_.c_str(), waitingFor.c_str());
+}
+
+void Communicator::throwPeerFailure(int peer, const std::string& waitingFor) const {
+  const RankControl* pc = control(peer);
+  uint32_t status = pc->status.load(std::memory_order_acquire);
+  int pid = pc->pid.load(std::memory_order_relaxed);
+  std::string what;
+  if (watches_[peer].dead()) {
+    what = format("rank %d (pid %d) died during %s", peer, pid, opLabel_.c_str());
+  } else if (status == transport::kStatusDeparted) {
+    what = format("rank %d (pid %d) left the communicator (spyrecclCommDestroy) during %s", peer,
+                  pid, opLabel_.c_str());
+  } else if (status == transport::kStatusAborted) {
+    what = format("rank %d (pid %d) aborted the communicator (spyrecclCommAbort) during %s",
+                  peer, pid, opLabel_.c_str());
+  } else {
+    what = format("rank %d (pid %d) failed with %s during %s", peer, pid,
+                  resultName(pc->failCode.load(std::memory_order_relaxed)), opLabel_.c_str());
+  }
+  std::string msg = format("%s (%s was waiting for %s)", what.c_str(), who_.c_str(),
+                           waitingFor.c_str());
+  throw Error(spyrecclRemoteError, withDump(msg), __FILE__, __LINE__);
+}
+
+void Communicator::throwTimeout(int64_t waitedNs, const std::string& waitingFor) const {
+  std::string msg = format("%s: %s timed out after %lld ms (timeout %lld ms) waiting for %s",
+                           opLabel_.c_str(), who_.c_str(),
+                           static_cast<long long>(waitedNs / kNsPerMs),
+                           static_cast<long long>(timeoutMs()), waitingFor.c_str());
+  throw Error(spyrecclTimeout, withDump(msg), __FILE__, __LINE__);
+}
+
+void Communicator::ensureUsable(const char* op) const {
+  int code = failCode_.load(std::memory_order_acquire);
+  if (code == spyrecclSuccess) return;
+  std::string original;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    original = failMessage_;
+  }
+  SPYRECCL_THROW(spyrecclInvalidUsage,
+                 "%s: communicator %s is unusable after an earlier error (%s): %s; destroy it",
+                 op, who_.c_str(), resultName(code), original.c_str());
+}
+
+void Communicator::markFailed(spyrecclResult_t code, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failCode_.load(std::memory_order_relaxed) != spyrecclSuccess) return;
+    // Keep the first line only: the dump that may follow is in the returned message.
+    failMessage_ = message.substr(0, message.find('\n'));
+    failCode_.store(code, std::memory_order_release);
+  }
+  RankControl* me = control(rank_);
+  me->failCode.store(code, std::memory_order_relaxed);
+  uint32_t expected = transport::kStatusActive;
+  me->status.compare_exchange_strong(expected, transport::kStatusFailed,
+                                     std::memory_order_acq_rel);
+  wakeAll();
+  SPYRECCL_LOG(kInfo, who_.c_str(), "communicator failed: %s", message.c_str());
+}
+
+void Communicator::abort() {
+  abortRequested_.store(true, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failCode_.load(std::memory_order_relaxed) == spyrecclSuccess) {
+      failMessage_ = "spyrecclCommAbort was called";
+      failCode_.store(spyrecclAborted, std::memory_order_release);
+    }
+  }
+  RankControl* me = control(rank_);
+  uint32_t expected = transport::kStatusActive;
+  me->status.compare_exchange_strong(expected, transport::kStatusAborted,
+                                     std::memory_order_acq_rel);
+  wakeAll();
+}
+
+void Communicator::wakeAll() {
+  for (int r = 0; r < nranks_; ++r) {
+    transport::futexWakeAll(&control(r)->step);
+    transport::futexWakeAll(&control(r)->doorbell);
+  }
+}
+
+void Communicator::setLastError(const std::string& msg) {
+  std::lock_guard<std::mutex> lock(mu_);
+  lastError_ = msg;
+}
+
+const char* Communicator::lastError() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lastError_.c_str();
+}
+
+// ---------------------------------------------------------------------------------------
+// diagnostics
+// ---------------------------------------------------------------------------------------
+
+std::string Communicator::dumpState() const {
+  static const char* const kStates[] = {"running", "done", "failed"};
+  int64_t now = nowNs();
+  std::string out = format("spyreccl state of %s (pid %d, segment %s): step %u, %s\n",
+                           who_.c_str(), static_cast<int>(::getpid()), segment_->name().c_str(),
+                           step_, resultName(failCode_.load(std::memory_order_acquire)));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    int first = std::max(0, recordCount_ - kFlightRecords);
+    out += format("  last %d collectives on this rank:\n", recordCount_ - first);
+    for (int i = first; i < recordCount_; ++i) {
+      const FlightRecord& r = records_[i % kFlightRecords];
+      int64_t end = r.state == FlightRecord::kRunning ? now : r.endNs;
+      out += format("    seq %-6llu %-44s from step %-8u %-7s %.1f us\n",
+                    static_cast<unsigned long long>(r.d.seq), algorithms::describe(r.d).c_str(),
+                    r.firstStep, kStates[r.state], (end - r.startNs) / 1e3);
+    }
+  }
+  out += "  peers:\n";
+  static const char* const kStatus[] = {"active", "aborted", "failed", "departed"};
+  for (int p = 0; p < nranks_; ++p) {
+    const RankControl* pc = control(p);
+    uint32_t step = pc->step.load(std::memory_order_acquire);
+    // The latest announced descriptor is the one with the larger sequence number.
+    const Descriptor& d0 = pc->desc[0];
+    const Descriptor& d1 = pc->desc[1];
+    const Descriptor& d = d0.seq >= d1.seq ? d0 : d1;
+    uint32_t status = pc->status.load(std::memory_order_relaxed);
+    bool dead = p != rank_ && watches_[p].dead();
+    out += format("    rank %-4d pid %-8d step %-8u %-8s last announced seq %llu %s%s\n", p,
+                  pc->pid.load(std::memory_order_relaxed), step,
+                  status < 4 ? kStatus[status] : "?", static_cast<unsigned long long>(d.seq),
+                  algorithms::describe(d).c_str(), dead ? " [process exited]" : "");
+  }
+  return out;
+}
+
+std::string Communicator::withDump(const std::string& message) const {
+  std::string dump = dumpState();
+  if (auto dir = envString("SPYRECCL_DUMP_DIR")) {
+    std::string label = config_.name.empty() ? segment_->name().substr(1, 18) : config_.name;
+    std::replace(label.begin(), label.end(), '/', '_');
+    std::string path = format("%s/spyreccl-%s-rank%d.txt", dir->c_str(), label.c_str(), rank_);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      std::string text = message + "\n" + dump;
+      ssize_t ignored = ::write(fd, text.data(), text.size());
+      (void)ignored;
+      ::close(fd);
+    } else {
+      SPYRECCL_LOG(kWarn, who_.c_str(), "cannot write state dump to %s: %s", path.c_str(),
+                   std::strerror(errno));
+    }
+  }
+  return message + "\n" + dump;
+}
+
+// ---------------------------------------------------------------------------------------
+// reduction handles
+// ---------------------------------------------------------------------------------------
+
+spyrecclRedOp_t Communicator::createPreMulSum(double scalar, spyrecclDataType_t dtype) {
+  const char* op = "spyrecclRedOpCreatePreMulSum";
+  SPYRECCL_CHECK_ARG(kernels::dtypeSize(dtype) != 0, op,
+                     "argument 'datatype' = %d is not a valid spyrecclDataType_t",
+                     static_cast<int>(dtype));
+  SPYRECCL_CHECK_ARG(isFloating(dtype), op,
+                     "argument 'datatype' = %s: PreMulSum is defined for floating-point types "
+                     "only", kernels::dtypeName(dtype));
+  kernels::ReduceSpec spec;
+  spec.dtype = dtype;
+  spec.op = spyrecclSum;
+  spec.premul = true;
+  spec.scalar = scalar;
+  std::string why;
+  SPYRECCL_CHECK_ARG(kernels::validate(spec, &why), op, "%s", why.c_str());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int i = 0; i < kMaxPreMulSum; ++i) {
+    if (premul_[i].used) continue;
+    premul_[i] = PreMulSum{true, scalar, dtype};
+    return static_cast<spyrecclRedOp_t>(spyrecclNumOps + i);
+  }
+  SPYRECCL_THROW(spyrecclInvalidUsage,
+                 "%s: %s already has %d live PreMulSum handles (the maximum); destroy unused "
+                 "ones with spyrecclRedOpDestroy",
+                 op, who_.c_str(), kMaxPreMulSum);
+}
+
+void Communicator::destroyRedOp(spyrecclRedOp_t op) {
+  const char* api = "spyrecclRedOpDestroy";
+  int index = static_cast<int>(op) - spyrecclNumOps;
+  SPYRECCL_CHECK_ARG(index >= 0, api,
+                     "argument 'op' = %d is a built-in reduce op; only handles from "
+                     "spyrecclRedOpCreatePreMulSum can be destroyed", static_cast<int>(op));
+  std::lock_guard<std::mutex> lock(mu_);
+  SPYRECCL_CHECK_ARG(index < kMaxPreMulSum && premul_[index].used, api,
+                     "argument 'op' = %d is not a live PreMulSum handle of %s",
+                     static_cast<int>(op), who_.c_str());
+  premul_[index].used = false;
+}
+
+kernels::ReduceSpec Communicator::resolveOp(spyrecclRedOp_t op, spyrecclDataType_t dtype,
+                                            const char* api) const {
+  kernels::ReduceSpec spec;
+  spec.dtype = dtype;
+  spec.avgDivisor = nranks_;
+  int value = static_cast<int>(op);
+  if (value >= 0 && value < spyrecclNumOps) {
+    spec.op = op;
+  } else {
+    int index = value - spyrecclNumOps;
+    std::lock_guard<std::mutex> lock(mu_);
+    SPYRECCL_CHECK_ARG(index >= 0 && index < kMaxPreMulSum && premul_[index].used, api,
+                       "argument 'op' = %d is not a valid spyrecclRedOp_t (a built-in op in "
+                       "[0, %d) or a live PreMulSum handle of this communicator)",
+                       value, static_cast<int>(spyrecclNumOps));
+    const PreMulSum& h = premul_[index];
+    SPYRECCL_CHECK_ARG(h.dtype == dtype, api,
+                       "argument 'op' is a PreMulSum handle created for %s but 'datatype' is %s",
+                       kernels::dtypeName(h.dtype), kernels::dtypeName(dtype));
+    spec.op = spyrecclSum;
+    spec.premul = true;
+    spec.scalar = h.scalar;
+  }
+  std::string why;
+  SPYRECCL_CHECK_ARG(kernels::validate(spec, &why), api, "%s", why.c_str());
+  return spec;
+}
+
+}  // namespace spyreccl

@@ -1,0 +1,206 @@
+// The communicator: one rank's view of a shared-memory segment plus the step protocol,
+// failure state, flight recorder and reduction-handle table.
+//
+// Collective step protocol (proof in docs/design.md):
+//   s = beginStep()                     s = ++step_
+//   write own staging(s) [+ announce]   buffer parity s % 2
+//   exchange(s [, &descriptor])         publish step[rank] = s; wait step[p] >= s for all p
+//   read peers' staging(s)              safe until they publish s + 2, which needs our s + 1
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algorithms/descriptor.h"
+#include "common/clock.h"
+#include "common/error.h"
+#include "kernels/reduce.h"
+#include "spyreccl/spyreccl.h"
+#include "transport/layout.h"
+#include "transport/liveness.h"
+#include "transport/segment.h"
+
+namespace spyreccl {
+
+// Effective settings of a communicator (config struct + environment + defaults).
+struct CommConfig {
+  int64_t timeoutMs = 1800000;
+  size_t chunkBytes = 1 << 20;
+  size_t p2pChunkBytes = 256 << 10;
+  size_t oneshotMaxBytes = 64 << 10;
+  std::string name;
+};
+
+// Validates `config` (may be null) for API call `op` and fills in defaults. `inherit`
+// (may be null) supplies the defaults instead of the environment (CommSplit).
+CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char* op,
+                         const CommConfig* inherit = nullptr);
+
+class Communicator {
+ public:
+  Communicator(int rank, int nranks, CommConfig config,
+               std::unique_ptr<transport::Segment> segment, std::vector<pid_t> pids);
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const CommConfig& config() const { return config_; }
+  // "rank 1/4 'name'": prefix of log lines and messages.
+  const std::string& who() const { return who_; }
+  int64_t timeoutMs() const { return timeoutMs_.load(std::memory_order_relaxed); }
+  void setTimeoutMs(int64_t ms) { timeoutMs_.store(ms, std::memory_order_relaxed); }
+
+  const transport::Layout& layout() const { return layout_; }
+  uint8_t* base() const { return segment_->base(); }
+  std::atomic<uint32_t>* sleepers() const { return &segment_->header()->sleepers; }
+  transport::RankControl* control(int r) const { return layout_.rank(base(), r); }
+  bool spin() const { return spin_; }
+
+  // ---- collective step protocol ---------------------------------------------------
+  uint32_t beginStep() { return ++step_; }
+  uint8_t* staging(int r, uint32_t s) const { return layout_.staging(base(), r, s & 1); }
+  // Publishes step s, waits for every peer to reach it. With `announce`, the descriptor is
+  // published with the step and every peer's descriptor is compared with it afterwards
+  // (spyrecclMismatch naming both sides).
+  void exchange(uint32_t s, const transport::Descriptor* announce = nullptr);
+
+  // ---- operation bookkeeping (flight recorder + error context) ----------------------
+  // Starts collective `d` (assigns its sequence number); the label "allreduce seq 7"
+  // prefixes every error raised until endOp().
+  transport::Descriptor beginOp(transport::Descriptor d);
+  void endOp(bool ok);
+  const std::string& opLabel() const { return opLabel_; }
+  void setOpLabel(std::string label) { opLabel_ = std::move(label); }
+
+  // ---- waiting ---------------------------------------------------------------------
+  // Cheap checks on every slow-path wakeup; full checks (deadline, peer status, peer
+  // liveness) about every 50 ms. `peers` lists the ranks whose failure dooms the wait
+  // (empty: all). `ready` is re-evaluated before blaming a peer so that a peer that
+  // published and then left is not reported. `waitingFor` names what is missing.
+  template <class Ready, class Describe>
+  void checkWait(int64_t waitedNs, bool full, const std::vector<int>* peers, Ready&& ready,
+                 Describe&& waitingFor);
+  void waitPeerStep(int peer, uint32_t s);
+
+  // ---- failure state -----------------------------------------------------------------
+  // Throws spyrecclInvalidUsage when an earlier error broke the communicator.
+  void ensureUsable(const char* op) const;
+  // Records the error that broke the communicator (first one wins), tells peers.
+  void markFailed(spyrecclResult_t code, const std::string& message);
+  spyrecclResult_t asyncError() const {
+    return static_cast<spyrecclResult_t>(failCode_.load(std::memory_order_acquire));
+  }
+  void abort();
+  bool abortRequested() const { return abortRequested_.load(std::memory_order_relaxed); }
+  // Wakes every futex word a thread of this rank could sleep on.
+  void wakeAll();
+
+  void setLastError(const std::string& msg);
+  const char* lastError() const;
+
+  // ---- diagnostics ---------------------------------------------------------------------
+  std::string dumpState() const;
+  // Appends the state dump to `message` and writes it to $SPYRECCL_DUMP_DIR if set.
+  std::string withDump(const std::string& message) const;
+
+  // ---- reduction handles -----------------------------------------------------------------
+  spyrecclRedOp_t createPreMulSum(double scalar, spyrecclDataType_t dtype);
+  void destroyRedOp(spyrecclRedOp_t op);
+  // Resolves (op, dtype) for API call `api` into a kernel spec; spyrecclInvalidArgument
+  // for invalid ops, unknown handles and unsupported (op, dtype) pairs.
+  kernels::ReduceSpec resolveOp(spyrecclRedOp_t op, spyrecclDataType_t dtype, const char* api) const;
+
+  // ---- point-to-point bookkeeping (owned by algorithms/p2p.cc) ----------------------------
+  struct PeerP2P {
+    uint64_t sendMsgs = 0;       // messages started to this peer
+    uint64_t recvMsgs = 0;       // messages started from this peer
+    uint32_t postedChunks = 0;   // shadow of mailbox(rank, peer)->posted
+    uint32_t consumedChunks = 0; // shadow of mailbox(peer, rank)->consumed
+  };
+  PeerP2P& p2p(int peer) { return p2p_[peer]; }
+  const transport::PeerWatch& watch(int peer) const { return watches_[peer]; }
+
+  // nranks pointers of scratch for kernels::reduce source lists (no allocation per call).
+  const void** sourceScratch() { return sources_.data(); }
+
+ private:
+  struct FlightRecord {
+    transport::Descriptor d{};
+    int64_t startNs = 0, endNs = 0;
+    uint32_t firstStep = 0;
+    enum State : uint8_t { kRunning, kDone, kFailed } state = kRunning;
+  };
+  static constexpr int kFlightRecords = 16;
+  static constexpr int kMaxPreMulSum = 1024;
+  struct PreMulSum {
+    bool used = false;
+    double scalar = 1.0;
+    spyrecclDataType_t dtype = spyrecclFloat32;
+  };
+
+  [[noreturn]] void throwAborted(const std::string& waitingFor) const;
+  [[noreturn]] void throwPeerFailure(int peer, const std::string& waitingFor) const;
+  [[noreturn]] void throwTimeout(int64_t waitedNs, const std::string& waitingFor) const;
+  void verifyDescriptors(uint32_t s, const transport::Descriptor& mine) const;
+
+  const int rank_;
+  const int nranks_;
+  const CommConfig config_;
+  std::string who_;
+  std::atomic<int64_t> timeoutMs_;
+  std::unique_ptr<transport::Segment> segment_;
+  transport::Layout layout_;
+  std::vector<transport::PeerWatch> watches_;
+  bool spin_;
+
+  uint32_t step_ = 0;
+  uint64_t seq_ = 0;
+  std::string opLabel_;
+  std::vector<PeerP2P> p2p_;
+  std::vector<const void*> sources_;
+
+  std::atomic<bool> abortRequested_{false};
+  std::atomic<int> failCode_{spyrecclSuccess};
+
+  mutable std::mutex mu_;  // guards the fields below (read by other threads)
+  std::string failMessage_;
+  std::string lastError_;
+  FlightRecord records_[kFlightRecords];
+  int recordCount_ = 0;
+  std::vector<PreMulSum> premul_;
+};
+
+// ---- template implementation -----------------------------------------------------------
+
+template <class Ready, class Describe>
+void Communicator::checkWait(int64_t waitedNs, bool full, const std::vector<int>* peers,
+                             Ready&& ready, Describe&& waitingFor) {
+  if (abortRequested()) throwAborted(waitingFor());
+  if (!full) return;
+  auto inspect = [&](int p) {
+    if (p == rank_) return;
+    uint32_t status = control(p)->status.load(std::memory_order_acquire);
+    if ((status != transport::kStatusActive || watches_[p].dead()) && !ready()) {
+      throwPeerFailure(p, waitingFor());
+    }
+  };
+  if (peers != nullptr) {
+    for (int p : *peers) inspect(p);
+  } else {
+    for (int p = 0; p < nranks_; ++p) inspect(p);
+  }
+  if (waitedNs > timeoutMs() * kNsPerMs && !ready()) throwTimeout(waitedNs, waitingFor());
+}
+
+}  // namespace spyreccl
+
+// The opaque handle of the C API is the communicator itself.
+struct spyrecclComm final : public spyreccl::Communicator {
+  using spyreccl::Communicator::Communicator;
+};

@@ -1,0 +1,23 @@
+// Environment variables read by the core (all optional):
+//   SPYRECCL_DEBUG                 WARN | INFO | TRACE   logging to stderr
+//   SPYRECCL_CHUNK_BYTES           collective staging bytes per rank per slot (default 1 MiB)
+//   SPYRECCL_P2P_CHUNK_BYTES       send/recv staging bytes per pair per slot (default 256 KiB)
+//   SPYRECCL_ALLREDUCE_ONESHOT_MAX largest allreduce (bytes) using the one-shot algorithm
+//   SPYRECCL_DUMP_DIR              directory receiving state dumps on timeouts/peer failures
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+namespace spyreccl {
+
+// Value of `name`, or nullopt when unset or empty.
+std::optional<std::string> envString(const char* name);
+
+// A byte count such as "65536", "64K", "1M", "1g". Unset → `fallback`. A malformed value
+// throws spyrecclInvalidUsage naming the variable (silently ignoring a typo in a tuning
+// knob would make performance investigations miserable).
+size_t envBytes(const char* name, size_t fallback);
+
+}  // namespace spyreccl

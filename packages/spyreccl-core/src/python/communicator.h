@@ -1,0 +1,97 @@
+// communicator.h — the Python Communicator: ownership, thread rules and lifecycle.
+//
+// The C API allows one thread at a time to communicate on a communicator, lets any thread
+// abort it, and forbids destroying it while another thread still uses it. Python code cannot
+// be trusted to follow those rules, so this class enforces them: an operation holds a
+// Communicator::Use for its whole duration (a second concurrent user gets InvalidUsageError
+// instead of undefined behaviour), abort() may run at any time, and destroy() aborts and
+// waits for a running operation before it releases the handle.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <spyreccl/spyreccl.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "errors.h"
+
+namespace spyreccl_py {
+
+namespace py = pybind11;
+
+class Communicator {
+ public:
+  Communicator(spyrecclComm_t comm, std::string name);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // Exclusive use of the communicator by one operation `op` (GIL held at construction).
+  class Use {
+   public:
+    Use(Communicator& comm, const char* op);
+    ~Use();
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    spyrecclComm_t handle() const { return handle_; }
+
+   private:
+    Communicator& comm_;
+    spyrecclComm_t handle_;
+  };
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  // The C handle without any check: for reading its last error only.
+  spyrecclComm_t raw_handle() const { return comm_; }
+  bool closed() const;
+
+  void abort();
+  void destroy();  // idempotent
+  void set_timeout(py::handle timeout);
+  std::string dump_state();
+  spyrecclResult_t async_error();
+
+  // Bookkeeping for send/recv enqueued inside a group: they still reference the handle until
+  // the group ends, so destroy() must refuse to run meanwhile.
+  void add_group_pending();
+  void clear_group_pending();
+
+ private:
+  // The handle for thread-safe queries; throws InvalidUsageError once destroyed.
+  spyrecclComm_t live_handle(const char* op) const;
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  spyrecclComm_t comm_;
+  bool busy_ = false;
+  bool closing_ = false;  // destroy() started: no new operation may begin
+  bool destroyed_ = false;
+  int group_pending_ = 0;
+  int rank_ = -1;
+  int size_ = 0;
+  std::string name_;
+};
+
+// Converts a timeout given as datetime.timedelta or seconds (int/float) into whole
+// milliseconds (> 0), naming `op` and argument 'timeout' in errors.
+int64_t timeout_to_ms(py::handle timeout, const char* op);
+
+// Releases the GIL, runs the C call `fn` and throws on failure with comm's detailed message
+// (read before the GIL is taken back, so no other call can overwrite it).
+template <typename Fn>
+void call_without_gil(spyrecclComm_t comm, Fn&& fn) {
+  py::gil_scoped_release no_gil;
+  check_result(fn(), comm);
+}
+
+void bind_communicator(py::module_& m);
+// Defined in collectives.cc and p2p.cc: add the communication methods to the class.
+void bind_collectives(py::class_<Communicator>& cls);
+void bind_point_to_point(py::module_& m, py::class_<Communicator>& cls);
+
+}  // namespace spyreccl_py

@@ -1,0 +1,47 @@
+// module.cc — the spyreccl_core._core extension module (pybind11, no torch).
+//
+// Thin by design: it binds the C API with argument checks and exceptions; the Python package
+// spyreccl_core re-exports everything and adds the rendezvous helpers.
+#include <pybind11/pybind11.h>
+#include <spyreccl/spyreccl.h>
+
+#include <string>
+
+#include "communicator.h"
+#include "errors.h"
+#include "types.h"
+#include "unique_id.h"
+
+namespace py = pybind11;
+
+namespace {
+
+std::string version_text(int code) {
+  return std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
+         std::to_string(code % 100);
+}
+
+std::string library_version() {
+  int code = 0;
+  spyreccl_py::check_result(spyrecclGetVersion(&code), nullptr);
+  return version_text(code);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "pybind11 bindings of the spyreccl C API (host shared-memory collectives).";
+  m.attr("__version__") = version_text(SPYRECCL_VERSION_CODE);
+  m.attr("UNIQUE_ID_BYTES") = SPYRECCL_UNIQUE_ID_BYTES;
+  m.def("library_version", &library_version,
+        "Version of the loaded libspyreccl (may differ from the headers _core was built with).");
+  m.def(
+      "error_string",
+      [](spyrecclResult_t result) { return std::string(spyrecclGetErrorString(result)); },
+      py::arg("result"), "Generic description of a Result code.");
+
+  spyreccl_py::bind_types(m);
+  spyreccl_py::bind_errors(m);
+  spyreccl_py::bind_unique_id(m);
+  spyreccl_py::bind_communicator(m);
+}

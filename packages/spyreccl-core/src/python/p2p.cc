@@ -1,0 +1,185 @@
+// p2p.cc — send/recv, recv_any_source and groups.
+//
+// Inside spyrecclGroupStart/End a send or recv only enqueues (pointer, count); the memory is
+// touched when the outermost GroupEnd runs. The binding therefore keeps every buffer export
+// of an open group alive in a per-thread GroupState until that GroupEnd returned, and keeps
+// the communicators alive too (and refuses to destroy them meanwhile).
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "buffer_view.h"
+#include "communicator.h"
+#include "types.h"
+
+namespace spyreccl_py {
+namespace {
+
+using DType = std::optional<spyrecclDataType_t>;
+
+struct GroupState {
+  int depth = 0;
+  std::vector<BufferView> buffers;    // exports referenced by enqueued operations
+  std::vector<py::object> comms;      // communicators with enqueued operations
+};
+
+// Heap-allocated on the first group_start of a thread and freed by the outermost group_end.
+// A thread that exits inside a group leaks it on purpose: releasing buffer exports needs the
+// GIL, which a thread-exit destructor cannot take safely.
+thread_local GroupState* t_group = nullptr;
+
+bool in_group() { return t_group != nullptr && t_group->depth > 0; }
+
+void require_peer(const char* op, const Communicator& self, int peer) {
+  if (peer < 0 || peer >= self.size()) {
+    throw_invalid_argument(op, "argument 'peer' = " + std::to_string(peer) +
+                                   " is outside [0, size=" + std::to_string(self.size()) + ")");
+  }
+  if (peer == self.rank()) {
+    throw_invalid_argument(op, "argument 'peer' = " + std::to_string(peer) +
+                                   " is this rank; send/recv need another rank");
+  }
+}
+
+void require_tag(const char* op, int tag) {
+  if (tag < 0) throw_invalid_argument(op, "argument 'tag' = " + std::to_string(tag) +
+                                              " must be >= 0");
+}
+
+// After a successful enqueue inside a group, hands the export to the group so that it stays
+// valid until group_end.
+void keep_for_group(Communicator& self, BufferView&& view) {
+  t_group->buffers.push_back(std::move(view));
+  t_group->comms.push_back(py::cast(&self, py::return_value_policy::reference));
+  self.add_group_pending();
+}
+
+void send(Communicator& self, py::handle buf, int peer, int tag, DType dtype) {
+  constexpr const char* kOp = "send";
+  Communicator::Use use(self, kOp);
+  require_peer(kOp, self, peer);
+  require_tag(kOp, tag);
+  BufferView data = BufferView::acquire(buf, kOp, "buf", Access::kRead, dtype);
+  spyrecclComm_t comm = use.handle();
+  call_without_gil(comm, [&] {
+    return spyrecclSend(data.data(), data.count(), data.dtype(), peer, tag, comm);
+  });
+  if (in_group()) keep_for_group(self, std::move(data));
+}
+
+void recv(Communicator& self, py::handle buf, int peer, int tag, DType dtype) {
+  constexpr const char* kOp = "recv";
+  Communicator::Use use(self, kOp);
+  require_peer(kOp, self, peer);
+  require_tag(kOp, tag);
+  BufferView data = BufferView::acquire(buf, kOp, "buf", Access::kWrite, dtype);
+  spyrecclComm_t comm = use.handle();
+  call_without_gil(comm, [&] {
+    return spyrecclRecv(data.data(), data.count(), data.dtype(), peer, tag, comm);
+  });
+  if (in_group()) keep_for_group(self, std::move(data));
+}
+
+int recv_any_source(Communicator& self, py::handle buf, int tag, DType dtype) {
+  constexpr const char* kOp = "recv_any_source";
+  Communicator::Use use(self, kOp);
+  require_tag(kOp, tag);
+  if (in_group()) throw_invalid_usage(kOp, "not allowed inside a group");
+  BufferView data = BufferView::acquire(buf, kOp, "buf", Access::kWrite, dtype);
+  spyrecclComm_t comm = use.handle();
+  int source = -1;
+  call_without_gil(comm, [&] {
+    return spyrecclRecvAnySource(data.data(), data.count(), data.dtype(), tag, &source, comm);
+  });
+  return source;
+}
+
+void group_start() {
+  check_result(spyrecclGroupStart(), nullptr);
+  if (t_group == nullptr) t_group = new GroupState();
+  ++t_group->depth;
+}
+
+void group_end() {
+  if (!in_group()) throw_invalid_usage("group_end", "no group is open on this thread");
+  const bool outermost = t_group->depth == 1;
+  // Detach the state before running: whatever GroupEnd reports, the group is over and its
+  // buffers are released when `state` goes out of scope (with the GIL held).
+  std::unique_ptr<GroupState> state;
+  if (outermost) state.reset(std::exchange(t_group, nullptr));
+  else --t_group->depth;
+
+  spyrecclResult_t result = spyrecclSuccess;
+  std::string message;
+  {
+    py::gil_scoped_release no_gil;
+    result = spyrecclGroupEnd();
+    if (result != spyrecclSuccess) {
+      // The failure is recorded on the thread (no communicator) or on the communicator
+      // whose operation failed; take the first non-empty message.
+      const char* detail = spyrecclGetLastError(nullptr);
+      if (detail != nullptr && detail[0] != '\0') message = detail;
+    }
+  }
+  if (state) {
+    for (py::object& obj : state->comms) obj.cast<Communicator&>().clear_group_pending();
+  }
+  if (result == spyrecclSuccess) return;
+  if (message.empty() && state) {
+    for (py::object& obj : state->comms) {
+      Communicator& comm = obj.cast<Communicator&>();
+      if (comm.closed()) continue;
+      const char* detail = nullptr;
+      // The handle is alive: destroy() refuses to run while operations are pending, and the
+      // pending count was cleared only just now on this thread.
+      detail = spyrecclGetLastError(comm.raw_handle());
+      if (detail != nullptr && detail[0] != '\0') {
+        message = detail;
+        break;
+      }
+    }
+  }
+  throw SpyrecclException(result, message.empty() ? spyrecclGetErrorString(result) : message);
+}
+
+// `with comm.group():` / `with spyreccl_core.group():`
+struct GroupContext {};
+
+}  // namespace
+
+void bind_point_to_point(py::module_& m, py::class_<Communicator>& cls) {
+  py::class_<GroupContext>(m, "Group", "Context manager returned by group().")
+      .def("__enter__", [](py::object self) {
+        group_start();
+        return self;
+      })
+      .def("__exit__", [](GroupContext&, const py::object&, const py::object&,
+                          const py::object&) {
+        // Always end the group, also when its body raised: the per-thread group state
+        // must stay balanced for later calls.
+        group_end();
+        return false;
+      });
+  cls.def("send", &send, py::arg("buf"), py::arg("peer"), py::arg("tag") = 0, py::kw_only(),
+          py::arg("dtype") = py::none(),
+          "Sends buf to `peer` (FIFO per pair; the receive must match count, dtype and tag).")
+      .def("recv", &recv, py::arg("buf"), py::arg("peer"), py::arg("tag") = 0, py::kw_only(),
+           py::arg("dtype") = py::none(), "Receives into buf from `peer`.")
+      .def("recv_any_source", &recv_any_source, py::arg("buf"), py::arg("tag") = 0,
+           py::kw_only(), py::arg("dtype") = py::none(),
+           "Receives the next message with `tag` from any rank; returns that rank.")
+      .def(
+          "group", [](const Communicator&) { return GroupContext{}; },
+          "Context manager grouping send/recv so that they progress together (same as "
+          "spyreccl_core.group(); groups are per thread, not per communicator).");
+
+  m.def("group", [] { return GroupContext{}; },
+        "Context manager: send/recv inside only enqueue; leaving it runs them all together.");
+  m.def("group_start", &group_start, "Opens a (nestable) group on this thread.");
+  m.def("group_end", &group_end,
+        "Closes a group; the outermost one runs the enqueued send/recv and waits for them.");
+}
+
+}  // namespace spyreccl_py

@@ -1,0 +1,99 @@
+#include "rendezvous/bootstrap.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/segment.h"
+
+namespace spyreccl::rendezvous {
+
+using transport::Layout;
+using transport::RankControl;
+using transport::Segment;
+
+namespace {
+
+// Claims slot `rank` and returns the number of ranks attached so far (including us).
+uint32_t registerRank(Segment& seg, const Layout& layout, int rank) {
+  RankControl* rc = layout.rank(seg.base(), rank);
+  if (rc->attached.exchange(1, std::memory_order_acq_rel) != 0) {
+    SPYRECCL_THROW(spyrecclInvalidUsage,
+                   "spyrecclCommInitRank: rank %d joined this communicator twice (pid %d was "
+                   "first); every process must pass a distinct rank",
+                   rank, rc->pid.load(std::memory_order_relaxed));
+  }
+  rc->pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
+  return seg.header()->attached.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
+void waitForAll(Segment& seg, const Layout& layout, int rank, int64_t deadlineNs,
+                int64_t timeoutMs) {
+  int64_t backoffUs = 20;
+  const uint32_t n = static_cast<uint32_t>(layout.nranks());
+  while (seg.header()->attached.load(std::memory_order_acquire) < n) {
+    if (nowNs() >= deadlineNs) {
+      std::string missing;
+      for (int r = 0; r < layout.nranks(); ++r) {
+        if (layout.rank(seg.base(), r)->attached.load(std::memory_order_acquire) == 0) {
+          missing += missing.empty() ? "" : ", ";
+          missing += std::to_string(r);
+        }
+      }
+      SPYRECCL_THROW(spyrecclTimeout,
+                     "spyrecclCommInitRank: rank %d timed out after %lld ms waiting for rank(s) "
+                     "%s of %d to join",
+                     rank, static_cast<long long>(timeoutMs), missing.c_str(), layout.nranks());
+    }
+    timespec ts{0, static_cast<long>(backoffUs * 1000)};
+    nanosleep(&ts, nullptr);
+    backoffUs = std::min<int64_t>(backoffUs * 2, 1000);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<spyrecclComm> bootstrap(int nranks, const UniqueIdData& id, int rank,
+                                        const CommConfig& config) {
+  const Layout layout(nranks, config.chunkBytes, config.p2pChunkBytes);
+  const std::string name = transport::segmentName(id.nonce);
+  const int64_t deadlineNs = nowNs() + config.timeoutMs * kNsPerMs;
+  std::string who = format("rank %d", rank);
+
+  std::unique_ptr<Segment> seg;
+  if (rank == 0) {
+    seg = Segment::create(name, layout, id.nonce);
+  } else {
+    seg = Segment::attach(name, layout, id.nonce, deadlineNs, who);
+  }
+  try {
+    uint32_t attached = registerRank(*seg, layout, rank);
+    if (rank == 0) seg->publishReady();
+    if (attached == static_cast<uint32_t>(nranks)) seg->unlink();
+    waitForAll(*seg, layout, rank, deadlineNs, config.timeoutMs);
+  } catch (...) {
+    // Leave nothing behind in /dev/shm; ranks that have not attached yet time out.
+    seg->unlink();
+    layout.rank(seg->base(), rank)->status.store(transport::kStatusFailed,
+                                                 std::memory_order_release);
+    throw;
+  }
+
+  std::vector<pid_t> pids(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    pids[r] = layout.rank(seg->base(), r)->pid.load(std::memory_order_relaxed);
+  }
+  size_t bytes = seg->size();
+  auto comm = std::make_unique<spyrecclComm>(rank, nranks, config, std::move(seg), std::move(pids));
+  SPYRECCL_LOG(kInfo, comm->who().c_str(),
+               "communicator ready: segment %s, %.1f MiB, chunk %zu B, p2p chunk %zu B, %s waits",
+               name.c_str(), bytes / 1048576.0, config.chunkBytes, config.p2pChunkBytes,
+               comm->spin() ? "spinning" : "yielding (ranks oversubscribe the CPUs)");
+  return comm;
+}
+
+}  // namespace spyreccl::rendezvous

@@ -1,0 +1,152 @@
+// Layout of the shared-memory segment of one communicator.
+//
+//   [SegmentHeader]                       identity + attach bookkeeping + futex sleepers
+//   [RankControl x nranks]                step counter, announced descriptors, status flags
+//   [staging: nranks x 2 x chunkBytes]    collective data, double-buffered by step parity
+//   [mailbox: nranks x nranks pairs]      send/recv: control + 2 slots of p2pChunkBytes
+//
+// Every structure that one rank writes and others poll is cache-line aligned so that
+// unrelated updates never share a line; staging buffers are page aligned (memcpy/AVX
+// friendly and no false sharing at all). All fields are fixed-size types: the segment is
+// shared between processes built from the same library version (checked by the header).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace spyreccl::transport {
+
+constexpr size_t kCacheLine = 64;
+constexpr size_t kPage = 4096;
+constexpr uint32_t kSegmentMagic = 0x53505347u;  // "SPSG"
+constexpr uint32_t kSegmentVersion = 1;
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
+
+struct alignas(kCacheLine) SegmentHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint8_t nonce[16];
+  uint32_t nranks;
+  uint32_t ownerUid;
+  uint64_t chunkBytes;
+  uint64_t p2pChunkBytes;
+  uint64_t totalBytes;
+  std::atomic<uint32_t> ready;     // rank 0 finished writing the header
+  std::atomic<uint32_t> attached;  // number of ranks that attached
+  // Waiters currently blocked in FUTEX_WAIT on any word of this segment: posters only pay
+  // for the FUTEX_WAKE syscall when this is non-zero.
+  alignas(kCacheLine) std::atomic<uint32_t> sleepers;
+};
+
+// What a rank announces for the collective it is running: every rank compares every
+// peer's descriptor with its own in the first step of each collective.
+struct Descriptor {
+  uint64_t seq;    // collective sequence number on this communicator (1, 2, ...)
+  uint32_t kind;   // algorithms::Kind
+  int32_t dtype;
+  uint64_t count;
+  int32_t root;    // -1 when the collective has none
+  int32_t redop;   // -1 when the collective does not reduce
+  uint64_t extra;  // kind specific; 0 when unused
+};
+
+// Values of RankControl::status (a rank only ever moves away from kStatusActive).
+enum : uint32_t {
+  kStatusActive = 0,
+  kStatusAborted = 1,   // spyrecclCommAbort was called
+  kStatusFailed = 2,    // a call failed (result code in failCode)
+  kStatusDeparted = 3,  // spyrecclCommDestroy was called
+};
+
+struct alignas(kCacheLine) RankControl {
+  // Collective progress: the last step this rank published. Own cache line: it is the
+  // hottest word of the protocol (polled by every peer).
+  alignas(kCacheLine) std::atomic<uint32_t> step;
+  // Point-to-point doorbell: bumped by a peer that posted a chunk to this rank or
+  // consumed a chunk this rank posted; blocked senders/receivers futex-wait on it.
+  alignas(kCacheLine) std::atomic<uint32_t> doorbell;
+  // Descriptors double-buffered by step parity, like the staging buffers (see design.md).
+  alignas(kCacheLine) Descriptor desc[2];
+  alignas(kCacheLine) std::atomic<uint32_t> attached;
+  std::atomic<uint32_t> status;
+  std::atomic<int32_t> failCode;
+  std::atomic<int32_t> pid;
+};
+
+// Per ordered pair (src -> dst). `posted` is written by the sender only, `consumed` by
+// the receiver only; slot i % 2 holds chunk i.
+struct alignas(kCacheLine) MailboxControl {
+  alignas(kCacheLine) std::atomic<uint32_t> posted;
+  alignas(kCacheLine) std::atomic<uint32_t> consumed;
+  // The receiver refused message `rejectedSeq - 1` (0: none) because it expected
+  // (expectCount, expectDtype, expectTag): lets the sender report both sides.
+  alignas(kCacheLine) std::atomic<uint64_t> rejectedSeq;
+  uint64_t expectCount;
+  int32_t expectDtype;
+  int32_t expectTag;
+};
+
+// Header of one p2p chunk, followed by its payload in the same slot.
+struct alignas(kCacheLine) ChunkHeader {
+  uint64_t msgSeq;      // per-pair message number (0, 1, ...)
+  uint64_t count;       // elements of the whole message
+  uint64_t totalBytes;  // bytes of the whole message
+  uint64_t offset;      // byte offset of this chunk in the message
+  uint64_t bytes;       // payload bytes in this chunk
+  int32_t dtype;
+  int32_t tag;
+};
+
+inline size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Offsets of every region; a pure function of (nranks, chunkBytes, p2pChunkBytes), so
+// every rank derives the same layout and validates the creator's total size against it.
+class Layout {
+ public:
+  Layout() = default;
+  Layout(int nranks, size_t chunkBytes, size_t p2pChunkBytes)
+      : nranks_(nranks), chunkBytes_(chunkBytes), p2pChunkBytes_(p2pChunkBytes) {
+    ranksOff_ = alignUp(sizeof(SegmentHeader), kPage);
+    stagingOff_ = alignUp(ranksOff_ + sizeof(RankControl) * nranks, kPage);
+    slotBytes_ = alignUp(sizeof(ChunkHeader) + p2pChunkBytes, kCacheLine);
+    mailboxBytes_ = alignUp(sizeof(MailboxControl) + 2 * slotBytes_, kCacheLine);
+    mailboxOff_ = alignUp(stagingOff_ + 2 * chunkBytes * nranks, kPage);
+    total_ = alignUp(mailboxOff_ + mailboxBytes_ * nranks * nranks, kPage);
+  }
+
+  int nranks() const { return nranks_; }
+  size_t chunkBytes() const { return chunkBytes_; }
+  size_t p2pChunkBytes() const { return p2pChunkBytes_; }
+  size_t totalBytes() const { return total_; }
+
+  SegmentHeader* header(uint8_t* base) const { return reinterpret_cast<SegmentHeader*>(base); }
+  RankControl* rank(uint8_t* base, int r) const {
+    return reinterpret_cast<RankControl*>(base + ranksOff_) + r;
+  }
+  uint8_t* staging(uint8_t* base, int r, uint32_t parity) const {
+    return base + stagingOff_ + (2 * static_cast<size_t>(r) + (parity & 1)) * chunkBytes_;
+  }
+  MailboxControl* mailbox(uint8_t* base, int src, int dst) const {
+    return reinterpret_cast<MailboxControl*>(base + mailboxOff_ +
+                                             mailboxBytes_ * (static_cast<size_t>(src) * nranks_ + dst));
+  }
+  ChunkHeader* slot(uint8_t* base, int src, int dst, uint32_t index) const {
+    auto* mb = reinterpret_cast<uint8_t*>(mailbox(base, src, dst));
+    return reinterpret_cast<ChunkHeader*>(mb + sizeof(MailboxControl) + (index & 1) * slotBytes_);
+  }
+  static uint8_t* payload(ChunkHeader* h) { return reinterpret_cast<uint8_t*>(h + 1); }
+  static const uint8_t* payload(const ChunkHeader* h) {
+    return reinterpret_cast<const uint8_t*>(h + 1);
+  }
+
+ private:
+  int nranks_ = 0;
+  size_t chunkBytes_ = 0, p2pChunkBytes_ = 0;
+  size_t ranksOff_ = 0, stagingOff_ = 0, mailboxOff_ = 0, slotBytes_ = 0, mailboxBytes_ = 0;
+  size_t total_ = 0;
+};
+
+}  // namespace spyreccl::transport

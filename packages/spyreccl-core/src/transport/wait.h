@@ -1,0 +1,107 @@
+// Bounded waiting on shared-memory words: spin -> yield -> futex.
+//
+// Every blocking point of the protocol (a peer's step counter, a p2p doorbell) goes
+// through waitUntil(). The phases trade latency for CPU:
+//   1. spin with a CPU pause for ~kSpinNs: sub-microsecond hand-off when every rank has a
+//      core of its own. Skipped when the ranks oversubscribe the CPUs, because spinning
+//      then only steals the time slice the awaited peer needs.
+//   2. sched_yield for ~kYieldNs: lets a descheduled peer run on this core; this is what
+//      keeps small collectives fast when 4 ranks share 2 cores.
+//   3. FUTEX_WAIT on the word with a 1 ms timeout, announced in the segment-wide
+//      `sleepers` counter so that posters skip the FUTEX_WAKE syscall when nobody sleeps.
+// From phase 2 on, `check(waitedNs, full)` runs on every wakeup (full=false: cheap local
+// checks such as an abort request) and about every kCheckIntervalNs with full=true
+// (deadline, peer flags, peer liveness). check reports a problem by throwing.
+#pragma once
+
+#include <sched.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "common/clock.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace spyreccl::transport {
+
+constexpr int64_t kSpinNs = 30 * kNsPerUs;
+constexpr int64_t kYieldNs = 2 * kNsPerMs;
+constexpr int64_t kFutexSliceNs = 1 * kNsPerMs;
+constexpr int64_t kCheckIntervalNs = 50 * kNsPerMs;
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#else
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
+}
+
+// Shared (non-private) futex operations: the word lives in a MAP_SHARED mapping and the
+// waker is another process.
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeoutNs);
+void futexWakeAll(std::atomic<uint32_t>* word);
+
+// Number of CPUs this process may run on (affinity mask, so cpusets/taskset count).
+int usableCpus();
+
+// Wakes the sleepers of `word` if there may be any. Call after publishing a new value.
+// The seq_cst fence pairs with the one in waitUntil: either the waiter sees the new value
+// before sleeping or this sees the waiter's sleepers increment (no lost wake-up).
+inline void notify(std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleepers->load(std::memory_order_relaxed) != 0) futexWakeAll(word);
+}
+
+template <class Ready, class Check>
+void waitUntil(bool spin, std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers,
+               Ready&& ready, Check&& check) {
+  if (ready()) return;
+  int64_t start = 0;
+  if (spin) {
+    start = nowNs();
+    for (uint32_t i = 1;; ++i) {
+      cpuRelax();
+      if (ready()) return;
+      if ((i & 127) == 0) {
+        int64_t now = nowNs();
+        check(now - start, false);
+        if (now - start >= kSpinNs) break;
+      }
+    }
+  } else {
+    start = nowNs();
+  }
+  int64_t lastFull = start;
+  for (uint32_t i = 1;; ++i) {
+    sched_yield();
+    if (ready()) return;
+    if ((i & 15) == 0) {
+      int64_t now = nowNs();
+      bool full = now - lastFull >= kCheckIntervalNs;
+      if (full) lastFull = now;
+      check(now - start, full);
+      if (now - start >= kYieldNs) break;
+    }
+  }
+  for (;;) {
+    uint32_t seen = word->load(std::memory_order_acquire);
+    sleepers->fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    bool done = ready();
+    if (!done) futexWait(word, seen, kFutexSliceNs);
+    sleepers->fetch_sub(1, std::memory_order_relaxed);
+    if (done || ready()) return;
+    int64_t now = nowNs();
+    bool full = now - lastFull >= kCheckIntervalNs;
+    if (full) lastFull = now;
+    check(now - start, full);
+  }
+}
+
+}  // namespace spyreccl::transport

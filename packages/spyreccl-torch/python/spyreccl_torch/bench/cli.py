@@ -1,0 +1,244 @@
+"""Command line of the benchmark suite: ``spyreccl-bench`` / ``python -m spyreccl_torch.bench``.
+
+Modes:
+
+``sweep`` (default)
+    nccl-tests-style size sweep of every operation at the ``core``, ``spyreccl`` and ``gloo``
+    levels; table, JSON and PNG. ``--nproc 2,3,4`` repeats it per world size and adds a
+    scaling table.
+``threshold``
+    core all_reduce under several values of SPYRECCL_ALLREDUCE_ONESHOT_MAX (one-shot vs
+    two-phase crossover).
+``ibm``
+    IBM pytorch-communication-benchmarks loop methodology (allreduce/allgather/reduce-scatter),
+    one rank per process, meant to be launched by torchrun (launches itself otherwise).
+``ddp``
+    DistributedDataParallel step time: spyre+spyreccl against CPU+gloo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from .launcher import BenchError
+from .machine import describe_environment, timestamp
+from .ops import op_names
+from .plan import DTYPES, parse_size, pow2_sizes
+from .timing import LoopPolicy
+
+__all__ = ["build_parser", "main"]
+
+MODES = ("sweep", "threshold", "ibm", "ddp")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _name_list(choices: Sequence[str]):
+    def parse(text: str) -> list[str]:
+        names = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown name(s) {bad or text!r}; expected a comma-separated subset of "
+                f"{', '.join(choices)}"
+            )
+        return names
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .sweep import ALL_LEVELS
+
+    p = argparse.ArgumentParser(
+        prog="spyreccl-bench",
+        description="Benchmarks of spyreccl: nccl-tests-style sweeps (core library, torch "
+        "backend, gloo baseline), IBM loop methodology, DDP step time.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mode", choices=MODES, default="sweep", help="what to run")
+    p.add_argument("--nproc", type=_int_list, default=[2],
+                   help="world size(s), comma separated (e.g. 2,3,4 for a scaling run); ranks "
+                   "may exceed the cores (oversubscription)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--levels", type=_name_list(ALL_LEVELS), default=list(ALL_LEVELS),
+                   help="sweep/threshold: which levels; ibm/ddp: spyreccl and/or gloo")
+    p.add_argument("--json", metavar="PATH",
+                   help="result document (default: bench-results/<mode>-<timestamp>.json)")
+    p.add_argument("--plot", metavar="PATH",
+                   help="PNG plot (default: the JSON path with .png); sweep and threshold")
+    p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="bound on any collective wait and on a silent job, seconds")
+
+    s = p.add_argument_group("sweep and threshold")
+    s.add_argument("--min", dest="min_bytes", type=_size, default=None, metavar="SIZE",
+                   help="smallest size, e.g. 8, 4K, 1M (default: sweep 8, threshold 256)")
+    s.add_argument("--max", dest="max_bytes", type=_size, default=None, metavar="SIZE",
+                   help="largest size (default: sweep 256M, threshold 4M)")
+    s.add_argument("--factor", type=int, default=2, help="size multiplication factor")
+    s.add_argument("--ops", type=_name_list(op_names()), default=op_names(),
+                   help="operations, comma separated")
+    s.add_argument("--time-per-size", type=float, default=0.2, metavar="S",
+                   help="target wall time of the timed iterations of one case")
+    s.add_argument("--min-iters", type=int, default=10)
+    s.add_argument("--max-iters", type=int, default=2000)
+    s.add_argument("--oneshot-values", type=_name_list_sizes, default=None, metavar="LIST",
+                   help="threshold: SPYRECCL_ALLREDUCE_ONESHOT_MAX values to compare "
+                   "(default: 0 and 1G, i.e. always two-phase vs always one-shot, plus "
+                   "the library default)")
+
+    i = p.add_argument_group("ibm")
+    i.add_argument("--multiplier", "-m", type=int, default=1,
+                   help="multiplies the iteration counts (as in IBM's scripts)")
+    i.add_argument("--min-mb", type=float, default=0.1, help="smallest global size, MB (1e6 B)")
+    i.add_argument("--max-mb", type=float, default=100.0, help="largest global size, MB")
+    i.add_argument("--ibm-ops", type=_name_list(("allreduce", "allgather", "reducescatter")),
+                   default=["allreduce", "allgather", "reducescatter"])
+
+    d = p.add_argument_group("ddp")
+    d.add_argument("--model", choices=("mlp", "convnet"), default="mlp")
+    d.add_argument("--steps", type=int, default=30, help="timed steps per backend")
+    d.add_argument("--warmup-steps", type=int, default=5)
+    d.add_argument("--batch-size", type=int, default=32)
+    return p
+
+
+def _name_list_sizes(text: str) -> list[int]:
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        if part:
+            values.append(_size(part))
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sizes, got {text!r}")
+    return values
+
+
+def _default_json(mode: str) -> str:
+    return os.path.join("bench-results", f"{mode}-{timestamp()}.json")
+
+
+def _plot_path(args: argparse.Namespace, json_path: str) -> str | None:
+    if args.no_plot:
+        return None
+    return args.plot or os.path.splitext(json_path)[0] + ".png"
+
+
+def sizes_from(args: argparse.Namespace, default_min: int, default_max: int) -> list[int]:
+    """The size series of --min/--max/--factor, each bound defaulting per mode."""
+    lo = default_min if args.min_bytes is None else args.min_bytes
+    hi = default_max if args.max_bytes is None else args.max_bytes
+    return pow2_sizes(lo, hi, args.factor)
+
+
+def _policy(args: argparse.Namespace) -> LoopPolicy:
+    return LoopPolicy(target_s=args.time_per_size, min_iters=args.min_iters,
+                      max_iters=args.max_iters)
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from .memcpy import measure_memcpy
+    from .report import format_scaling_table, format_sweep_tables, plot_sweep, write_json
+    from .sweep import SweepConfig, add_ratios, plan_for, progress_bar, run_level
+
+    sizes = sizes_from(args, 8, 256 << 20)
+    configs = [SweepConfig(nranks=n, ops=args.ops, sizes=sizes, dtype=args.dtype,
+                           levels=tuple(args.levels), policy=_policy(args),
+                           timeout_s=args.timeout) for n in args.nproc]
+    memcpy = measure_memcpy()
+    print(f"single-thread memcpy bandwidth: {memcpy.median_gbps:.2f} GB/s "
+          f"(p10 {memcpy.p10_gbps:.2f}, p90 {memcpy.p90_gbps:.2f}; {memcpy.nbytes >> 20} MiB)",
+          flush=True)
+    plans = [plan_for(cfg) for cfg in configs]
+    total = sum(len(plan) * len(cfg.levels) for plan, cfg in zip(plans, configs))
+    rows: list[dict] = []
+    ranks_info: dict[str, dict] = {}
+    with progress_bar(total, enabled=not args.no_progress) as bar:
+        for cfg, plan in zip(configs, plans):
+            for level in cfg.levels:
+                level_rows, ready = run_level(level, cfg, plan, bar)
+                rows.extend(level_rows)
+                ranks_info[f"{level} x{cfg.nranks}"] = ready
+    add_ratios(rows)
+    for r in rows:
+        r["busbw_frac_memcpy"] = r["busbw_gbps"] / memcpy.median_gbps if r["bytes"] else None
+
+    print(format_sweep_tables(rows, memcpy.median_gbps))
+    if len(args.nproc) > 1:
+        print(format_scaling_table(rows))
+    json_path = args.json or _default_json("sweep")
+    document = {
+        "schema": "spyreccl-bench/1",
+        "mode": "sweep",
+        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "timestamp": timestamp(),
+        "machine": describe_environment(),
+        "ranks": ranks_info,
+        "config": {"nproc": args.nproc, "dtype": args.dtype, "levels": args.levels,
+                   "ops": args.ops, "sizes": sizes, "policy": vars(_policy(args))},
+        "memcpy": memcpy.to_dict(),
+        "results": rows,
+    }
+    write_json(json_path, document)
+    print(f"results: {json_path}")
+    plot = _plot_path(args, json_path)
+    if plot:
+        machine = document["machine"]
+        plot_sweep(plot, rows, memcpy.median_gbps,
+                   f"spyreccl-bench sweep, {args.dtype}, nproc {args.nproc} "
+                   f"({machine['cpu_model']}, {machine['usable_cpus']} cpus)")
+        print(f"plot: {plot}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+        # Ranks started by `--mode ibm` under torchrun get their options this way (ibm.py).
+        forwarded = os.environ.get("SPYRECCL_BENCH_FORWARDED_ARGS")
+        if forwarded and "RANK" in os.environ:
+            argv = list(argv) + json.loads(forwarded)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.mode == "sweep":
+            return _run_sweep(args)
+        if args.mode == "threshold":
+            from .threshold import run_threshold
+
+            return run_threshold(args)
+        if args.mode == "ibm":
+            from .ibm import run_ibm
+
+            return run_ibm(args)
+        from .ddp import run_ddp
+
+        return run_ddp(args)
+    except BenchError as e:
+        print(f"spyreccl-bench: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("spyreccl-bench: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,182 @@
+"""The nccl-tests-style sweep: every (level, op, size) case at one world size."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .launcher import RankJob
+from .ops import OPS
+from .plan import DTYPES, Case, build_plan
+from .stats import bandwidths, combine_ranks, summarize
+from .timing import LoopPolicy
+
+__all__ = ["ALL_LEVELS", "SweepConfig", "run_sweep"]
+
+ALL_LEVELS = ("core", "spyreccl", "gloo")
+_CORE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_worker.py")
+
+
+@dataclass
+class SweepConfig:
+    nranks: int
+    ops: list[str]
+    sizes: list[int]
+    dtype: str = "float32"
+    levels: tuple[str, ...] = ALL_LEVELS
+    policy: LoopPolicy = field(default_factory=LoopPolicy)
+    timeout_s: float = 300.0  # per collective wait (c10d / spyreccl timeout) and per stall
+    env: Mapping[str, str | None] = field(default_factory=dict)  # applied to every rank
+
+    def __post_init__(self) -> None:
+        if self.nranks < 1:
+            raise ValueError(f"sweep: the world size must be >= 1, got {self.nranks}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"sweep: unknown dtype {self.dtype!r}; expected one of {list(DTYPES)}")
+        bad = [lv for lv in self.levels if lv not in ALL_LEVELS]
+        if bad:
+            raise ValueError(f"sweep: unknown level(s) {bad}; expected some of {ALL_LEVELS}")
+
+
+class _Progress:
+    """Thin wrapper so that a missing tqdm (or --no-progress) degrades to nothing."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self._bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                tqdm = None
+            if tqdm is not None:
+                self._bar = tqdm(total=total, unit="case", dynamic_ncols=True, leave=False)
+
+    def describe(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.set_description_str(text, refresh=False)
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _job_args(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> dict[str, Any]:
+    info = DTYPES[cfg.dtype]
+    args: dict[str, Any] = {
+        "nranks": cfg.nranks,
+        "dtype": cfg.dtype,
+        "cases": [c.to_dict() for c in cases],
+        "policy": {"target_s": cfg.policy.target_s, "min_iters": cfg.policy.min_iters,
+                   "max_iters": cfg.policy.max_iters},
+        "timeout_s": cfg.timeout_s,
+    }
+    if level == "core":
+        import spyreccl_core
+
+        args.update(unique_id=spyreccl_core.UniqueId().to_bytes(), numpy_dtype=info.numpy,
+                    reinterpret=info.reinterpret)
+    else:
+        args.update(level=level, init_method=f"file://{os.path.join(workdir, 'store')}")
+    return args
+
+
+def _start(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> RankJob:
+    args = _job_args(level, cfg, cases, workdir)
+    name = f"{level} x{cfg.nranks}"
+    if level == "core":
+        return RankJob(name, cfg.nranks, args, script=_CORE_SCRIPT, env=cfg.env)
+    from .torch_worker import run_rank
+
+    return RankJob(name, cfg.nranks, args, target=run_rank, env=cfg.env)
+
+
+def run_level(level: str, cfg: SweepConfig, cases: list[Case],
+              progress: _Progress) -> tuple[list[dict], dict[str, Any]]:
+    """Runs every case of one level; returns its result rows and the ranks' 'ready' info."""
+    rows: list[dict] = []
+    pending: dict[int, list] = {}
+    ready: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="spyreccl-bench-") as workdir, \
+            _start(level, cfg, cases, workdir) as job:
+        progress.describe(f"{level} x{cfg.nranks}: starting ranks")
+        for rank, msg in job.messages(stall_timeout_s=cfg.timeout_s):
+            if msg[0] == "ready" and rank == 0:
+                ready = msg[1]
+            if msg[0] != "case":
+                continue
+            index, samples = msg[1], msg[2]
+            per_rank = pending.setdefault(index, [None] * cfg.nranks)
+            per_rank[rank] = samples if samples is not None else ()
+            if any(s is None for s in per_rank):
+                continue
+            del pending[index]
+            case = cases[index]
+            rows.append(_row(level, cfg, case, [s if s != () else None for s in per_rank]))
+            progress.advance()
+            if index + 1 < len(cases):
+                nxt = cases[index + 1]
+                progress.describe(f"{level} x{cfg.nranks} {nxt.op} {nxt.nbytes} B")
+    return rows, ready
+
+
+def _row(level: str, cfg: SweepConfig, case: Case, per_rank: list) -> dict:
+    summary = summarize(combine_ranks(per_rank))
+    factor = OPS[case.op].bus_factor(cfg.nranks)
+    algbw, busbw = bandwidths(case.nbytes, summary.median_us, factor)
+    return {
+        "level": level,
+        "nranks": cfg.nranks,
+        "op": case.op,
+        "dtype": cfg.dtype,
+        "bytes": case.nbytes,
+        "requested_bytes": case.requested,
+        "count": case.unit,
+        "time_us": summary.to_dict(),
+        "algbw_gbps": algbw,
+        "busbw_gbps": busbw,
+        "bus_factor": factor,
+    }
+
+
+def plan_for(cfg: SweepConfig) -> list[Case]:
+    return build_plan(cfg.ops, cfg.sizes, DTYPES[cfg.dtype].itemsize, cfg.nranks)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, enabled: bool) -> Iterator[_Progress]:
+    bar = _Progress(total, enabled)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def run_sweep(cfg: SweepConfig, progress: _Progress) -> tuple[list[dict], dict[str, Any]]:
+    """All levels of ``cfg``; rows of every level, plus per-level rank info."""
+    cases = plan_for(cfg)
+    rows: list[dict] = []
+    info: dict[str, Any] = {}
+    for level in cfg.levels:
+        level_rows, ready = run_level(level, cfg, cases, progress)
+        rows.extend(level_rows)
+        info[level] = ready
+    add_ratios(rows)
+    return rows, info
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """speedup_vs_gloo = gloo's median time / this level's median time (same op/size/n)."""
+    gloo = {(r["nranks"], r["op"], r["bytes"], r["dtype"]): r["time_us"]["median_us"]
+            for r in rows if r["level"] == "gloo"}
+    for r in rows:
+        ref = gloo.get((r["nranks"], r["op"], r["bytes"], r["dtype"]))
+        r["speedup_vs_gloo"] = (ref / r["time_us"]["median_us"]
+                                if ref and r["time_us"]["median_us"] > 0 else None)

@@ -1,0 +1,210 @@
+// process_group_spyreccl.hpp — the c10d backend "spyreccl" for the spyre device.
+//
+// Modelled on ProcessGroupGloo: every operation is validated on the calling thread, turned
+// into a list of core calls ("steps") and queued on the group's progress thread, which runs
+// them in issue order against the group's spyreccl communicator and completes the returned
+// WorkSpyreccl. The communicator is created at construction (rank 0 publishes a
+// spyrecclUniqueId in the c10d Store) or by spyrecclCommSplit from a parent group.
+//
+// Only the spyreccl C API (spyreccl.h) is used; tensors reach it exclusively through
+// tensor_translation.h.
+//
+// Threading: like every c10d backend, the public methods expect to be called from one
+// thread at a time per group, in the same order on all ranks.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <spyreccl/spyreccl.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "backend/tensor_translation.h"
+
+namespace spyreccl_torch {
+
+class Communicator;
+class ProgressThread;
+class WorkSpyreccl;
+
+constexpr const char* kBackendName = "spyreccl";
+
+// One core call of an operation and what has to happen around it on the progress thread:
+// before() (e.g. pack a tensor list into a flat buffer) → buffers[i].prepare() → issue() →
+// buffers[i].commit() → after() (e.g. unpack). Point-to-point steps of one batch are issued
+// together inside spyrecclGroupStart/End, so before()/after() of those run outside the group.
+struct Step {
+  bool p2p = false;
+  std::vector<CommBuffer> buffers;
+  std::function<void()> before;
+  std::function<void(const std::vector<CommBuffer>& buffers, spyrecclComm_t comm)> issue;
+  std::function<void()> after;
+};
+
+// Everything ProcessGroupSpyreccl::submit needs to know about one operation.
+struct OpRecord {
+  c10d::OpType type = c10d::OpType::UNKNOWN;
+  const char* name = "";             // c10d method name, for messages
+  const char* profilingTitle = "";   // "spyreccl:all_reduce", shown by torch.profiler
+  std::vector<at::Tensor> inputs;    // profiler inputs
+  std::vector<at::Tensor> outputs;   // Work::result() / future value
+  std::vector<c10::Device> devices;  // device list of the future
+  std::vector<Step> steps;
+  std::chrono::milliseconds timeout{-1};  // kUnsetTimeout: the group's timeout
+  // recvAnysource: where the progress thread stores the sender's rank.
+  std::shared_ptr<int> sourceRank;
+  // RECORD_PARAM_COMMS metadata
+  int64_t inNelems = 0;
+  int64_t outNelems = 0;
+  at::ScalarType dtype = at::kByte;
+  std::vector<int64_t> inSplitSizes;
+  std::vector<int64_t> outSplitSizes;
+};
+
+class ProcessGroupSpyreccl : public c10d::Backend {
+ public:
+  struct Options : c10d::Backend::Options {
+    explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout);
+
+    static c10::intrusive_ptr<Options> create(
+        std::chrono::milliseconds timeout = kBackendDefaultTimeout) {
+      return c10::make_intrusive<Options>(timeout);
+    }
+    c10::intrusive_ptr<Options> clone() const { return c10::make_intrusive<Options>(*this); }
+
+    // Staging bytes per rank per pipeline slot of the collectives; 0 = the core's default
+    // (env SPYRECCL_CHUNK_BYTES or 1 MiB).
+    size_t chunk_bytes = 0;
+    // Staging bytes per ordered rank pair for send/recv; 0 = the core's default
+    // (env SPYRECCL_P2P_CHUNK_BYTES or 256 KiB).
+    size_t p2p_chunk_bytes = 0;
+  };
+
+  // Collective over the `size` ranks of the group: rank 0 creates the communicator id and
+  // publishes it in `store`, the others fetch it (bounded by options->timeout).
+  ProcessGroupSpyreccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       c10::intrusive_ptr<Options> options = Options::create());
+  ~ProcessGroupSpyreccl() override;
+
+  const std::string getBackendName() const override { return kBackendName; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+  c10::intrusive_ptr<Options> getOptions() const { return options_; }
+
+  bool supportsSplitting() const override { return true; }
+  bool supportsCoalescing() const override { return true; }
+
+  // --- collectives -----------------------------------------------------------------------
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Blocking barrier bounded by opts.timeout (or the group timeout). spyreccl cannot tell
+  // late ranks apart from a barrier alone, so on failure the core's message (which names
+  // the peers it waited for) is reported; the communicator is unusable afterwards.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+
+  // --- coalescing: operations between start and end form one batch with one Work; the
+  // point-to-point ones run inside spyrecclGroupStart/End so that batch_isend_irecv cannot
+  // deadlock; collectives run in order.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+  // --- group management -------------------------------------------------------------------
+  // Collective over all ranks of this group (ranks are group ranks). Returns nullptr on
+  // ranks outside `ranks`.
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts)
+      override;
+  // Aborts the communicator (unblocking a running operation), fails queued operations and
+  // stops the progress thread. Idempotent.
+  void abort() override;
+  // Finishes queued operations, stops the progress thread and releases the communicator.
+  void shutdown() override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+  c10d::ErrorType getError() override;
+  // The core's state dump of this group's communicator (recent operations, peer states).
+  std::string dumpState() const;
+
+ private:
+  struct SplitTag {};
+  // Wraps a communicator created by spyrecclCommSplit.
+  ProcessGroupSpyreccl(SplitTag, std::shared_ptr<Communicator> comm, int rank, int size,
+                       c10::intrusive_ptr<Options> options);
+
+  void startProgressThread();
+  void checkUsable(const char* opName) const;
+  std::string label() const;
+  std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds requested) const;
+  // Queues the operation (or adds it to the open coalescing batch) and returns its Work.
+  c10::intrusive_ptr<c10d::Work> submit(OpRecord op);
+  // Runs `fn(comm)` on the progress thread after everything queued before it and waits.
+  void runSynchronously(const char* opName, std::chrono::milliseconds timeout,
+                        std::function<void(spyrecclComm_t)> fn);
+
+  c10::intrusive_ptr<Options> options_;
+  std::shared_ptr<Communicator> comm_;
+  std::unique_ptr<ProgressThread> progress_;
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> shutDown_{false};
+
+  // Open coalescing batch (between startCoalescing and endCoalescing).
+  bool coalescing_ = false;
+  c10::intrusive_ptr<WorkSpyreccl> batchWork_;
+  OpRecord batch_;
+};
+
+}  // namespace spyreccl_torch

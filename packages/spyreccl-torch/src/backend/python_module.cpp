@@ -1,0 +1,111 @@
+// python_module.cpp — the `spyreccl_torch._C` extension: Python bindings of
+// ProcessGroupSpyreccl and its Options.
+//
+// Built with torch's bundled pybind11 headers so that our classes can derive from the
+// c10d::Backend / Backend.Options types torch registered (pip's pybind11 has another
+// internals ABI and would not see them). Nothing here exchanges pybind11 objects with
+// spyreccl_core's own extension: the backend only talks to libspyreccl's C API.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <spyreccl/spyreccl.h>
+
+#include "backend/process_group_spyreccl.hpp"
+
+namespace py = pybind11;
+
+namespace spyreccl_torch {
+namespace {
+
+using Options = ProcessGroupSpyreccl::Options;
+
+constexpr const char* kBackendDoc = R"(c10d backend "spyreccl" for tensors on the spyre device.
+
+Usually created by torch.distributed through the registered creator (see
+spyreccl_torch.register); construct it directly only for tests or custom groups:
+
+    ProcessGroupSpyreccl(store, rank, size, options=None)
+
+The constructor is collective over the `size` ranks: rank 0 publishes the communicator
+id in `store`, and all ranks then join the communicator.)";
+
+constexpr const char* kOptionsDoc = R"(Options of a spyreccl process group.
+
+timeout          datetime.timedelta bounding every wait of the group (default 30 min)
+chunk_bytes      staging bytes per rank and pipeline slot; 0 = SPYRECCL_CHUNK_BYTES or 1 MiB
+p2p_chunk_bytes  staging bytes per rank pair for send/recv; 0 = SPYRECCL_P2P_CHUNK_BYTES
+                 or 256 KiB)";
+
+}  // namespace
+}  // namespace spyreccl_torch
+
+PYBIND11_MODULE(_C, module) {
+  using spyreccl_torch::Options;
+  using spyreccl_torch::ProcessGroupSpyreccl;
+
+  // Registers c10d::Store, c10d::Backend and Backend.Options with pybind11, which our
+  // classes derive from / accept.
+  py::module_::import("torch.distributed");
+
+  module.doc() = "spyreccl c10d backend (C++ part of spyreccl_torch)";
+
+  auto backend = py::class_<ProcessGroupSpyreccl, c10d::Backend,
+                            c10::intrusive_ptr<ProcessGroupSpyreccl>>(
+      module, "ProcessGroupSpyreccl", spyreccl_torch::kBackendDoc);
+
+  py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(
+      backend, "Options", spyreccl_torch::kOptionsDoc)
+      .def(py::init([](std::chrono::milliseconds timeout) { return Options::create(timeout); }),
+           py::arg("timeout") = kBackendDefaultTimeout)
+      .def_property(
+          "timeout", [](const Options& self) { return self.timeout; },
+          [](Options& self, std::chrono::milliseconds timeout) { self.timeout = timeout; })
+      .def_readwrite("chunk_bytes", &Options::chunk_bytes)
+      .def_readwrite("p2p_chunk_bytes", &Options::p2p_chunk_bytes)
+      .def_readwrite("group_desc", &Options::group_desc)
+      // split_group deep-copies the parent's options.
+      .def("__copy__", [](const Options& self) { return self.clone(); })
+      .def("__deepcopy__", [](const Options& self, const py::dict&) { return self.clone(); })
+      .def("__repr__", [](const Options& self) {
+        return "ProcessGroupSpyreccl.Options(timeout=" + std::to_string(self.timeout.count()) +
+               " ms, chunk_bytes=" + std::to_string(self.chunk_bytes) +
+               ", p2p_chunk_bytes=" + std::to_string(self.p2p_chunk_bytes) + ", group_name='" +
+               self.group_name + "')";
+      });
+
+  backend
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       const py::object& options) {
+             c10::intrusive_ptr<Options> opts =
+                 options.is_none() ? Options::create() : options.cast<c10::intrusive_ptr<Options>>();
+             // Joining the communicator blocks on the other ranks: let Python run meanwhile.
+             py::gil_scoped_release release;
+             return c10::make_intrusive<ProcessGroupSpyreccl>(store, rank, size, opts);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options") = py::none())
+      .def_property_readonly("options", &ProcessGroupSpyreccl::getOptions)
+      .def(
+          "perform_nocolor_split",
+          [](ProcessGroupSpyreccl& /*self*/, const at::Device& /*device*/) {
+            // torch calls this on ranks that are not members of a new_group() when the
+            // default group is bound to a device. spyreccl creates new_group()s through the
+            // store rendezvous (members only), never by splitting the default group, so
+            // there is no collective split the non-members would have to take part in.
+          },
+          py::arg("device"))
+      .def("dump_state", &ProcessGroupSpyreccl::dumpState,
+           py::call_guard<py::gil_scoped_release>(),
+           "The core's human readable state of this group's communicator (recent operations "
+           "with sequence numbers and states, what each peer last announced).");
+
+  module.def("core_version", []() {
+    int version = 0;
+    if (spyrecclGetVersion(&version) != spyrecclSuccess) {
+      throw std::runtime_error("spyrecclGetVersion failed");
+    }
+    return version;
+  }, "Version code of the loaded libspyreccl (MAJOR*10000 + MINOR*100 + PATCH).");
+  module.attr("BACKEND_NAME") = spyreccl_torch::kBackendName;
+}

@@ -1,0 +1,64 @@
+// work.h — WorkSpyreccl, the c10d::Work handed out for every spyreccl operation.
+//
+// Lifecycle: created on the calling thread when an operation is enqueued (which also opens
+// its profiler range, via the c10d::Work constructor's profilingTitle), completed on the
+// group's progress thread with either the output tensors or the error. Its future is
+// created with the spyre device list so that completing it with spyre tensors passes the
+// future's device checks.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+namespace spyreccl_torch {
+
+class Communicator;
+
+class WorkSpyreccl : public c10d::Work {
+ public:
+  // `description` names the operation for messages ("allreduce #12 on group 'default_pg'").
+  // `submitted` is false for operations recorded inside startCoalescing/endCoalescing: they
+  // only run once endCoalescing submits the batch.
+  WorkSpyreccl(int rank, c10d::OpType opType, uint64_t seq, const char* profilingTitle,
+               const std::optional<std::vector<at::Tensor>>& inputs,
+               std::vector<c10::Device> devices, std::shared_ptr<Communicator> comm,
+               std::string description, bool submitted = true);
+  ~WorkSpyreccl() override;
+
+  std::vector<at::Tensor> result() override;
+  // Waits for completion. With a timeout, a wait that expires aborts the communicator (the
+  // operation can no longer finish consistently on all ranks) and throws DistBackendError.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // Spyre memory is written by the host: once completed, results are visible to everyone.
+  void synchronize() override {}
+  void abort() override;
+  int sourceRank() const override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override { return seq_; }
+
+  // --- owner side (process group / progress thread) ---
+  void addOutputs(const std::vector<at::Tensor>& outputs);
+  void markSubmitted() { submitted_.store(true); }
+  void setSourceRank(int rank) { sourceRank_.store(rank); }
+  void finishSuccess();
+  void finishError(std::exception_ptr error);
+  const std::string& description() const { return description_; }
+
+ private:
+  const uint64_t seq_;
+  std::vector<at::Tensor> outputs_;  // immutable once submitted
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<Communicator> comm_;
+  const std::string description_;
+  std::atomic<bool> submitted_;
+  std::atomic<int> sourceRank_{-1};
+};
+
+}  // namespace spyreccl_torch

@@ -1,0 +1,42 @@
+// Host-memory allocator behind every spyre storage.
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Storage.h>
+
+#include <cstddef>
+#include <optional>
+
+namespace spyreccl::device {
+
+// Alignment of every allocation: a cache line, and enough for any vector ISA
+// the collective kernels use on these buffers.
+inline constexpr std::size_t kAllocationAlignment = 64;
+
+// The PrivateUse1 allocator (also registered with c10::SetAllocator). Data
+// pointers are plain host addresses, directly readable by the collective
+// library; the DataPtr is labelled with the calling thread's current device.
+c10::Allocator* host_allocator();
+
+// Allocator for CPU aliases of spyre storages (see host_alias.h): the same
+// host memory and deleter as host_allocator(), labelled CPU so that the CPU
+// kernel growing an alias sees a CPU storage; HostAliasScope::commit()
+// relabels the block when it hands it to the spyre storage.
+c10::Allocator* alias_growth_allocator();
+
+// Allocates `nbytes` of host memory labelled as spyre device `device`.
+c10::DataPtr allocate_on(c10::DeviceIndex device, std::size_t nbytes);
+
+// Moves `data` to spyre device `device` (memory stays where it is; only the
+// label changes), keeping the allocation registry in step.
+void relabel(c10::DataPtr& data, c10::Device device);
+
+// Device of the live allocation containing `ptr`, if it came from
+// host_allocator(). Storages adopted from CPU kernels are not tracked.
+std::optional<c10::DeviceIndex> device_of_allocation(const void* ptr);
+
+// Grows or shrinks a spyre storage to `nbytes`, keeping the common prefix.
+// Shared by resize_ and the hooks' resizePrivateUse1Bytes.
+void resize_storage_bytes(c10::StorageImpl& storage, std::size_t nbytes);
+
+}  // namespace spyreccl::device

@@ -1,0 +1,173 @@
+// Boxed fallback: every aten operator without an explicit spyre kernel runs
+// its CPU kernel directly on the spyre memory (see host_alias.h).
+//
+// Unlike at::native::cpu_fallback, nothing is copied: view operators
+// (view_as_real, unfold, diagonal, ...) return true views of the spyre
+// storage, in-place and out= operators write the spyre memory itself, and
+// results allocated by the CPU kernel become spyre tensors by relabelling.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+#include <ATen/core/stack.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "device_state.h"
+#include "generator.h"
+#include "host_alias.h"
+
+namespace spyreccl::device {
+namespace {
+
+bool is_spyre(const at::Tensor& t) { return t.defined() && t.device().type() == kSpyreDeviceType; }
+
+bool is_tensor_type(const c10::TypePtr& type) {
+  return type->kind() == c10::TypeKind::TensorType ||
+         (type->kind() == c10::TypeKind::OptionalType &&
+          type->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+              c10::TypeKind::TensorType);
+}
+
+bool is_tensor_list(const c10::IValue& value) {
+  return value.isList() && is_tensor_type(value.toList().elementType());
+}
+
+bool is_optional_generator(const c10::Argument& argument) {
+  const c10::TypePtr& type = argument.type();
+  return type->kind() == c10::TypeKind::OptionalType &&
+         type->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+             c10::TypeKind::GeneratorType;
+}
+
+// The spyre device an operator call runs on: that of its first spyre tensor,
+// else its spyre device argument (factory functions).
+std::optional<c10::Device> find_device(const c10::FunctionSchema& schema,
+                                       const c10::IValue* args) {
+  std::optional<c10::Device> from_device_arg;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::IValue& value = args[i];
+    if (value.isTensor()) {
+      if (is_spyre(value.toTensor())) {
+        return value.toTensor().device();
+      }
+    } else if (is_tensor_list(value)) {
+      for (const c10::IValue& element : value.toListRef()) {
+        if (element.isTensor() && is_spyre(element.toTensor())) {
+          return element.toTensor().device();
+        }
+      }
+    } else if (value.isDevice() && value.toDevice().type() == kSpyreDeviceType &&
+               !from_device_arg.has_value()) {
+      from_device_arg = value.toDevice();
+    }
+  }
+  if (from_device_arg.has_value()) {
+    return spyre_device(resolve_device_index(from_device_arg->index(), "spyre fallback"));
+  }
+  return std::nullopt;
+}
+
+// Spyre tensors passed to the CPU kernel and the CPU aliases standing in for
+// them, for write-back after the kernel ran.
+using LentPairs = std::vector<std::pair<at::Tensor, at::Tensor>>;
+
+c10::IValue lend_tensor(HostAliasScope& scope, const at::Tensor& t, LentPairs& lent) {
+  if (is_spyre(t)) {
+    at::Tensor host = scope.lend(t);
+    lent.emplace_back(t, host);
+    return host;
+  }
+  if (t.defined()) {
+    scope.note_cpu_input(t);
+  }
+  return t;
+}
+
+c10::IValue lend_list(HostAliasScope& scope, const c10::IValue& value, LentPairs& lent) {
+  c10::List<c10::IValue> original = value.toList();
+  // A fresh list of the same element type: the caller's list must not be
+  // modified, and unboxing checks the element type.
+  c10::impl::GenericList lent_list(original.elementType());
+  lent_list.reserve(original.size());
+  for (const c10::IValue& element : original) {
+    lent_list.push_back(element.isTensor() ? lend_tensor(scope, element.toTensor(), lent)
+                                           : element);
+  }
+  return c10::IValue(std::move(lent_list));
+}
+
+c10::IValue result_to_spyre(HostAliasScope& scope, const c10::IValue& value) {
+  if (value.isTensor()) {
+    return scope.to_spyre(value.toTensor());
+  }
+  if (is_tensor_list(value)) {
+    c10::List<c10::IValue> original = value.toList();
+    c10::impl::GenericList mapped(original.elementType());
+    mapped.reserve(original.size());
+    for (const c10::IValue& element : original) {
+      mapped.push_back(element.isTensor() ? c10::IValue(scope.to_spyre(element.toTensor()))
+                                          : element);
+    }
+    return c10::IValue(std::move(mapped));
+  }
+  return value;
+}
+
+void spyre_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
+                    torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const char* name = schema.name().c_str();
+  const size_t num_args = schema.arguments().size();
+  TORCH_INTERNAL_ASSERT(stack->size() >= num_args);
+  c10::IValue* args = stack->data() + (stack->size() - num_args);
+
+  const std::optional<c10::Device> device = find_device(schema, args);
+  TORCH_CHECK(device.has_value(), schema.operator_name(),
+              ": dispatched to the spyre device but has neither a spyre tensor nor a spyre "
+              "device argument (a spyre generator can only drive ops on spyre tensors)");
+
+  HostAliasScope scope(name, *device);
+  LentPairs lent;
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& value = args[i];
+    if (value.isTensor()) {
+      value = lend_tensor(scope, value.toTensor(), lent);
+    } else if (is_tensor_list(value)) {
+      value = lend_list(scope, value, lent);
+    } else if (value.isDevice()) {
+      if (value.toDevice().type() == kSpyreDeviceType) {
+        value = c10::IValue(c10::Device(c10::kCPU));
+      }
+    } else if (value.isGenerator()) {
+      value = engine_of(value.toGenerator(), name);
+    } else if (value.isNone() && is_optional_generator(schema.arguments()[i])) {
+      // Draw from the spyre device's default generator rather than the CPU's.
+      value = default_generator(device->index()).get<SpyreGeneratorImpl>()->engine();
+    }
+  }
+
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+
+  scope.commit();
+  for (const auto& [spyre, host] : lent) {
+    scope.write_back(spyre, host);
+  }
+  const size_t num_returns = schema.returns().size();
+  TORCH_INTERNAL_ASSERT(stack->size() >= num_returns);
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end();
+       ++it) {
+    *it = result_to_spyre(scope, *it);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&spyre_fallback>());
+}
+
+}  // namespace spyreccl::device

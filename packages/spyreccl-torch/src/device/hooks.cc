@@ -1,0 +1,75 @@
+// PrivateUse1 hooks: what ATen asks an accelerator about (availability,
+// generators, pointers, storage resizing). Registering them, together with
+// torch.utils.rename_privateuse1_backend("spyre"), makes spyre the current
+// accelerator.
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include "allocator.h"
+#include "device_state.h"
+#include "generator.h"
+
+namespace spyreccl::device {
+namespace {
+
+class SpyreHooks final : public at::PrivateUse1HooksInterface {
+ public:
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return device_count() > 0; }
+  void init() const override {}
+
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
+    return default_generator(device_index);
+  }
+
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    return make_generator(device_index);
+  }
+
+  // Spyre memory is host memory: any host pointer is usable on every emulated
+  // device. Pointers from the spyre allocator report the device they were
+  // allocated for; any other pointer reports the current device.
+  c10::Device getDeviceFromPtr(void* data) const override {
+    return spyre_device(device_of_allocation(data).value_or(current_device()));
+  }
+
+  // Host memory needs no pinning; "pinned" buffers are ordinary CPU memory.
+  bool isPinnedPtr(const void* /*data*/) const override { return false; }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+
+  bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
+    check_device_index(device_index, "spyre hasPrimaryContext");
+    return true;
+  }
+
+  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  void setCurrentDevice(c10::DeviceIndex device) const override { set_current_device(device); }
+  c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
+
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    const c10::DeviceIndex previous = current_device();
+    if (device != previous) {
+      set_current_device(device);
+    }
+    return previous;
+  }
+
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    return exchangeDevice(device);
+  }
+
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    resize_storage_bytes(*storage.unsafeGetStorageImpl(), newsize);
+  }
+};
+
+// Registered while the shared library loads; never destroyed because ATen
+// keeps the pointer for the life of the process.
+const bool registered = [] {
+  at::RegisterPrivateUse1HooksInterface(new SpyreHooks());
+  return true;
+}();
+
+}  // namespace
+}  // namespace spyreccl::device

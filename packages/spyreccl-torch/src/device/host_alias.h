@@ -1,0 +1,83 @@
+// Zero-copy lending of spyre tensors to CPU kernels.
+//
+// Spyre storages are host memory, so a CPU kernel can work on them in place.
+// A HostAliasScope lives for one operator call and
+//   * lends each spyre tensor as a CPU tensor over a CPU storage that borrows
+//     the spyre memory (one alias storage per spyre storage, so aliasing
+//     between arguments is preserved and overlap checks still work);
+//   * the alias storages are resizable through the spyre allocator, so out=
+//     kernels may grow them; commit() then moves the new memory into the spyre
+//     storage, which every view of it observes;
+//   * writes back size/stride/offset/storage changes that in-place kernels made
+//     to the lent tensors;
+//   * maps CPU results back to spyre without copying: the lent tensor itself
+//     becomes the original spyre tensor, a view of a lent storage becomes the
+//     same view of the spyre storage, and fresh CPU memory is adopted by
+//     relabelling its storage as spyre memory.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/Storage.h>
+
+#include <optional>
+#include <vector>
+
+namespace spyreccl::device {
+
+class HostAliasScope {
+ public:
+  // `op` names the operator in error messages; `device` is the spyre device
+  // that fresh results are adopted onto.
+  HostAliasScope(const char* op, c10::Device device);
+  HostAliasScope(const HostAliasScope&) = delete;
+  HostAliasScope& operator=(const HostAliasScope&) = delete;
+
+  // CPU tensor sharing `spyre`'s memory, geometry and conj/neg bits.
+  at::Tensor lend(const at::Tensor& spyre);
+
+  // Records a CPU tensor passed to the op, so that a result sharing its memory
+  // is copied instead of being taken over.
+  void note_cpu_input(const at::Tensor& cpu);
+
+  // After the CPU kernel: moves memory that kernels reallocated into the
+  // spyre storages. Call once, before write_back/to_spyre.
+  void commit();
+
+  // Reflects metadata changes of the lent tensor `host` onto `spyre`.
+  void write_back(const at::Tensor& spyre, const at::Tensor& host);
+
+  // Spyre tensor for a CPU result of the kernel (see the file comment).
+  at::Tensor to_spyre(const at::Tensor& host);
+
+ private:
+  struct LentStorage {
+    c10::Storage spyre;
+    c10::Storage host;
+    const void* data;  // memory the host alias borrowed last
+    size_t nbytes;
+  };
+  struct LentTensor {
+    const c10::TensorImpl* host;
+    const c10::TensorImpl* spyre_impl;
+    at::Tensor spyre;
+    at::Tensor host_tensor;
+  };
+
+  const c10::Storage& host_storage_for(const c10::Storage& spyre);
+  const LentStorage* find_by_host(const c10::StorageImpl* host) const;
+  c10::Storage adopt_storage(const c10::Storage& host);
+
+  const char* op_;
+  c10::Device device_;
+  std::vector<LentStorage> storages_;
+  std::vector<LentTensor> tensors_;
+  std::vector<const c10::StorageImpl*> cpu_inputs_;
+  std::vector<c10::StorageImpl*> adopted_;
+};
+
+// A spyre tensor over `storage` with the dtype, geometry and conj/neg bits of
+// `like`.
+at::Tensor make_spyre_tensor(c10::Storage storage, const at::Tensor& like);
+
+}  // namespace spyreccl::device

@@ -1,0 +1,140 @@
+"""DistributedDataParallel on spyre + spyreccl against a single-process reference.
+
+Each rank trains on its own slice of a global batch; DDP averages the gradients, so after every
+step the replicas must equal one float64 model trained on the whole batch (mean loss), run on
+the CPU without any collective. Cases cover the default bucketing, many tiny buckets (several
+all_reduces per backward, buckets of mixed sizes), gradient accumulation under ``no_sync``, and
+the initial parameter broadcast from rank 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+DEVICE = "spyre"
+IN, HIDDEN, OUT = 10, 33, 5  # odd sizes on purpose
+PER_RANK = 6  # samples per rank and step
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT)
+    )
+
+
+def _device(device_type: str) -> torch.device:
+    if device_type == "cpu":
+        return torch.device("cpu")
+    torch.accelerator.set_device_index(dist.get_rank() % torch.accelerator.device_count())
+    return torch.device(device_type, torch.accelerator.current_device_index())
+
+
+def _global_batches(seed: int, steps: int, world_size: int):
+    gen = torch.Generator().manual_seed(seed + 1)
+    n = PER_RANK * world_size
+    return [
+        (torch.randn(n, IN, generator=gen, dtype=torch.float64),
+         torch.randn(n, OUT, generator=gen, dtype=torch.float64))
+        for _ in range(steps)
+    ]
+
+
+def _compare(ddp_model: nn.Module, reference: nn.Module, what: str, seed: int,
+             grads: bool) -> None:
+    ref = dict(reference.named_parameters())
+    for name, p in ddp_model.module.named_parameters():
+        r = ref[name]
+        got, want = (p.grad, r.grad) if grads else (p, r)
+        torch.testing.assert_close(
+            got.detach().cpu().double(), want.detach(), rtol=2e-5, atol=2e-6,
+            msg=f"{what}: {'grad of ' if grads else ''}{name} (rank {dist.get_rank()}, seed {seed})",
+        )
+
+
+def _train(device_type: str, seed: int, steps: int, bucket_cap_mb: float | None,
+           accumulate: int) -> float:
+    """`steps` optimizer steps; each step accumulates `accumulate` micro-batches, all but the
+    last under no_sync (so only the last backward communicates)."""
+    dev = _device(device_type)
+    ws, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(seed)
+    model = _model()
+    reference = copy.deepcopy(model).double()
+    if rank != 0:
+        # DDP's constructor broadcasts rank 0's parameters: perturb the others to check it.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    ddp = DDP(model.to(dev), **kwargs)
+    _compare(ddp, reference, "after the constructor's broadcast", seed, grads=False)
+
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    batches = _global_batches(seed, steps * accumulate, ws)
+    loss = torch.zeros(())
+    for step in range(steps):
+        opt.zero_grad()
+        opt_ref.zero_grad()
+        micro = batches[step * accumulate:(step + 1) * accumulate]
+        for i, (x, y) in enumerate(micro):
+            mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+            xs, ys = x[mine].float().to(dev), y[mine].float().to(dev)
+            if i < accumulate - 1:
+                with ddp.no_sync():
+                    (F.mse_loss(ddp(xs), ys) / accumulate).backward()
+            else:
+                loss = F.mse_loss(ddp(xs), ys) / accumulate
+                loss.backward()
+            # The reference sees the whole global batch: mean over ranks == mean over samples.
+            (F.mse_loss(reference(x), y) / accumulate).backward()
+        _compare(ddp, reference, f"step {step}", seed, grads=True)
+        opt.step()
+        opt_ref.step()
+        _compare(ddp, reference, f"after step {step}", seed, grads=False)
+    return loss.item()
+
+
+def _bucket_count(device_type: str, bucket_cap_mb: float) -> int:
+    """How many all_reduce calls one backward issues with the given bucket size."""
+    dev = _device(device_type)
+    torch.manual_seed(0)
+    ddp = DDP(_model().to(dev), bucket_cap_mb=bucket_cap_mb)
+    x = torch.randn(PER_RANK, IN, device=dev)
+    ddp(x).sum().backward()  # the first iteration may rebuild buckets
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ddp(x).sum().backward()
+    names = [e.name for e in prof.events()]
+    return sum(1 for n in names if "allreduce" in n.lower() or "all_reduce" in n.lower())
+
+
+pytestmark = pytest.mark.world_sizes(2, 3)
+
+
+@pytest.fixture
+def seed() -> int:
+    return int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF
+
+
+@pytest.mark.parametrize(
+    ("bucket_cap_mb", "accumulate"),
+    [(None, 1), (0.002, 1), (0.002, 3)],
+    ids=["default-buckets", "tiny-buckets", "tiny-buckets-no_sync"],
+)
+def test_ddp_matches_single_process(rank_pool, seed, bucket_cap_mb, accumulate):
+    losses = rank_pool.run(_train, DEVICE, seed, 3, bucket_cap_mb, accumulate)
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+
+
+def test_tiny_buckets_issue_several_all_reduces(rank_pool):
+    counts = rank_pool.run(_bucket_count, DEVICE, 0.002)
+    # 2 KB buckets over ~6 KB of float32 gradients: more than one all_reduce per backward.
+    assert all(c >= 2 for c in counts), counts
