@@ -192,7 +192,7 @@ void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
                                        static_cast<unsigned long long>(theirs.seq))
                               : std::string();
     SPYRECCL_THROW(spyrecclMismatch, "%s: rank %d called %s but rank %d called %s%s",
-                   opLabel_.c_str(), rank_, algorithms::describe(mine).c_str(), p,
+                   opLabel().c_str(), rank_, algorithms::describe(mine).c_str(), p,
                    algorithms::describe(theirs).c_str(), peerSeq.c_str());
   }
 }
@@ -201,10 +201,15 @@ void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
 // operation bookkeeping
 // ---------------------------------------------------------------------------------------
 
+std::string Communicator::opLabel() const {
+  if (!customLabel_.empty()) return customLabel_;
+  return format("%s seq %llu", algorithms::kindName(curKind_), static_cast<unsigned long long>(seq_));
+}
+
 Descriptor Communicator::beginOp(Descriptor d) {
   d.seq = ++seq_;
-  opLabel_ = format("%s seq %llu", algorithms::kindName(d.kind),
-                    static_cast<unsigned long long>(d.seq));
+  curKind_ = d.kind;
+  customLabel_.clear();
   std::lock_guard<std::mutex> lock(mu_);
   FlightRecord& rec = records_[recordCount_ % kFlightRecords];
   ++recordCount_;
@@ -231,7 +236,7 @@ void Communicator::endOp(bool ok) {
 void Communicator::throwAborted(const std::string& waitingFor) const {
   SPYRECCL_THROW(spyrecclAborted,
                  "%s: spyrecclCommAbort was called on %s while it waited for %s",
-                 opLabel_.c_str(), who_.c_str(), waitingFor.c_str());
+                 opLabel().c_str(), who_.c_str(), waitingFor.c_str());
 }
 
 void Communicator::throwPeerFailure(int peer, const std::string& waitingFor) const {
@@ -240,16 +245,16 @@ void Communicator::throwPeerFailure(int peer, const std::string& waitingFor) con
   int pid = pc->pid.load(std::memory_order_relaxed);
   std::string what;
   if (watches_[peer].dead()) {
-    what = format("rank %d (pid %d) died during %s", peer, pid, opLabel_.c_str());
+    what = format("rank %d (pid %d) died during %s", peer, pid, opLabel().c_str());
   } else if (status == transport::kStatusDeparted) {
     what = format("rank %d (pid %d) left the communicator (spyrecclCommDestroy) during %s", peer,
-                  pid, opLabel_.c_str());
+                  pid, opLabel().c_str());
   } else if (status == transport::kStatusAborted) {
     what = format("rank %d (pid %d) aborted the communicator (spyrecclCommAbort) during %s",
-                  peer, pid, opLabel_.c_str());
+                  peer, pid, opLabel().c_str());
   } else {
     what = format("rank %d (pid %d) failed with %s during %s", peer, pid,
-                  resultName(pc->failCode.load(std::memory_order_relaxed)), opLabel_.c_str());
+                  resultName(pc->failCode.load(std::memory_order_relaxed)), opLabel().c_str());
   }
   std::string msg = format("%s (%s was waiting for %s)", what.c_str(), who_.c_str(),
                            waitingFor.c_str());
@@ -258,7 +263,7 @@ void Communicator::throwPeerFailure(int peer, const std::string& waitingFor) con
 
 void Communicator::throwTimeout(int64_t waitedNs, const std::string& waitingFor) const {
   std::string msg = format("%s: %s timed out after %lld ms (timeout %lld ms) waiting for %s",
-                           opLabel_.c_str(), who_.c_str(),
+                           opLabel().c_str(), who_.c_str(),
                            static_cast<long long>(waitedNs / kNsPerMs),
                            static_cast<long long>(timeoutMs()), waitingFor.c_str());
   throw Error(spyrecclTimeout, withDump(msg), __FILE__, __LINE__);

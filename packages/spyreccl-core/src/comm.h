@@ -75,8 +75,10 @@ class Communicator {
   // prefixes every error raised until endOp().
   transport::Descriptor beginOp(transport::Descriptor d);
   void endOp(bool ok);
-  const std::string& opLabel() const { return opLabel_; }
-  void setOpLabel(std::string label) { opLabel_ = std::move(label); }
+  // "allreduce seq 7" for the current collective, or the label set by setOpLabel for
+  // point-to-point work. Built on demand: only error paths need it.
+  std::string opLabel() const;
+  void setOpLabel(std::string label) { customLabel_ = std::move(label); }
 
   // ---- waiting ---------------------------------------------------------------------
   // Cheap checks on every slow-path wakeup; full checks (deadline, peer status, peer
@@ -161,7 +163,8 @@ class Communicator {
 
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
-  std::string opLabel_;
+  uint32_t curKind_ = 0;
+  std::string customLabel_;
   std::vector<PeerP2P> p2p_;
   std::vector<const void*> sources_;
 

@@ -235,7 +235,9 @@ def test_killed_rank_is_detected_and_pool_recovers(make_pool):
     failures = info.value.failures
     assert failures[1].kind == "died"
     assert "SIGKILL" in failures[1].detail
-    assert failures[0].kind == "stalled"
+    # gloo notices the closed connection and raises, or the survivor is still blocked in the
+    # barrier when the grace period ends: either way it is reported, never silently dropped.
+    assert failures[0].kind in ("raised", "stalled")
     for pid in pids:
         assert not _pid_alive(pid), f"worker {pid} of the broken pool is still alive"
     new_pids = [i["pid"] for i in pool.run(describe_rank)]
@@ -341,11 +343,9 @@ def test_pool_arguments_are_validated():
         RankPool(2, distributed=False, set_device=True)
 
 
-@pytest.mark.parametrize("rank_pool", [2], indirect=True)
-def test_tcp_rendezvous(make_pool, rank_pool):
+def test_tcp_rendezvous(make_pool):
     pool = make_pool(2, backend="gloo", rendezvous="tcp")
     assert [r for r, _ in pool.run(all_reduce_ranks, 1)] == [0, 1]
-    assert rank_pool.world_size == 2
 
 
 def _pid_alive(pid: int) -> bool:

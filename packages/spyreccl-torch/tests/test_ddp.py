@@ -76,6 +76,9 @@ def _train(device_type: str, seed: int, steps: int, bucket_cap_mb: float | None,
     kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
     ddp = DDP(model.to(dev), **kwargs)
     _compare(ddp, reference, "after the constructor's broadcast", seed, grads=False)
+    if device_type != "cpu":
+        served_by = ddp.process_group._get_backend(dev).name()
+        assert served_by == "spyreccl", f"DDP's gradients go to {served_by}, not spyreccl"
 
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     opt_ref = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
@@ -104,7 +107,8 @@ def _train(device_type: str, seed: int, steps: int, bucket_cap_mb: float | None,
 
 
 def _bucket_count(device_type: str, bucket_cap_mb: float) -> int:
-    """How many all_reduce calls one backward issues with the given bucket size."""
+    """How many all_reduce calls one backward issues with the given bucket size (counted as
+    c10d::allreduce_ dispatcher events, whichever backend serves them)."""
     dev = _device(device_type)
     torch.manual_seed(0)
     ddp = DDP(_model().to(dev), bucket_cap_mb=bucket_cap_mb)
@@ -112,8 +116,7 @@ def _bucket_count(device_type: str, bucket_cap_mb: float) -> int:
     ddp(x).sum().backward()  # the first iteration may rebuild buckets
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         ddp(x).sum().backward()
-    names = [e.name for e in prof.events()]
-    return sum(1 for n in names if "allreduce" in n.lower() or "all_reduce" in n.lower())
+    return [e.name for e in prof.events()].count("c10d::allreduce_")
 
 
 pytestmark = pytest.mark.world_sizes(2, 3)
@@ -134,7 +137,8 @@ def test_ddp_matches_single_process(rank_pool, seed, bucket_cap_mb, accumulate):
     assert all(torch.isfinite(torch.tensor(losses))), losses
 
 
-def test_tiny_buckets_issue_several_all_reduces(rank_pool):
+def test_bucket_size_controls_all_reduce_count(rank_pool):
+    # ~6 KB of float32 gradients: one bucket by default, several with 2 KB buckets.
+    assert rank_pool.run(_bucket_count, DEVICE, 25.0) == [1] * rank_pool.world_size
     counts = rank_pool.run(_bucket_count, DEVICE, 0.002)
-    # 2 KB buckets over ~6 KB of float32 gradients: more than one all_reduce per backward.
     assert all(c >= 2 for c in counts), counts

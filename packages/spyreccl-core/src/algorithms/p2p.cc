@@ -173,8 +173,9 @@ void runP2P(std::vector<P2POp>& ops) {
       }
     }
     peerLists[i] = {ops[i].peer};
-    ops[i].comm->setOpLabel(ops.size() == 1 ? ops[i].describe()
-                                            : format("group of %zu send/recv", ops.size()));
+    // Short constant labels (no formatting on the fast path); waits name the exact
+    // operation they are blocked on.
+    ops[i].comm->setOpLabel(ops.size() == 1 ? "point-to-point" : "grouped point-to-point");
   }
   auto eligible = [&](size_t i) {
     return !ops[i].finished && (pred[i] < 0 || ops[pred[i]].finished);
@@ -225,7 +226,7 @@ void runP2P(std::vector<P2POp>& ops) {
 }
 
 int recvAnySource(Communicator& c, void* recv, size_t count, spyrecclDataType_t dtype, int tag) {
-  c.setOpLabel(format("recv_any_source(%s)", signature(count, dtype, tag).c_str()));
+  c.setOpLabel("recv from any source");
   // The next message of each incoming stream is the chunk at the receiver's consumed count;
   // pick the lowest rank whose next message carries `tag`.
   auto probe = [&]() -> int {

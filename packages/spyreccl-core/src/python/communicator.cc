@@ -1,4 +1,6 @@
 // communicator.cc — Communicator construction, split, abort/destroy and queries.
+#include <pybind11/stl.h>
+
 #include "communicator.h"
 
 #include <cmath>

@@ -4,6 +4,8 @@
 // touched when the outermost GroupEnd runs. The binding therefore keeps every buffer export
 // of an open group alive in a per-thread GroupState until that GroupEnd returned, and keeps
 // the communicators alive too (and refuses to destroy them meanwhile).
+#include <pybind11/stl.h>
+
 #include <memory>
 #include <optional>
 #include <string>

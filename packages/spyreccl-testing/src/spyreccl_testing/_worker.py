@@ -185,7 +185,7 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
         _, task_id, payload = message
         try:
             reply = ("ok", task_id, _run_task(payload, ctx))
-        except BaseException as exc:  # noqa: BLE001 - SystemExit/skip in a task is a result too
+        except BaseException as exc:  # SystemExit / pytest.skip in a task are results too
             reply = ("error", task_id, _exception_kind(exc), _format(exc))
         try:
             conn.send_bytes(pickle.dumps(reply))

@@ -182,9 +182,9 @@ def _int_avg(native: np.ndarray, n: int) -> np.ndarray:
         return np.sign(total) * (np.abs(total) // n)
     # 64-bit: the exact sum may need 64 + log2(n) bits; Python ints never overflow.
     totals = [sum(int(v) for v in column) for column in native.T]
-    return np.array(
-        [(abs(t) // n) * (1 if t >= 0 else -1) for t in totals], dtype=object
-    ).astype(native.dtype)
+    return np.array([(abs(t) // n) * (1 if t >= 0 else -1) for t in totals], dtype=object).astype(
+        native.dtype
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -251,9 +251,7 @@ def assert_close_dtype(
     if act.dtype != dtype:
         raise AssertionError(f"{header}: has dtype {act.dtype}, expected {dtype}")
     if tuple(act.shape) != tuple(exp.shape):
-        raise AssertionError(
-            f"{header}: has shape {tuple(act.shape)}, expected {tuple(exp.shape)}"
-        )
+        raise AssertionError(f"{header}: has shape {tuple(act.shape)}, expected {tuple(exp.shape)}")
     if act.numel() == 0:
         return
     exp = exp.to(dtype)
@@ -293,9 +291,7 @@ def assert_close_dtype(
     bad = np.flatnonzero(~ok)
     if bad.size == 0:
         return
-    lines = [
-        f"{header}: {bad.size} of {a.size} elements differ from the reference ({tol_text})"
-    ]
+    lines = [f"{header}: {bad.size} of {a.size} elements differ from the reference ({tol_text})"]
     if never_written.any():
         lines.append(
             f"  {int(never_written.sum())} of them still hold the poison value: the output was "

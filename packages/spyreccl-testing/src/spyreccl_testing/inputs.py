@@ -55,7 +55,8 @@ def int_value_bound(dtype: torch.dtype, nranks: int) -> tuple[int, int]:
     if nranks < 1:
         raise ValueError(f"int_value_bound: nranks must be >= 1, got {nranks}")
     lo, hi = _dtypes.int_limits(dtype)
-    bound = max(1, int(hi ** (1.0 / nranks)))
+    # Capped at 2**62 so that values are drawn exactly in int64 (torch.randint's range).
+    bound = min(1 << 62, max(1, int(hi ** (1.0 / nranks))))
     while bound > 1 and (bound**nranks > hi or bound * nranks > hi):
         bound -= 1
     return (0 if lo == 0 else -bound), bound

@@ -166,7 +166,9 @@ def rank_pool(request: pytest.FixtureRequest) -> Iterator[RankPool]:
         sizes = _default_world_sizes(request.config)
         world_size = sizes[0]
     if not isinstance(world_size, int) or world_size < 1:
-        raise pytest.UsageError(f"rank_pool: world size must be an integer >= 1, got {world_size!r}")
+        raise pytest.UsageError(
+            f"rank_pool: world size must be an integer >= 1, got {world_size!r}"
+        )
     baseline = _procutil.list_spyreccl_shm()
     pool = RankPool(world_size, **_pool_options(request.node))
     try:

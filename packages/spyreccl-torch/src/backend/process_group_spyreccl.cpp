@@ -14,6 +14,7 @@
 
 #include "backend/communicator.h"
 #include "backend/errors.h"
+#include "backend/input_checks.h"
 #include "backend/progress_thread.h"
 #include "backend/work.h"
 

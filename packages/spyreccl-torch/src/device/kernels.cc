@@ -250,4 +250,19 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("fill_.Scalar", TORCH_FN(fill_scalar));
 }
 
+
+// The conjugate and negative fallbacks materialise conj/neg inputs with clone,
+// which copies through _copy_from again: for _copy_from itself that recursion
+// never ends. The kernel above resolves both bits itself (the lent CPU tensors
+// carry them and the CPU copy kernel applies them), so let the calls through.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
 }  // namespace spyreccl::device

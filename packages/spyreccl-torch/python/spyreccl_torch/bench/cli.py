@@ -168,9 +168,11 @@ def _run_sweep(args: argparse.Namespace) -> int:
     configs = [SweepConfig(nranks=n, ops=args.ops, sizes=sizes, dtype=args.dtype,
                            levels=tuple(args.levels), policy=_policy(args),
                            timeout_s=args.timeout) for n in args.nproc]
+    machine_at_start = describe_environment()
     memcpy = measure_memcpy()
     print(f"single-thread memcpy bandwidth: {memcpy.median_gbps:.2f} GB/s "
-          f"(p10 {memcpy.p10_gbps:.2f}, p90 {memcpy.p90_gbps:.2f}; {memcpy.nbytes >> 20} MiB)",
+          f"(p10 {memcpy.p10_gbps:.2f}, p90 {memcpy.p90_gbps:.2f}; {memcpy.nbytes >> 20} MiB); "
+          f"load average {os.getloadavg()[0]:.2f} on {machine_at_start['usable_cpus']} cpus",
           flush=True)
     plans = [plan_for(cfg) for cfg in configs]
     total = sum(len(plan) * len(cfg.levels) for plan, cfg in zip(plans, configs))
@@ -195,7 +197,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
         "mode": "sweep",
         "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
         "timestamp": timestamp(),
-        "machine": describe_environment(),
+        "machine": machine_at_start,
+        "loadavg_at_end": list(os.getloadavg()),
         "ranks": ranks_info,
         "config": {"nproc": args.nproc, "dtype": args.dtype, "levels": args.levels,
                    "ops": args.ops, "sizes": sizes, "policy": vars(_policy(args))},

@@ -93,7 +93,7 @@ def _run(args: dict) -> None:
 
         dtype = getattr(core.DataType, args["dtype"].upper()) if args["reinterpret"] else None
         comm = core.Communicator(rank, nranks, core.UniqueId.from_bytes(args["unique_id"]),
-                                 timeout=args["timeout_s"], name="bench")
+                                 timeout=args["timeout_s"])
         conn.send(("ready", {"pid": os.getpid(), "spyreccl_core": core.__version__,
                              "library": core.library_version(), "numpy": np.__version__}))
         policy = timing.LoopPolicy(**args["policy"])
@@ -119,8 +119,9 @@ def _run(args: dict) -> None:
         comm.destroy()
         conn.send(("done",))
     except BaseException:
+        # The parent prints the report; exiting quietly avoids a second copy on stderr.
         conn.send(("error", traceback.format_exc()))
-        raise
+        raise SystemExit(1) from None
     finally:
         conn.close()
 

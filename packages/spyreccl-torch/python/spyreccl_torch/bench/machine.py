@@ -68,6 +68,8 @@ def describe_environment() -> dict[str, Any]:
         "logical_cpus": os.cpu_count(),
         "usable_cpus": affinity,
         "memory_gib": _memory_gib(),
+        # Other work on a shared machine distorts every number: keep the evidence with them.
+        "loadavg_1_5_15": list(os.getloadavg()),
         "platform": platform.platform(),
         "versions": _versions(),
         "spyreccl_env": {k: v for k, v in sorted(os.environ.items())

@@ -34,6 +34,9 @@ class OpSpec:
     name: str
     sized: bool  # False for barrier: it has no payload and is measured once
     description: str
+    # Operations one timed step performs: a ping-pong step is two messages, and the time of
+    # a row is per message (half the round trip, as in the OSU latency test).
+    per_step: int = 1
 
     def bus_factor(self, nranks: int) -> float:
         n = nranks
@@ -52,7 +55,7 @@ OPS: dict[str, OpSpec] = {
         OpSpec("reduce_scatter_tensor", True, "sum reduce-scatter of one flat tensor"),
         OpSpec("broadcast", True, "broadcast from rank 0, in place"),
         OpSpec("all_to_all_single", True, "all-to-all of equal blocks of one flat tensor"),
-        OpSpec("sendrecv", True, "ping-pong between ranks 0 and 1 (others idle)"),
+        OpSpec("sendrecv", True, "ping-pong between ranks 0 and 1 (others idle)", per_step=2),
         OpSpec("barrier", False, "barrier"),
     )
 }

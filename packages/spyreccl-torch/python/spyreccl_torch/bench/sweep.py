@@ -128,8 +128,9 @@ def run_level(level: str, cfg: SweepConfig, cases: list[Case],
 
 
 def _row(level: str, cfg: SweepConfig, case: Case, per_rank: list) -> dict:
-    summary = summarize(combine_ranks(per_rank))
-    factor = OPS[case.op].bus_factor(cfg.nranks)
+    spec = OPS[case.op]
+    summary = summarize(combine_ranks(per_rank) / spec.per_step)
+    factor = spec.bus_factor(cfg.nranks)
     algbw, busbw = bandwidths(case.nbytes, summary.median_us, factor)
     return {
         "level": level,

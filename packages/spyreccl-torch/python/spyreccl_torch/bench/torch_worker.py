@@ -121,7 +121,8 @@ def run_rank(args: dict) -> None:
         dist.destroy_process_group()
         conn.send(("done",))
     except BaseException:
+        # The parent prints the report; exiting quietly avoids a second copy on stderr.
         conn.send(("error", traceback.format_exc()))
-        raise
+        raise SystemExit(1) from None
     finally:
         conn.close()

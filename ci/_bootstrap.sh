@@ -1,0 +1,39 @@
+# Sourced by ci/test.sh and ci/demo.sh: puts nox into a private virtualenv and exports
+#   ROOT     the repository root
+#   NOX      the nox executable to use
+# Needs only python3 (>= 3.10, with its venv module or pip) on PATH.
+
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NOX_VERSION=2026.10.20
+CI_VENV=${SPYRECCL_CI_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/spyreccl-ci/venv}
+PYTHON=${PYTHON:-python3}
+
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  echo "ci: $PYTHON not found on PATH; install Python >= 3.10" >&2
+  exit 2
+fi
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  echo "ci: $("$PYTHON" --version 2>&1) is too old; spyreccl needs Python >= 3.10" >&2
+  exit 2
+fi
+
+_nox_version() {
+  "$CI_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nox"))' 2>/dev/null || true
+}
+
+if [ "$(_nox_version)" != "$NOX_VERSION" ]; then
+  echo "ci: installing nox $NOX_VERSION into $CI_VENV"
+  mkdir -p "$(dirname "$CI_VENV")"
+  if ! "$PYTHON" -m venv --clear "$CI_VENV" 2>/dev/null; then
+    # Debian's python3 without python3-venv: fall back to virtualenv from pip.
+    "$PYTHON" -m pip install --user --quiet virtualenv
+    "$PYTHON" -m virtualenv --clear "$CI_VENV"
+  fi
+  "$CI_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "nox==$NOX_VERSION"
+fi
+
+NOX="$CI_VENV/bin/nox"
+export NO_COLOR=1 PY_COLORS=0
+cd "$ROOT"

@@ -1,0 +1,113 @@
+"""The host-emulated ``spyre`` device (torch PrivateUse1).
+
+:func:`register` makes ``torch.device("spyre")`` usable on machines without Spyre cards:
+tensors live in host memory (64-byte aligned, directly readable by spyreccl-core), every
+operator runs its CPU kernel in place on that memory, and ``torch.spyre`` provides the
+device module torch expects (device management, random state, inductor hooks).
+
+The emulation steps aside whenever a real spyre device may be present: when
+``torch_spyre`` is installed, when PrivateUse1 is already claimed, or when
+``SPYRECCL_EMULATE_SPYRE=0``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import sys
+import threading
+
+__all__ = ["DEVICE_NAME", "EMULATE_ENV", "is_registered", "register"]
+
+DEVICE_NAME = "spyre"
+EMULATE_ENV = "SPYRECCL_EMULATE_SPYRE"
+
+_log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_active: bool | None = None
+
+
+def _torch_spyre_installed() -> bool:
+    if importlib.util.find_spec("torch_spyre") is not None:
+        return True
+    for dist in ("torch-spyre", "torch_spyre"):
+        try:
+            importlib.metadata.distribution(dist)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return False
+
+
+def _reason_to_step_aside() -> str | None:
+    """Why the emulated device must not register, or None if it may."""
+    if os.environ.get(EMULATE_ENV, "1").strip() == "0":
+        return f"{EMULATE_ENV}=0"
+    if _torch_spyre_installed():
+        return "torch_spyre is installed and provides the real spyre device"
+
+    import torch
+
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", DEVICE_NAME):
+        return f"PrivateUse1 is already renamed to {current!r}"
+    if hasattr(torch, DEVICE_NAME) or "torch.spyre" in sys.modules:
+        return "torch.spyre is already registered by another module"
+    if current == DEVICE_NAME:
+        return "PrivateUse1 is already renamed to 'spyre' by another module"
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::empty.memory_format", "PrivateUse1"):
+        return "another library already registered PrivateUse1 kernels"
+    return None
+
+
+def _registered_by_us() -> bool:
+    """True if this process already registered our torch.spyre (e.g. before a reload
+    of this package reset the module state)."""
+    torch = sys.modules.get("torch")
+    module = getattr(torch, DEVICE_NAME, None) if torch is not None else None
+    return getattr(module, "__name__", None) == f"{__name__}.spyre_module"
+
+
+def _register_locked() -> bool:
+    if _registered_by_us():
+        return True
+    reason = _reason_to_step_aside()
+    if reason is not None:
+        _log.debug("spyreccl_torch.device: not registering the emulated spyre device: %s", reason)
+        return False
+
+    import torch
+    import torch.utils.backend_registration as backend_registration
+
+    from . import _loader, spyre_module
+
+    # Hooks must exist before the rename, or torch._C._get_accelerator() raises.
+    path = _loader.load()
+    torch.utils.rename_privateuse1_backend(DEVICE_NAME)
+    torch._register_device_module(DEVICE_NAME, spyre_module)
+    # generate_methods_for_privateuse1_backend raises when run twice.
+    if not hasattr(torch.Tensor, "is_spyre"):
+        backend_registration.generate_methods_for_privateuse1_backend(for_storage=True)
+    _log.debug("spyreccl_torch.device: emulated spyre device registered from %s", path)
+    return True
+
+
+def register() -> bool:
+    """Registers the emulated ``spyre`` device unless a real one may exist.
+
+    Idempotent and thread-safe. Returns whether the emulated device is active. Raises
+    if registration was attempted and failed (library missing, malformed
+    ``SPYRECCL_SPYRE_DEVICE_COUNT``); a later call retries.
+    """
+    global _active
+    with _lock:
+        if _active is None:
+            _active = _register_locked()
+        return _active
+
+
+def is_registered() -> bool:
+    """Whether :func:`register` activated the emulated device in this process."""
+    return bool(_active)

@@ -1,0 +1,222 @@
+"""``torch.spyre``: the device module of the host-emulated spyre device.
+
+Registered with ``torch._register_device_module("spyre", ...)`` by
+:func:`spyreccl_torch.device.register`. It provides what torch looks up on a
+PrivateUse1 device module (availability, device management, random state, the
+``device`` context manager) and, lazily, what inductor asks for.
+
+The emulated device executes every operator synchronously on the calling thread: there is
+one (default) stream per device and :func:`synchronize` has nothing to wait for.
+
+Importing this module is cheap; inductor is only imported when it asks for ``Scheduling``,
+``PythonWrapperCodegen``, ``CppWrapperCodegen`` or ``WrapperFxCodegen`` (see
+:mod:`._inductor`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import torch
+
+__all__ = [
+    "device",
+    "device_count",
+    "device_of",
+    "current_device",
+    "get_rng_state",
+    "get_rng_state_all",
+    "initial_seed",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "synchronize",
+]
+
+_DeviceLike = Union[int, str, torch.device, None]
+
+_U64 = 1 << 64
+
+
+def _ops() -> Any:
+    return torch.ops.spyreccl_device
+
+
+def _device_index(device: _DeviceLike, *, optional: bool = True) -> int:
+    """Index of ``device`` (int, "spyre[:i]", torch.device). ``None`` or an index-less
+    spyre device means the current device when ``optional`` is true."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "spyre":
+            raise ValueError(f"expected a spyre device, got {device}")
+        device = device.index
+    if device is None:
+        if not optional:
+            raise ValueError("expected a spyre device index, got None")
+        return current_device()
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(f"expected a spyre device (int, str or torch.device), got {device!r}")
+    if device < 0:
+        if optional and device == -1:
+            return current_device()
+        raise ValueError(f"invalid spyre device index {device}")
+    if device >= device_count():
+        raise ValueError(
+            f"invalid spyre device index {device}: only {device_count()} emulated devices "
+            "(set SPYRECCL_SPYRE_DEVICE_COUNT to change)"
+        )
+    return device
+
+
+def _to_signed(seed: int) -> int:
+    """Maps a seed in [-2**63, 2**64) onto the int64 that the operator schema carries,
+    with the same wrap-around as torch.Generator.manual_seed."""
+    seed = int(seed)
+    if not -(1 << 63) <= seed < _U64:
+        raise RuntimeError(f"seed must be within [-2**63, 2**64), got {seed}")
+    seed %= _U64
+    return seed - _U64 if seed >= 1 << 63 else seed
+
+
+# --- device management --------------------------------------------------------------------
+
+
+def is_available() -> bool:
+    """Always true once registered: the emulated device needs no hardware."""
+    return device_count() > 0
+
+
+def is_initialized() -> bool:
+    """The emulated device needs no lazy initialisation; it is ready once registered."""
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    """Host memory and host threads survive ``fork``: a forked child may use the device."""
+    return False
+
+
+def _lazy_init() -> None:
+    """Nothing to initialise (see :func:`is_initialized`)."""
+
+
+def device_count() -> int:
+    """Number of emulated devices (``SPYRECCL_SPYRE_DEVICE_COUNT``, default 8)."""
+    return int(_ops().device_count())
+
+
+def current_device() -> int:
+    """Index of the calling thread's current spyre device."""
+    return int(_ops().current_device())
+
+
+def set_device(device: _DeviceLike) -> None:
+    """Sets the calling thread's current spyre device."""
+    _ops().set_device(_device_index(device, optional=False))
+
+
+def synchronize(device: _DeviceLike = None) -> None:
+    """Waits for all work on ``device``: a no-op, since every spyre operator has completed
+    when it returns. The device is still validated."""
+    _device_index(device)
+
+
+class device:
+    """Context manager that makes ``device`` the current spyre device, restoring the
+    previous one on exit. ``None`` or -1 leaves the current device unchanged."""
+
+    def __init__(self, device: _DeviceLike) -> None:
+        self.idx = -1 if device is None else _device_index(device)
+        self.prev_idx = -1
+
+    def __enter__(self) -> device:
+        self.prev_idx = current_device()
+        if self.idx != -1 and self.idx != self.prev_idx:
+            _ops().set_device(self.idx)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.idx != -1 and self.idx != self.prev_idx:
+            _ops().set_device(self.prev_idx)
+
+
+class device_of(device):
+    """Context manager selecting the device of tensor ``obj`` (no-op for non-spyre tensors)."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.get_device() if obj.device.type == "spyre" else -1)
+
+
+# --- random state -------------------------------------------------------------------------
+
+
+def manual_seed(seed: int) -> None:
+    """Seeds the current device's default generator."""
+    _ops().manual_seed(current_device(), _to_signed(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seeds the default generator of every spyre device."""
+    signed = _to_signed(seed)
+    for index in range(device_count()):
+        _ops().manual_seed(index, signed)
+
+
+def seed() -> None:
+    """Seeds the current device's default generator with a non-deterministic number."""
+    _ops().seed(current_device())
+
+
+def seed_all() -> None:
+    """Seeds every device's default generator with one non-deterministic number."""
+    value = int(_ops().seed(0))
+    for index in range(1, device_count()):
+        _ops().manual_seed(index, value)
+
+
+def initial_seed() -> int:
+    """The current device's default generator's seed."""
+    return int(_ops().initial_seed(current_device())) % _U64
+
+
+def get_rng_state(device: _DeviceLike = "spyre") -> torch.Tensor:
+    """State of ``device``'s default generator, as a CPU ``torch.uint8`` tensor."""
+    return _ops().get_rng_state(_device_index(device))
+
+
+def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "spyre") -> None:
+    """Restores ``device``'s default generator from :func:`get_rng_state` output."""
+    _ops().set_rng_state(_device_index(device), new_state.to("cpu", torch.uint8))
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(index) for index in range(device_count())]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for index, state in enumerate(new_states):
+        set_rng_state(state, index)
+
+
+# --- inductor (lazy) ----------------------------------------------------------------------
+
+_INDUCTOR_ATTRIBUTES = frozenset(
+    {"Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    # Inductor looks these up on the device module when it compiles for spyre; importing
+    # inductor costs seconds, so registration waits until that first lookup.
+    if name in _INDUCTOR_ATTRIBUTES:
+        from . import _inductor
+
+        return _inductor.attribute(name)
+    raise AttributeError(f"module 'torch.spyre' has no attribute {name!r}")

@@ -1,0 +1,241 @@
+"""Unit tests of the benchmark suite's pure-Python parts (no ranks started)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from spyreccl_torch.bench import ops, plan, report, stats, timing
+from spyreccl_torch.bench.ibm import ibm_iterations, ibm_sizes_mb
+from spyreccl_torch.bench.threshold import crossover
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 7])
+def test_bus_factors_match_nccl_tests(nranks):
+    n = nranks
+    assert ops.OPS["all_reduce"].bus_factor(n) == pytest.approx(2 * (n - 1) / n)
+    for name in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
+        assert ops.OPS[name].bus_factor(n) == pytest.approx((n - 1) / n)
+    assert ops.OPS["broadcast"].bus_factor(n) == 1.0
+    assert ops.OPS["sendrecv"].bus_factor(n) == 1.0
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_layouts_are_consistent(nranks, itemsize):
+    rng = random.Random(1234 + nranks * 10 + itemsize)
+    for _ in range(200):
+        nbytes = rng.randrange(0, 1 << 22)
+        for name in ops.op_names():
+            lay = ops.layout(name, nbytes, itemsize, nranks)
+            if name == "barrier":
+                assert (lay.nbytes, lay.send_elems, lay.recv_elems) == (0, 0, 0)
+                continue
+            assert lay.unit >= 1
+            # never more than asked for, except the one-element-per-block floor
+            assert lay.nbytes <= max(nbytes, itemsize * (1 if lay.unit == lay.send_elems
+                                                         == lay.recv_elems else nranks))
+            if name in ("all_reduce", "broadcast", "sendrecv"):
+                assert lay.send_elems == lay.recv_elems == lay.unit
+                assert lay.nbytes == lay.unit * itemsize
+            elif name == "all_gather_into_tensor":
+                assert (lay.send_elems, lay.recv_elems) == (lay.unit, lay.unit * nranks)
+                assert lay.nbytes == lay.recv_elems * itemsize
+            elif name == "reduce_scatter_tensor":
+                assert (lay.send_elems, lay.recv_elems) == (lay.unit * nranks, lay.unit)
+                assert lay.nbytes == lay.send_elems * itemsize
+            else:
+                assert lay.send_elems == lay.recv_elems == lay.unit * nranks
+                assert lay.nbytes == lay.send_elems * itemsize
+
+
+def test_layout_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown operation 'allreduce'"):
+        ops.layout("allreduce", 8, 4, 2)
+    with pytest.raises(ValueError, match="itemsize >= 1"):
+        ops.layout("all_reduce", 8, 0, 2)
+
+
+def test_odd_world_size_plan_rounds_and_dedups():
+    cases = plan.build_plan(["all_gather_into_tensor"], [8, 16, 32, 64], 4, 3)
+    # 8 B and 16 B both become one float per rank (12 B); 32 B -> 2 (24 B); 64 B -> 5
+    assert [c.nbytes for c in cases] == [12, 24, 60]
+    assert [c.index for c in cases] == [0, 1, 2]
+
+
+def test_plan_drops_sendrecv_at_one_rank_and_measures_barrier_once():
+    cases = plan.build_plan(["sendrecv", "barrier"], [8, 16], 4, 1)
+    assert [(c.op, c.nbytes) for c in cases] == [("barrier", 0)]
+
+
+def test_sizes_parse_and_series():
+    assert plan.parse_size("8") == 8
+    assert plan.parse_size("64K") == 64 << 10
+    assert plan.parse_size("1MiB") == 1 << 20
+    assert plan.parse_size("256m") == 256 << 20
+    with pytest.raises(ValueError, match="expected a number"):
+        plan.parse_size("12 parsecs")
+    series = plan.pow2_sizes(8, 256 << 20, 2)
+    assert series[0] == 8 and series[-1] == 256 << 20 and len(series) == 26
+    assert plan.pow2_sizes(1000, 9000, 3) == [1000, 3000, 9000]
+    with pytest.raises(ValueError, match="factor must be >= 2"):
+        plan.pow2_sizes(8, 16, 1)
+
+
+def test_combine_and_summarize_against_numpy():
+    rng = np.random.default_rng()
+    a = rng.integers(1_000, 50_000, size=101)
+    b = rng.integers(1_000, 50_000, size=101)
+    combined = stats.combine_ranks([a.tolist(), None, b.tolist()])
+    np.testing.assert_allclose(combined, (a + b) / 2)
+    s = stats.summarize(combined)
+    ref = np.sort((a + b) / 2) / 1e3
+    assert s.iters == 101
+    assert s.median_us == pytest.approx(ref[50])
+    assert s.min_us == pytest.approx(ref[0]) and s.max_us == pytest.approx(ref[-1])
+    assert s.p10_us == pytest.approx(np.percentile(ref, 10))
+    assert s.p90_us == pytest.approx(np.percentile(ref, 90))
+
+
+def test_combine_rejects_unequal_iteration_counts():
+    with pytest.raises(ValueError, match="different iteration counts"):
+        stats.combine_ranks([[1, 2, 3], [1, 2]])
+    with pytest.raises(ValueError, match="no rank reported"):
+        stats.combine_ranks([None, None])
+
+
+def test_bandwidths():
+    algbw, busbw = stats.bandwidths(1 << 20, 100.0, 1.5)
+    assert algbw == pytest.approx((1 << 20) / 100e-6 / 1e9)
+    assert busbw == pytest.approx(algbw * 1.5)
+    assert stats.bandwidths(0, 10.0, 1.0) == (0.0, 0.0)
+
+
+def test_measure_agrees_on_iteration_count_and_aligns_batches():
+    calls = {"step": 0, "barrier": 0, "agree": []}
+
+    def step():
+        calls["step"] += 1
+
+    def barrier():
+        calls["barrier"] += 1
+
+    def agree(v):
+        calls["agree"].append(v)
+        return 0.01  # a slower peer: 10 ms per call
+
+    policy = timing.LoopPolicy(target_s=0.5, min_iters=3, max_iters=1000)
+    samples = timing.measure(step, barrier, agree, warmup=4, policy=policy)
+    assert len(samples) == 50  # 0.5 s / 10 ms, decided by the agreed (max) estimate
+    assert calls["step"] == 54
+    assert calls["barrier"] == 1 + 20  # before warm-up, then before each of 20 batches
+    assert len(calls["agree"]) == 1 and calls["agree"][0] >= 0
+    assert all(s >= 0 for s in samples)
+
+
+def test_loop_policy_bounds():
+    p = timing.LoopPolicy(target_s=1.0, min_iters=10, max_iters=100)
+    assert p.iterations(1.0) == 10
+    assert p.iterations(1e-6) == 100
+    assert p.iterations(0.02) == 50
+    with pytest.raises(ValueError, match="min_iters <= max_iters"):
+        timing.LoopPolicy(min_iters=5, max_iters=4)
+    assert timing.warmup_iters(8) > timing.warmup_iters(256 << 20) >= 1
+
+
+def test_ibm_sizes_and_iterations():
+    sizes = ibm_sizes_mb(0.1, 100.0)
+    assert sizes[:4] == [0.1, 0.125, 0.16, 0.2] and sizes[-1] == 100.0
+    assert len(sizes) == 31  # 10 per decade, both ends included
+    ratios = np.diff(np.log10(sizes))
+    assert np.all(ratios > 0.05) and np.all(ratios < 0.15)
+    assert ibm_iterations(100, 1) == 20 and ibm_iterations(1000, 2) == 20
+    assert ibm_iterations(5000, 1) == 5
+
+
+def test_crossover():
+    sizes = [1, 2, 4, 8, 16]
+    one = {1: 1.0, 2: 1.0, 4: 2.0, 8: 4.0, 16: 8.0}
+    two = {1: 3.0, 2: 0.5, 4: 3.0, 8: 3.0, 16: 5.0}
+    assert crossover(sizes, one, two) == 8  # 2 B is a blip, not a lasting crossover
+    assert crossover(sizes, one, {s: 100.0 for s in sizes}) is None
+
+
+def _row(level, op, nbytes, t, nranks=2):
+    algbw, busbw = stats.bandwidths(nbytes, t, ops.OPS[op].bus_factor(nranks))
+    return {"level": level, "nranks": nranks, "op": op, "dtype": "float32", "bytes": nbytes,
+            "requested_bytes": nbytes, "count": nbytes // 4,
+            "time_us": {"median_us": t, "p10_us": t * 0.9, "p90_us": t * 1.2,
+                        "min_us": t * 0.8, "max_us": t * 2, "mean_us": t, "iters": 10},
+            "algbw_gbps": algbw, "busbw_gbps": busbw}
+
+
+def test_tables_json_and_plot(tmp_path):
+    from spyreccl_torch.bench.sweep import add_ratios
+
+    rows = [_row(lv, "all_reduce", s, t) for lv, f in (("core", 1), ("spyreccl", 2),
+                                                       ("gloo", 40))
+            for s, t in ((8, 2.0 * f), (1 << 20, 300.0 * f))]
+    rows.append(_row("gloo", "barrier", 0, 150.0))
+    add_ratios(rows)
+    by = {(r["level"], r["bytes"]): r for r in rows}
+    assert by[("spyreccl", 8)]["speedup_vs_gloo"] == pytest.approx(20.0)
+    assert by[("core", 1 << 20)]["speedup_vs_gloo"] == pytest.approx(40.0)
+    text = report.format_sweep_tables(rows, memcpy_gbps=7.0)
+    assert "# all_reduce  float32  2 ranks" in text and "1 MiB" in text
+    assert "20.0x" in text and "# barrier" in text
+    scaling = report.format_scaling_table(rows + [_row("core", "all_reduce", 8, 3.0, 3)])
+    assert "n=2" in scaling and "n=3" in scaling
+    path = tmp_path / "r.json"
+    report.write_json(str(path), {"results": rows})
+    assert json.loads(path.read_text())["results"][0]["level"] == "core"
+    png = tmp_path / "r.png"
+    report.plot_sweep(str(png), rows, 7.0, "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_format_bytes():
+    assert report.format_bytes(8) == "8 B"
+    assert report.format_bytes(64 << 10) == "64 KiB"
+    assert report.format_bytes(3 << 19) == "1.5 MiB"
+
+
+_CHILD = """
+import os, sys
+def _run(a):
+    conn, rank = a["conn"], a["rank"]
+    conn.send(("ready", {"torch_loaded": "torch" in sys.modules}))
+    if a["behaviour"] == "raise" and rank == 1:
+        conn.send(("error", "Traceback: ValueError: rank 1 exploded"))
+        raise SystemExit(1)
+    if a["behaviour"] == "die" and rank == 1:
+        os._exit(7)
+    conn.send(("case", 0, [rank]))
+    conn.send(("done",))
+if __name__ == "spyreccl_bench_rank":
+    _run(SPYRECCL_BENCH_ARGS)
+"""
+
+
+@pytest.mark.parametrize("behaviour", ["ok", "raise", "die"])
+def test_launcher_reports_results_and_failures(tmp_path, behaviour):
+    from spyreccl_torch.bench.launcher import BenchError, RankJob
+
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    seen = []
+    with RankJob("unit", 3, {"behaviour": behaviour}, script=str(script)) as job:
+        if behaviour == "ok":
+            seen = list(job.messages(stall_timeout_s=60))
+        else:
+            expected = "rank 1 exploded" if behaviour == "raise" else "exited with code 7"
+            with pytest.raises(BenchError, match=expected):
+                list(job.messages(stall_timeout_s=60))
+    if behaviour == "ok":
+        cases = sorted(m[2][0] for _, m in seen if m[0] == "case")
+        assert cases == [0, 1, 2]
+        # script ranks must not inherit torch (the core level is measured without it)
+        assert not any(m[1]["torch_loaded"] for _, m in seen if m[0] == "ready")

@@ -1,0 +1,134 @@
+"""torch.compile of functions that mix compute and functional collectives, on spyre + spyreccl.
+
+One function interleaves matmul / activations with all_reduce, all_gather, reduce_scatter and
+explicit waits; it is compiled with ``fullgraph=True`` for the "eager", "aot_eager" and default
+inductor backends. Each compiled result must equal the eager result and a float64 reference
+computed from the inputs of every rank (regenerated locally from a shared seed). For inductor
+we also check that it really generated code (which calls ``_c10d_functional`` ops), and for
+every backend that the collectives reached spyreccl (the backend's own profiler ranges).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+DEVICE = "spyre"
+ROWS, COLS = 6, 5  # ROWS * world_size rows after the gather; reduce_scatter splits them again
+
+
+def _mixed(x: torch.Tensor, w: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    h = torch.relu(x @ w)
+    summed = funcol.wait_tensor(funcol.all_reduce(h, "sum", group))
+    gathered = funcol.all_gather_single(torch.tanh(summed) * 2.0, 0, group)
+    gathered = funcol.wait_tensor(gathered)
+    scattered = funcol.reduce_scatter_single(gathered + 1.0, "sum", 0, group)
+    scattered = funcol.wait_tensor(scattered)
+    return scattered * summed.mean() + h
+
+
+def _reference(xs: list[torch.Tensor], w: torch.Tensor, rank: int) -> torch.Tensor:
+    """`_mixed` on every rank's input at once, in float64, without any collective."""
+    ws = len(xs)
+    hs = [torch.relu(x @ w) for x in xs]
+    summed = sum(hs)
+    # every rank contributes the same tanh(summed) * 2, so the gather is ws copies of it
+    gathered = torch.cat([torch.tanh(summed) * 2.0] * ws)
+    scattered = ((gathered + 1.0) * ws).chunk(ws)[rank]
+    return scattered * summed.mean() + hs[rank]
+
+
+def _inputs(seed: int, device_type: str):
+    ws, rank = dist.get_world_size(), dist.get_rank()
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(COLS, COLS, generator=gen, dtype=torch.float64)
+    xs = [torch.randn(ROWS, COLS, generator=gen, dtype=torch.float64) for _ in range(ws)]
+    return xs, w, xs[rank].float().to(device_type), w.float().to(device_type)
+
+
+def _spyreccl_ranges(prof) -> list[str]:
+    return [e.name for e in prof.events() if e.name.startswith("spyreccl:")]
+
+
+def _compiled_matches(device_type: str, backend: str, seed: int) -> dict[str, object]:
+    import torch._dynamo
+    from torch._inductor.utils import run_and_get_code
+
+    rank = dist.get_rank()
+    if device_type != "cpu":
+        torch.accelerator.set_device_index(rank % torch.accelerator.device_count())
+    xs, w64, x, w = _inputs(seed, device_type)
+    group = dist.group.WORLD
+    expected = _reference(xs, w64, rank)
+
+    eager = _mixed(x, w, group)
+    torch._dynamo.reset()
+    compiled = torch.compile(_mixed, backend=backend, fullgraph=True)
+    info: dict[str, object] = {}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        if backend == "inductor":
+            out, codes = run_and_get_code(compiled, x, w, group)
+            code = "\n".join(codes)
+            # The wrapper inductor generated calls the functional collectives itself.
+            assert "_c10d_functional.all_reduce" in code, "no all_reduce in inductor's code"
+            assert "_c10d_functional.all_gather_into_tensor" in code
+            assert "_c10d_functional.reduce_scatter_tensor" in code
+            assert "_c10d_functional.wait_tensor" in code
+            info["code_lines"] = code.count("\n")
+        else:
+            out = compiled(x, w, group)
+    msg = f"torch.compile(backend={backend!r}) on rank {rank}, seed {seed}"
+    assert out.device.type == device_type, msg
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5, msg=f"{msg}: vs eager")
+    torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-5, atol=1e-5,
+                               msg=f"{msg}: vs float64 reference")
+    if device_type != "cpu":
+        ranges = _spyreccl_ranges(prof)
+        # all_reduce, all_gather and reduce_scatter, whatever names the lowering picked.
+        assert len(ranges) >= 3, f"{msg}: collectives did not reach spyreccl ({ranges})"
+        info["spyreccl"] = sorted(set(ranges))
+    # A second call reuses the compiled graph (no recompilation) and still agrees.
+    again = compiled(x, w, group)
+    torch.testing.assert_close(again, out, rtol=0, atol=0, msg=f"{msg}: second call")
+    return info
+
+
+def _inductor_counters(device_type: str, seed: int) -> int:
+    """Inductor compiled a graph for the spyre device (its counters moved)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    if device_type != "cpu":
+        torch.accelerator.set_device_index(dist.get_rank() % torch.accelerator.device_count())
+    _, _, x, w = _inputs(seed, device_type)
+    torch._dynamo.reset()
+    counters.clear()
+    torch.compile(_mixed, fullgraph=True)(x, w, dist.group.WORLD)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert counters["inductor"], "inductor did not run"
+    return sum(counters["inductor"].values())
+
+
+pytestmark = pytest.mark.world_sizes(2)
+
+
+@pytest.fixture
+def seed() -> int:
+    return int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_compiled_collectives_match_eager(rank_pool, backend, seed):
+    # inductor compiles C++ on every rank at once: allow for a slow 2-core machine.
+    infos = rank_pool.run(_compiled_matches, DEVICE, backend, seed, timeout=400)
+    if backend == "inductor":
+        assert all(i["code_lines"] > 0 for i in infos)
+
+
+def test_inductor_really_ran(rank_pool, seed):
+    counts = rank_pool.run(_inductor_counters, DEVICE, seed, timeout=400)
+    assert all(c > 0 for c in counts), counts
