@@ -28,6 +28,7 @@ import shutil
 from pathlib import Path
 
 import nox
+import nox.command
 
 nox.options.default_venv_backend = "venv"
 # Reusing a venv is safe here: the requirements are pinned or ranges that pip re-checks, and
@@ -180,8 +181,6 @@ def core_tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff (check + format) on all Python; clang-format on the C/C++ sources and tests."""
     session.install(RUFF, CLANG_FORMAT)
-    session.run("ruff", "check", str(ROOT))
-    session.run("ruff", "format", "--check", "--diff", str(ROOT))
     sources = sorted(
         str(path)
         for pattern in ("packages/*/src", "packages/*/include", "packages/*/tests/cpp")
@@ -191,7 +190,19 @@ def lint(session: nox.Session) -> None:
     )
     if not sources:
         session.error("lint: found no C/C++ sources under packages/*/{src,include,tests/cpp}")
-    session.run("clang-format", "--dry-run", "-Werror", *sources)
+    # Every linter runs even when an earlier one fails, so one run reports all findings.
+    failed = []
+    for command in (
+        ("ruff", "check", str(ROOT)),
+        ("ruff", "format", "--check", "--diff", str(ROOT)),
+        ("clang-format", "--dry-run", "-Werror", *sources),
+    ):
+        try:
+            session.run(*command)
+        except nox.command.CommandFailed:
+            failed.append(" ".join(command[:2]))
+    if failed:
+        session.error(f"lint failed: {', '.join(failed)}")
 
 
 @nox.session(default=False)

@@ -276,6 +276,11 @@ def test_start_failure_reports_the_init_traceback(make_pool):
         pool.run(describe_rank)
     failures = info.value.failures
     assert any(f.kind == "init" and "no-such-backend" in f.detail for f in failures.values())
+    # Deterministic start failures are not retried for every later run.
+    start = time.monotonic()
+    with pytest.raises(RankError, match="not retrying"):
+        pool.run(describe_rank)
+    assert time.monotonic() - start < 1.0
 
 
 def test_torch_free_pool_never_imports_torch(make_pool):

@@ -41,8 +41,6 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-
-
 # ----------------------------------------------------------------------------------------
 # model
 # ----------------------------------------------------------------------------------------
@@ -197,14 +195,18 @@ def time_collectives(
                 part = torch.randn(per_rank, device=dev)
                 gathered = torch.empty(per_rank * ws, device=dev)
                 if op == "all_reduce":
+
                     def fn(full=full, group=group):
                         dist.all_reduce(full, group=group)
                 elif op == "all_gather":
+
                     def fn(gathered=gathered, part=part, group=group):
                         dist.all_gather_single(gathered, part, group=group)
                 else:
+
                     def fn(part=part, gathered=gathered, group=group):
                         dist.reduce_scatter_single(part, gathered, group=group)
+
                 dist.barrier(group=gloo)
                 medians.append(_median_us(fn, warmup, iters))
             rows.append((op, numel * 4, medians[0], medians[1]))
@@ -213,8 +215,7 @@ def time_collectives(
 
 def print_table(rows: list[tuple[str, int, float, float]], ws: int, ours: str) -> None:
     print(f"\ncollective timings, {ws} ranks, float32, median of the iterations (rank 0's clock)")
-    header = (f"{'op':<15}{'bytes/rank':>12}{ours + ' µs':>14}{'gloo µs':>12}"
-              f"{'gloo/' + ours:>15}")
+    header = f"{'op':<15}{'bytes/rank':>12}{ours + ' µs':>14}{'gloo µs':>12}{'gloo/' + ours:>15}"
     print(header)
     print("-" * len(header))
     for op, nbytes, ours, gloo in rows:
@@ -229,8 +230,11 @@ def print_table(rows: list[tuple[str, int, float, float]], ws: int, ours: str) -
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="spyre",
-                   help="device type to train on (cpu runs the same script over gloo)")
+    p.add_argument(
+        "--device",
+        default="spyre",
+        help="device type to train on (cpu runs the same script over gloo)",
+    )
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
@@ -239,10 +243,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--tol", type=float, default=1e-4,
-                   help="max abs difference allowed between TP (float32) and the float64 reference")
-    p.add_argument("--sizes", type=str, default="1024,65536,1048576",
-                   help="comma-separated float32 element counts for the timing table")
+    p.add_argument(
+        "--tol",
+        type=float,
+        default=1e-4,
+        help="max abs difference allowed between TP (float32) and the float64 reference",
+    )
+    p.add_argument(
+        "--sizes",
+        type=str,
+        default="1024,65536,1048576",
+        help="comma-separated float32 element counts for the timing table",
+    )
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--no-bench", action="store_true", help="skip the timing table")
@@ -255,8 +267,10 @@ def main(argv: list[str]) -> int:
     rank, ws = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if args.heads % ws or args.hidden % ws:
-        raise SystemExit(f"--heads ({args.heads}) and --hidden ({args.hidden}) must be "
-                         f"divisible by the world size ({ws})")
+        raise SystemExit(
+            f"--heads ({args.heads}) and --hidden ({args.hidden}) must be "
+            f"divisible by the world size ({ws})"
+        )
     if args.device == "cpu":
         device = torch.device("cpu")
     else:
@@ -266,8 +280,10 @@ def main(argv: list[str]) -> int:
     backend = dist.get_default_backend_for_device(args.device)
     gloo = dist.new_group(backend="gloo")  # CPU group, used for the timing comparison
     say = print if rank == 0 else (lambda *a, **k: None)
-    say(f"tp_train: {ws} ranks, device {device.type}, backend {backend} "
-        f"(default group: {dist.get_backend()})")
+    say(
+        f"tp_train: {ws} ranks, device {device.type}, backend {backend} "
+        f"(default group: {dist.get_backend()})"
+    )
 
     # Same initial weights everywhere; parallelize_module shards them over the mesh.
     torch.manual_seed(args.seed)
@@ -279,7 +295,9 @@ def main(argv: list[str]) -> int:
 
     say(f"tensor-parallel training ({ws}-way, float32):")
     t0 = time.perf_counter()
-    tp_losses = train(tp_model, batches, args.lr, Progress(args.steps, "tp ") if rank == 0 else None)
+    tp_losses = train(
+        tp_model, batches, args.lr, Progress(args.steps, "tp ") if rank == 0 else None
+    )
     tp_state = full_state(tp_model)
     tp_seconds = time.perf_counter() - t0
 
@@ -292,8 +310,10 @@ def main(argv: list[str]) -> int:
         loss_diff = max(abs(a - b) for a, b in zip(tp_losses, ref_losses))
         param_diff = max((tp_state[k] - ref_state[k]).abs().max().item() for k in ref_state)
         failed = not (loss_diff <= args.tol and param_diff <= args.tol)
-        say(f"max abs diff vs reference: loss {loss_diff:.3e}, parameters {param_diff:.3e} "
-            f"(tolerance {args.tol:g}) -> {'FAIL' if failed else 'OK'}")
+        say(
+            f"max abs diff vs reference: loss {loss_diff:.3e}, parameters {param_diff:.3e} "
+            f"(tolerance {args.tol:g}) -> {'FAIL' if failed else 'OK'}"
+        )
         say(f"tp training took {tp_seconds:.2f} s")
     # Every rank learns the verdict, so every rank exits with the same status.
     verdict = torch.tensor([1.0 if failed else 0.0], device=device)

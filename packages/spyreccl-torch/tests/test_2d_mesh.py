@@ -59,15 +59,30 @@ def _sub_group_collectives(device_type: str, seed: int) -> dict[str, list[int]]:
 
         t = mine.clone()
         dist.all_reduce(t, group=group)
-        torch.testing.assert_close(t.cpu().double(), expected_sum, rtol=1e-6, atol=1e-6,
-                                   msg=f"dist.all_reduce over {name} (seed {seed})")
+        torch.testing.assert_close(
+            t.cpu().double(),
+            expected_sum,
+            rtol=1e-6,
+            atol=1e-6,
+            msg=f"dist.all_reduce over {name} (seed {seed})",
+        )
         out = torch.full((len(ranks) * 7,), float("nan"), device=device_type)
         dist.all_gather_single(out, mine, group=group)
-        torch.testing.assert_close(out.cpu().double(), expected_cat, rtol=0, atol=0,
-                                   msg=f"dist.all_gather_single over {name} (seed {seed})")
+        torch.testing.assert_close(
+            out.cpu().double(),
+            expected_cat,
+            rtol=0,
+            atol=0,
+            msg=f"dist.all_gather_single over {name} (seed {seed})",
+        )
         reduced = funcol.all_reduce(mine, "sum", (mesh, dim))
-        torch.testing.assert_close(reduced.clone().cpu().double(), expected_sum, rtol=1e-6,
-                                   atol=1e-6, msg=f"funcol.all_reduce over {name} (seed {seed})")
+        torch.testing.assert_close(
+            reduced.clone().cpu().double(),
+            expected_sum,
+            rtol=1e-6,
+            atol=1e-6,
+            msg=f"funcol.all_reduce over {name} (seed {seed})",
+        )
     # Rows and columns of the mesh: each dp group is a column, each tp group a row.
     assert members["tp"] == [rank // TP * TP + i for i in range(TP)], members
     assert members["dp"] == [rank % TP + i * TP for i in range(DP)], members
@@ -151,9 +166,13 @@ def _tp_dp_training(device_type: str, seed: int, steps: int) -> list[float]:
         )
     ref_params = dict(reference.named_parameters())
     for name, p in model.named_parameters():
-        torch.testing.assert_close(p.full_tensor().detach().cpu().double(),
-                                   ref_params[name].detach(), rtol=1e-4, atol=1e-5,
-                                   msg=f"{name} after {steps} steps (rank {rank}, seed {seed})")
+        torch.testing.assert_close(
+            p.full_tensor().detach().cpu().double(),
+            ref_params[name].detach(),
+            rtol=1e-4,
+            atol=1e-5,
+            msg=f"{name} after {steps} steps (rank {rank}, seed {seed})",
+        )
     return curve
 
 

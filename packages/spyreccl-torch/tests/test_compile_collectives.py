@@ -84,8 +84,9 @@ def _compiled_matches(device_type: str, backend: str, seed: int) -> dict[str, ob
     msg = f"torch.compile(backend={backend!r}) on rank {rank}, seed {seed}"
     assert out.device.type == device_type, msg
     torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5, msg=f"{msg}: vs eager")
-    torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-5, atol=1e-5,
-                               msg=f"{msg}: vs float64 reference")
+    torch.testing.assert_close(
+        out.cpu().double(), expected, rtol=1e-5, atol=1e-5, msg=f"{msg}: vs float64 reference"
+    )
     if device_type != "cpu":
         ranges = _spyreccl_ranges(prof)
         # all_reduce, all_gather and reduce_scatter, whatever names the lowering picked.

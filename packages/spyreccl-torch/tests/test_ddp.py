@@ -26,7 +26,11 @@ PER_RANK = 6  # samples per rank and step
 
 def _model() -> nn.Module:
     return nn.Sequential(
-        nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT)
+        nn.Linear(IN, HIDDEN),
+        nn.Tanh(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.Tanh(),
+        nn.Linear(HIDDEN, OUT),
     )
 
 
@@ -41,26 +45,32 @@ def _global_batches(seed: int, steps: int, world_size: int):
     gen = torch.Generator().manual_seed(seed + 1)
     n = PER_RANK * world_size
     return [
-        (torch.randn(n, IN, generator=gen, dtype=torch.float64),
-         torch.randn(n, OUT, generator=gen, dtype=torch.float64))
+        (
+            torch.randn(n, IN, generator=gen, dtype=torch.float64),
+            torch.randn(n, OUT, generator=gen, dtype=torch.float64),
+        )
         for _ in range(steps)
     ]
 
 
-def _compare(ddp_model: nn.Module, reference: nn.Module, what: str, seed: int,
-             grads: bool) -> None:
+def _compare(ddp_model: nn.Module, reference: nn.Module, what: str, seed: int, grads: bool) -> None:
     ref = dict(reference.named_parameters())
     for name, p in ddp_model.module.named_parameters():
         r = ref[name]
         got, want = (p.grad, r.grad) if grads else (p, r)
         torch.testing.assert_close(
-            got.detach().cpu().double(), want.detach(), rtol=2e-5, atol=2e-6,
-            msg=f"{what}: {'grad of ' if grads else ''}{name} (rank {dist.get_rank()}, seed {seed})",
+            got.detach().cpu().double(),
+            want.detach(),
+            rtol=2e-5,
+            atol=2e-6,
+            msg=f"{what}: {'grad of ' if grads else ''}{name} "
+            f"(rank {dist.get_rank()}, seed {seed})",
         )
 
 
-def _train(device_type: str, seed: int, steps: int, bucket_cap_mb: float | None,
-           accumulate: int) -> float:
+def _train(
+    device_type: str, seed: int, steps: int, bucket_cap_mb: float | None, accumulate: int
+) -> float:
     """`steps` optimizer steps; each step accumulates `accumulate` micro-batches, all but the
     last under no_sync (so only the last backward communicates)."""
     dev = _device(device_type)
@@ -87,7 +97,7 @@ def _train(device_type: str, seed: int, steps: int, bucket_cap_mb: float | None,
     for step in range(steps):
         opt.zero_grad()
         opt_ref.zero_grad()
-        micro = batches[step * accumulate:(step + 1) * accumulate]
+        micro = batches[step * accumulate : (step + 1) * accumulate]
         for i, (x, y) in enumerate(micro):
             mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
             xs, ys = x[mine].float().to(dev), y[mine].float().to(dev)

@@ -66,10 +66,13 @@ def poisoned(shape: tuple[int, ...], dtype: torch.dtype = torch.float64, device=
 
 
 def run_fresh(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Runs `code` in a fresh interpreter that sees this package like the tests do."""
+    """Runs `code` in a fresh interpreter that imports spyreccl_torch from where this one did."""
+    import spyreccl_torch
+
+    package_parent = str(Path(spyreccl_torch.__file__).resolve().parents[1])
     child_env = dict(os.environ)
     child_env["PYTHONPATH"] = os.pathsep.join(
-        [str(_PACKAGE_ROOT / "python"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        [package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]
     )
     child_env.update(env)
     return subprocess.run(
@@ -206,8 +209,10 @@ def test_conjugate_and_negative_views_resolve_on_copy(rng):
     assert conj.is_conj()
     np.testing.assert_array_equal(conj.cpu().numpy(), np.conj(z.numpy()))
     np.testing.assert_array_equal(conj.resolve_conj().cpu().numpy(), np.conj(z.numpy()))
-    np.testing.assert_array_equal(torch.view_as_real(on_device.conj().resolve_conj()).cpu(),
-                                  torch.view_as_real(z.conj().resolve_conj()))
+    np.testing.assert_array_equal(
+        torch.view_as_real(on_device.conj().resolve_conj()).cpu(),
+        torch.view_as_real(z.conj().resolve_conj()),
+    )
 
 
 def test_item_and_scalars(rng):
@@ -309,14 +314,20 @@ def test_out_variants_resize_their_output(rng, n):
     assert result is out and out.shape == (n,)
     np.testing.assert_allclose(out.cpu().numpy(), a.numpy() + 2.0 * b.numpy(), rtol=1e-15)
 
-    m = randn(rng, 3, 4)
-    k = randn(rng, 4, 5)
-    mm_out = poisoned((1,))
+    m = randn(rng, 3, n)
+    k = randn(rng, n, 5)
+    mm_out = torch.empty(0, dtype=torch.float64, device=SPYRE)
     torch.matmul(m.to(SPYRE), k.to(SPYRE), out=mm_out)
     assert mm_out.shape == (3, 5)
     np.testing.assert_allclose(mm_out.cpu().numpy(), m.numpy() @ k.numpy(), rtol=1e-12)
+    # An out= of the right shape is written in place, without reallocation.
+    same_shape = poisoned((3, 5))
+    address = same_shape.data_ptr()
+    torch.matmul(m.to(SPYRE), k.to(SPYRE), out=same_shape)
+    assert same_shape.data_ptr() == address
+    np.testing.assert_allclose(same_shape.cpu().numpy(), m.numpy() @ k.numpy(), rtol=1e-12)
 
-    cat_out = torch.empty(2, dtype=torch.float64, device=SPYRE)
+    cat_out = torch.empty(0, dtype=torch.float64, device=SPYRE)
     torch.cat([a.to(SPYRE), b.to(SPYRE)], out=cat_out)
     np.testing.assert_array_equal(cat_out.cpu().numpy(), np.concatenate([a.numpy(), b.numpy()]))
 
@@ -430,22 +441,24 @@ def test_linear_forward_and_backward_match_cpu(rng):
     out_ref = torch.relu(reference(x_ref))
     out_dev = torch.relu(on_device(x_dev))
     assert out_dev.is_spyre
-    np.testing.assert_allclose(out_dev.detach().cpu().numpy(), out_ref.detach().numpy(),
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        out_dev.detach().cpu().numpy(), out_ref.detach().numpy(), rtol=1e-12, atol=1e-12
+    )
     out_ref.backward(grad)
     out_dev.backward(grad.to(SPYRE))
     for p_ref, p_dev in zip(reference.parameters(), on_device.parameters()):
         assert p_dev.grad.is_spyre
-        np.testing.assert_allclose(p_dev.grad.cpu().numpy(), p_ref.grad.numpy(), rtol=1e-12,
-                                   atol=1e-12)
-    np.testing.assert_allclose(x_dev.grad.cpu().numpy(), x_ref.grad.numpy(), rtol=1e-12,
-                               atol=1e-12)
+        np.testing.assert_allclose(
+            p_dev.grad.cpu().numpy(), p_ref.grad.numpy(), rtol=1e-12, atol=1e-12
+        )
+    np.testing.assert_allclose(x_dev.grad.cpu().numpy(), x_ref.grad.numpy(), rtol=1e-12, atol=1e-12)
     # An optimizer step (foreach implementation on accelerators) matches CPU too.
     for params in (reference.parameters(), on_device.parameters()):
         torch.optim.SGD(params, lr=0.1, momentum=0.9).step()
     for p_ref, p_dev in zip(reference.parameters(), on_device.parameters()):
-        np.testing.assert_allclose(p_dev.detach().cpu().numpy(), p_ref.detach().numpy(),
-                                   rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            p_dev.detach().cpu().numpy(), p_ref.detach().numpy(), rtol=1e-12, atol=1e-12
+        )
 
 
 @pytest.mark.parametrize(
@@ -527,6 +540,29 @@ def test_malformed_device_count_is_rejected():
         SPYRECCL_SPYRE_DEVICE_COUNT="eight",
     )
     assert "ValueError SPYRECCL_SPYRE_DEVICE_COUNT='eight'" in assert_fresh_ok(result)
+
+
+def test_streams_and_events_are_synchronous():
+    stream = torch.spyre.Stream()
+    assert stream.device == torch.device("spyre", 0)
+    assert stream == torch.spyre.current_stream() == torch.accelerator.current_stream()
+    assert torch.spyre.Stream("spyre:1").device == torch.device("spyre", 1)
+    start = torch.spyre.Event(enable_timing=True)
+    end = torch.spyre.Event(enable_timing=True)
+    start.record()
+    x = torch.ones(64, device=SPYRE)
+    with torch.spyre.stream(stream):
+        y = x * 3
+    y.record_stream(stream)
+    end.record(stream)
+    stream.wait_event(end)
+    stream.wait_stream(torch.spyre.default_stream())
+    assert end.query() and stream.query()
+    end.synchronize()
+    assert end.elapsed_time(start) <= 0.0 <= start.elapsed_time(end)
+    np.testing.assert_array_equal(y.cpu().numpy(), np.full(64, 3.0))
+    with pytest.raises(ValueError, match="spyre stream"):
+        torch.spyre.set_stream(torch.Stream("cpu"))
 
 
 # --- random numbers -------------------------------------------------------------------------

@@ -110,15 +110,30 @@ def _tp_vs_reference(device_type: str, kind: str, seed: int) -> dict[str, float]
     seed_msg = f"(rank {rank}, seed {seed}, {kind})"
     assert not isinstance(out, DTensor), "RowwiseParallel must hand back a local tensor"
     diffs = {"output": (out.detach().cpu().double() - out_ref.detach()).abs().max().item()}
-    torch.testing.assert_close(out.detach().cpu().double(), out_ref.detach(), rtol=1e-5,
-                               atol=1e-5, msg=f"forward output {seed_msg}")
-    torch.testing.assert_close(x_dev.grad.cpu().double(), x_ref.grad, rtol=1e-5, atol=1e-5,
-                               msg=f"input gradient {seed_msg}")
+    torch.testing.assert_close(
+        out.detach().cpu().double(),
+        out_ref.detach(),
+        rtol=1e-5,
+        atol=1e-5,
+        msg=f"forward output {seed_msg}",
+    )
+    torch.testing.assert_close(
+        x_dev.grad.cpu().double(),
+        x_ref.grad,
+        rtol=1e-5,
+        atol=1e-5,
+        msg=f"input gradient {seed_msg}",
+    )
     ref_params = dict(reference.named_parameters())
     for name, p in tp.named_parameters():
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-        torch.testing.assert_close(grad.cpu().double(), ref_params[name].grad, rtol=1e-5,
-                                   atol=1e-5, msg=f"gradient of {name} {seed_msg}")
+        torch.testing.assert_close(
+            grad.cpu().double(),
+            ref_params[name].grad,
+            rtol=1e-5,
+            atol=1e-5,
+            msg=f"gradient of {name} {seed_msg}",
+        )
         diffs[f"grad {name}"] = (grad.cpu().double() - ref_params[name].grad).abs().max().item()
     return diffs
 
@@ -134,8 +149,9 @@ def _tp_training_steps(device_type: str, seed: int, steps: int) -> list[float]:
     torch.manual_seed(seed)
     module = MLP()
     reference = copy.deepcopy(module).double()
-    tp = parallelize_module(module.to(device_type), init_device_mesh(device_type, (ws,)),
-                            _plan("mlp"))
+    tp = parallelize_module(
+        module.to(device_type), init_device_mesh(device_type, (ws,)), _plan("mlp")
+    )
     opt = torch.optim.SGD(tp.parameters(), lr=0.1, momentum=0.9)
     opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -143,8 +159,10 @@ def _tp_training_steps(device_type: str, seed: int, steps: int) -> list[float]:
     for step in range(steps):
         x = torch.randn(BATCH, SEQ, DIM, generator=gen, dtype=torch.float64)
         y = torch.randn(BATCH, SEQ, DIM, generator=gen, dtype=torch.float64)
-        for model, optim, dtype, dev in ((tp, opt, torch.float32, device_type),
-                                         (reference, opt_ref, torch.float64, "cpu")):
+        for model, optim, dtype, dev in (
+            (tp, opt, torch.float32, device_type),
+            (reference, opt_ref, torch.float64, "cpu"),
+        ):
             optim.zero_grad()
             loss = F.mse_loss(model(x.to(dev, dtype)), y.to(dev, dtype))
             loss.backward()
@@ -155,9 +173,13 @@ def _tp_training_steps(device_type: str, seed: int, steps: int) -> list[float]:
         )
     ref_params = dict(reference.named_parameters())
     for name, p in tp.named_parameters():
-        torch.testing.assert_close(p.full_tensor().detach().cpu().double(),
-                                   ref_params[name].detach(), rtol=1e-5, atol=1e-5,
-                                   msg=f"{name} after {steps} steps (seed {seed})")
+        torch.testing.assert_close(
+            p.full_tensor().detach().cpu().double(),
+            ref_params[name].detach(),
+            rtol=1e-5,
+            atol=1e-5,
+            msg=f"{name} after {steps} steps (seed {seed})",
+        )
     return losses[::2]
 
 

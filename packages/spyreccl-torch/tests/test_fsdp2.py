@@ -59,8 +59,10 @@ def _batches(seed: int, steps: int, world_size: int) -> list[tuple[torch.Tensor,
     gen = torch.Generator().manual_seed(seed + 1)
     n = PER_RANK * world_size
     return [
-        (torch.randint(0, VOCAB, (n, SEQ), generator=gen),
-         torch.randint(0, VOCAB, (n, SEQ), generator=gen))
+        (
+            torch.randint(0, VOCAB, (n, SEQ), generator=gen),
+            torch.randint(0, VOCAB, (n, SEQ), generator=gen),
+        )
         for _ in range(steps)
     ]
 
@@ -124,9 +126,13 @@ def _fsdp_loss_curve(device_type: str, seed: int, steps: int, reshard: bool) -> 
     ref_params = dict(reference.named_parameters())
     for name, p in model.named_parameters():
         full = p.full_tensor() if isinstance(p, DTensor) else p
-        torch.testing.assert_close(full.detach().cpu().double(), ref_params[name].detach(),
-                                   rtol=1e-4, atol=1e-5,
-                                   msg=f"{name} after {steps} steps (rank {rank}, seed {seed})")
+        torch.testing.assert_close(
+            full.detach().cpu().double(),
+            ref_params[name].detach(),
+            rtol=1e-4,
+            atol=1e-5,
+            msg=f"{name} after {steps} steps (rank {rank}, seed {seed})",
+        )
     return curve
 
 

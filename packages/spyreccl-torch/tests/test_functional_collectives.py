@@ -93,7 +93,9 @@ def _check(actual: torch.Tensor, expected: torch.Tensor, what: str, seed: int) -
     # clone is not a view op: on an AsyncCollectiveTensor it triggers (and records) the wait,
     # which is what user code relies on.
     got = actual.clone().detach().to("cpu")
-    assert got.shape == expected.shape, f"{what}: shape {tuple(got.shape)} != {tuple(expected.shape)}"
+    assert got.shape == expected.shape, (
+        f"{what}: shape {tuple(got.shape)} != {tuple(expected.shape)}"
+    )
     msg = f"{what} (rank {dist.get_rank()}, seed {seed})"
     if expected.dtype.is_floating_point:
         # float32 results of <= 3 operands: a few ulp; PRODUCT and AVG compound one rounding each.
@@ -262,7 +264,9 @@ def _batched_p2p(device_type: str, seed: int) -> None:
     if rank > 1:
         return
     with torch.inference_mode():
-        tensor = payload.to(dev, copy=True) if rank == 0 else _poisoned_like(payload.to(dev, copy=True))
+        tensor = (
+            payload.to(dev, copy=True) if rank == 0 else _poisoned_like(payload.to(dev, copy=True))
+        )
         (out,) = funcol.batch_p2p_ops_inplace(
             op_list=["isend" if rank == 0 else "irecv"],
             peer_list=[1 if rank == 0 else 0],
@@ -307,7 +311,9 @@ def _reduce_scatter(device_type: str, seed: int) -> None:
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        legacy = funcol.reduce_scatter_tensor(inputs[rank].to(dev, copy=True), "sum", 1, dist.group.WORLD)
+        legacy = funcol.reduce_scatter_tensor(
+            inputs[rank].to(dev, copy=True), "sum", 1, dist.group.WORLD
+        )
     assert any(issubclass(w.category, FutureWarning) for w in caught)
     _check(legacy, expected, "funcol.reduce_scatter_tensor", seed)
 
@@ -316,8 +322,9 @@ def _reduce_scatter_coalesced(device_type: str, seed: int) -> None:
     dev, ws, rank = _rank_device(device_type), dist.get_world_size(), dist.get_rank()
     shapes = [(ws * i, 2) for i in range(6)]  # the first member is empty
     per_member = [_world_inputs(seed + i, s, torch.int64, ws) for i, s in enumerate(shapes)]
-    expected = [_reference(m, "avg").chunk(ws)[rank] if m[0].numel() else m[0][:0]
-                for m in per_member]
+    expected = [
+        _reference(m, "avg").chunk(ws)[rank] if m[0].numel() else m[0][:0] for m in per_member
+    ]
     inputs = [m[rank].to(dev, copy=True) for m in per_member]
 
     outs = C10D.reduce_scatter_tensor_coalesced(inputs, "avg", ws, _world_name())
@@ -340,8 +347,10 @@ def _all_to_all(device_type: str, seed: int) -> None:
     sizes[0][ws - 1] = 0
     # What rank i sends to rank j is a deterministic block, so everyone can build references.
     blocks = [
-        [torch.rand(int(sizes[i][j]), 3, generator=gen, dtype=torch.float64).float()
-         for j in range(ws)]
+        [
+            torch.rand(int(sizes[i][j]), 3, generator=gen, dtype=torch.float64).float()
+            for j in range(ws)
+        ]
         for i in range(ws)
     ]
     in_splits = sizes[rank].tolist()
@@ -519,10 +528,23 @@ def test_unwaited_collective_at_exit(tmp_path):
         port = s.getsockname()[1]
     procs = []
     for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2", LOCAL_RANK=str(rank))
-        procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = []
     for p in procs:
         try:

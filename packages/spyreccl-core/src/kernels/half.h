@@ -36,6 +36,14 @@ inline float bitsFloat(uint32_t u) {
 
 namespace detail {
 
+// Branch-free select. The FP arithmetic feeding these selects must stay unconditional:
+// with a plain ?: GCC sinks it into a branch, and then (under the default
+// -ftrapping-math) refuses to if-convert the loop, which kills vectorisation.
+inline uint32_t select(bool cond, uint32_t ifTrue, uint32_t ifFalse) {
+  const uint32_t mask = 0u - uint32_t(cond);
+  return (ifTrue & mask) | (ifFalse & ~mask);
+}
+
 // A narrow binary floating-point format with `ExpBits` exponent and `ManBits` mantissa
 // bits and a sign bit on top. `Ieee` formats reserve the all-ones exponent for inf/NaN;
 // otherwise (float8_e4m3fn) only the all-ones pattern is NaN and there is no infinity.
@@ -86,10 +94,10 @@ inline float miniToFloat(uint32_t v) {
   const uint32_t special = F::kSpecial == F::kMagMask
                                ? 0x7fc00000u
                                : ((mag << F::kShift) | 0x7f800000u);
-  r = mag >= F::kSpecial ? special : r;
+  r = detail::select(mag >= F::kSpecial, special, r);
   // Subnormals and zero: the integer mantissa times the subnormal ulp (exact in float32).
   const float sub = float(int32_t(mag)) * bitsFloat(F::kSubnormalUlpF32);
-  r = mag < F::kMinNormal ? floatBits(sub) : r;
+  r = detail::select(mag < F::kMinNormal, floatBits(sub), r);
   return bitsFloat(r | sign);
 }
 
@@ -109,13 +117,13 @@ inline uint32_t floatToMini(float f) {
   // Below the smallest normal: let the FPU round at the subnormal ulp.
   const float magic = bitsFloat(F::kSubnormalMagicF32);
   const uint32_t sub = floatBits(bitsFloat(a) + magic) - F::kSubnormalMagicF32;
-  r = a < F::kMinNormalF32 ? sub : r;
+  r = detail::select(a < F::kMinNormalF32, sub, r);
   if constexpr (F::kSpecial != F::kMagMask) {
-    r = a >= F::kOverflowF32 ? F::kSpecial : r;  // overflow and inf -> inf
+    r = detail::select(a >= F::kOverflowF32, F::kSpecial, r);  // overflow and inf -> inf
   } else {
-    r = a >= F::kMaxFiniteF32 ? F::kMaxFinite : r;  // saturate, inf included
+    r = detail::select(a >= F::kMaxFiniteF32, F::kMaxFinite, r);  // saturate, inf included
   }
-  r = a > 0x7f800000u ? F::kNaN : r;
+  r = detail::select(a > 0x7f800000u, F::kNaN, r);
   return r | sign;
 }
 
@@ -140,7 +148,7 @@ inline uint16_t floatToBf16(float f) {
   // Round to nearest even on the dropped 16 bits; overflow carries into infinity.
   uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const uint32_t nan = ((u >> 16) & 0x8000u) | 0x7fc0u;
-  r = (u & 0x7fffffffu) > 0x7f800000u ? nan : r;
+  r = detail::select((u & 0x7fffffffu) > 0x7f800000u, nan, r);
   return uint16_t(r);
 }
 

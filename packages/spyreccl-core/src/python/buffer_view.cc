@@ -33,11 +33,20 @@ FormatInfo parse_format(const char* format, size_t itemsize) {
   const char code = format[0];
   info.recognised = true;
   switch (code) {
-    case 'e': info.dtype = spyrecclFloat16; return info;
-    case 'f': info.dtype = spyrecclFloat32; return info;
-    case 'd': info.dtype = spyrecclFloat64; return info;
-    case '?': info.dtype = spyrecclBool; return info;
-    default: break;
+    case 'e':
+      info.dtype = spyrecclFloat16;
+      return info;
+    case 'f':
+      info.dtype = spyrecclFloat32;
+      return info;
+    case 'd':
+      info.dtype = spyrecclFloat64;
+      return info;
+    case '?':
+      info.dtype = spyrecclBool;
+      return info;
+    default:
+      break;
   }
   const bool is_signed = std::strchr("bhilqn", code) != nullptr;
   const bool is_unsigned = std::strchr("BHILQNc", code) != nullptr;
@@ -47,11 +56,21 @@ FormatInfo parse_format(const char* format, size_t itemsize) {
   }
   info.integer_view = true;
   switch (itemsize) {
-    case 1: info.dtype = is_signed ? spyrecclInt8 : spyrecclUint8; break;
-    case 2: if (is_signed) info.dtype = spyrecclInt16; break;  // no uint16 in spyreccl
-    case 4: info.dtype = is_signed ? spyrecclInt32 : spyrecclUint32; break;
-    case 8: info.dtype = is_signed ? spyrecclInt64 : spyrecclUint64; break;
-    default: info.recognised = false; break;
+    case 1:
+      info.dtype = is_signed ? spyrecclInt8 : spyrecclUint8;
+      break;
+    case 2:
+      if (is_signed) info.dtype = spyrecclInt16;
+      break;  // no uint16 in spyreccl
+    case 4:
+      info.dtype = is_signed ? spyrecclInt32 : spyrecclUint32;
+      break;
+    case 8:
+      info.dtype = is_signed ? spyrecclInt64 : spyrecclUint64;
+      break;
+    default:
+      info.recognised = false;
+      break;
   }
   return info;
 }
@@ -80,8 +99,8 @@ BufferView BufferView::acquire(py::handle obj, const char* op, const char* arg, 
   const Py_buffer& view = result.view_;
 
   if (access == Access::kWrite && view.readonly) {
-    throw_invalid_argument(op, std::string("argument '") + arg +
-                                   "' is read-only; the output buffer must be writable");
+    throw_invalid_argument(
+        op, std::string("argument '") + arg + "' is read-only; the output buffer must be writable");
   }
   if (!PyBuffer_IsContiguous(&view, 'C')) {
     throw_invalid_argument(op, std::string("argument '") + arg +
@@ -102,18 +121,16 @@ BufferView BufferView::acquire(py::handle obj, const char* op, const char* arg, 
     if (wanted == 0) throw_invalid_argument(op, "argument 'dtype' is not a valid DataType");
     const bool same = format.dtype.has_value() && *format.dtype == *dtype;
     if (!same && !(format.integer_view && wanted == static_cast<size_t>(view.itemsize))) {
-      throw_type_error(op, std::string("dtype=") + dtype_name(*dtype) +
-                               " cannot reinterpret argument '" + arg + "' with format " +
-                               describe_format(view) + "; pass an integer view of width " +
-                               std::to_string(wanted) + " bytes (e.g. uint" +
-                               std::to_string(wanted * 8) + ")");
+      throw_type_error(
+          op, std::string("dtype=") + dtype_name(*dtype) + " cannot reinterpret argument '" + arg +
+                  "' with format " + describe_format(view) + "; pass an integer view of width " +
+                  std::to_string(wanted) + " bytes (e.g. uint" + std::to_string(wanted * 8) + ")");
     }
     result.dtype_ = *dtype;
   } else if (format.dtype.has_value()) {
     result.dtype_ = *format.dtype;
   } else {
-    throw_type_error(op, std::string("argument '") + arg + "' has format " +
-                             describe_format(view) +
+    throw_type_error(op, std::string("argument '") + arg + "' has format " + describe_format(view) +
                              " which has no spyreccl data type; for bfloat16 pass the uint16 "
                              "view with dtype=DataType.BFLOAT16");
   }

@@ -58,11 +58,10 @@ bool is_in_place(const BufferView& outer, const BufferView& inner, size_t block)
 void forbid_overlap(const char* op, const BufferView& a, const BufferView& b,
                     const char* allowed_layout) {
   if (!overlaps(a, b)) return;
-  std::string message = std::string("arguments '") + a.arg() + "' and '" + b.arg() +
-                        "' overlap";
-  message += allowed_layout != nullptr ? std::string("; the only overlap allowed is ") +
-                                             allowed_layout
-                                       : std::string("; this operation is not in place");
+  std::string message = std::string("arguments '") + a.arg() + "' and '" + b.arg() + "' overlap";
+  message += allowed_layout != nullptr
+                 ? std::string("; the only overlap allowed is ") + allowed_layout
+                 : std::string("; this operation is not in place");
   throw_invalid_argument(op, message);
 }
 
@@ -75,10 +74,9 @@ class Reduction {
       : comm_(comm) {
     if (op != ReduceOp::kPremulSum) {
       if (scalar.has_value()) {
-        throw_invalid_argument(op_name,
-                               std::string("argument 'scalar' is only used with "
-                                           "ReduceOp.PREMUL_SUM, not ReduceOp.") +
-                                   reduce_op_name(op));
+        throw_invalid_argument(op_name, std::string("argument 'scalar' is only used with "
+                                                    "ReduceOp.PREMUL_SUM, not ReduceOp.") +
+                                            reduce_op_name(op));
       }
       value_ = static_cast<spyrecclRedOp_t>(op);
       return;
@@ -109,9 +107,8 @@ void all_reduce(Communicator& self, py::handle send, py::handle recv, ReduceOp o
                 std::optional<double> scalar, DType dtype) {
   constexpr const char* kOp = "all_reduce";
   Communicator::Use use(self, kOp);
-  BufferView in =
-      BufferView::acquire(send, kOp, "send", recv.is_none() ? Access::kWrite : Access::kRead,
-                          dtype);
+  BufferView in = BufferView::acquire(send, kOp, "send",
+                                      recv.is_none() ? Access::kWrite : Access::kRead, dtype);
   void* out_ptr = in.data();
   std::optional<BufferView> out;
   if (!recv.is_none()) {
@@ -177,9 +174,8 @@ void all_gather(Communicator& self, py::handle send, py::handle recv, DType dtyp
     forbid_overlap(kOp, in, out, "send being block `rank` of recv (in place)");
   }
   spyrecclComm_t comm = use.handle();
-  call_without_gil(comm, [&] {
-    return spyrecclAllGather(in.data(), out.data(), in.count(), in.dtype(), comm);
-  });
+  call_without_gil(
+      comm, [&] { return spyrecclAllGather(in.data(), out.data(), in.count(), in.dtype(), comm); });
 }
 
 void reduce_scatter(Communicator& self, py::handle send, py::handle recv, ReduceOp op,
@@ -196,8 +192,7 @@ void reduce_scatter(Communicator& self, py::handle send, py::handle recv, Reduce
   Reduction red(kOp, use.handle(), op, scalar, in.dtype());
   spyrecclComm_t comm = use.handle();
   call_without_gil(comm, [&] {
-    return spyrecclReduceScatter(in.data(), out.data(), out.count(), in.dtype(), red.value(),
-                                 comm);
+    return spyrecclReduceScatter(in.data(), out.data(), out.count(), in.dtype(), red.value(), comm);
   });
 }
 
@@ -209,17 +204,16 @@ void all_to_all(Communicator& self, py::handle send, py::handle recv, DType dtyp
   require_same_dtype(kOp, in, out);
   const size_t size = static_cast<size_t>(self.size());
   if (in.count() % size != 0) {
-    throw_invalid_argument(kOp, "argument 'send' has " + count_text(in.count()) +
-                                    " elements, which is not a multiple of size = " +
-                                    std::to_string(size));
+    throw_invalid_argument(
+        kOp, "argument 'send' has " + count_text(in.count()) +
+                 " elements, which is not a multiple of size = " + std::to_string(size));
   }
   require_count(kOp, out, in.count(), "len(send)");
   forbid_overlap(kOp, in, out, nullptr);
   const size_t block = in.count() / size;
   spyrecclComm_t comm = use.handle();
-  call_without_gil(comm, [&] {
-    return spyrecclAllToAll(in.data(), out.data(), block, in.dtype(), comm);
-  });
+  call_without_gil(
+      comm, [&] { return spyrecclAllToAll(in.data(), out.data(), block, in.dtype(), comm); });
 }
 
 // Checks one side of all_to_all_v: `counts` and optional `displs` (default: packed blocks in
@@ -231,8 +225,8 @@ std::pair<std::vector<size_t>, std::vector<size_t>> block_layout(
   const auto expect_entries = [&](const std::vector<int64_t>& values, const char* arg) {
     if (values.size() != static_cast<size_t>(size)) {
       throw_invalid_argument(op, std::string("argument '") + arg + "' has " +
-                                     std::to_string(values.size()) + " entries, expected size = " +
-                                     std::to_string(size));
+                                     std::to_string(values.size()) +
+                                     " entries, expected size = " + std::to_string(size));
     }
     for (size_t p = 0; p < values.size(); ++p) {
       if (values[p] < 0) {
@@ -278,8 +272,8 @@ void all_to_all_v(Communicator& self, py::handle send, const std::vector<int64_t
   forbid_overlap(kOp, in, out, nullptr);
   spyrecclComm_t comm = use.handle();
   call_without_gil(comm, [&] {
-    return spyrecclAllToAllv(in.data(), scounts.data(), sdispls.data(), out.data(),
-                             rcounts.data(), rdispls.data(), in.dtype(), comm);
+    return spyrecclAllToAllv(in.data(), scounts.data(), sdispls.data(), out.data(), rcounts.data(),
+                             rdispls.data(), in.dtype(), comm);
   });
 }
 
@@ -299,9 +293,8 @@ void gather(Communicator& self, py::handle send, py::handle recv, int root, DTyp
   }
   void* out_ptr = out.has_value() ? out->data() : nullptr;
   spyrecclComm_t comm = use.handle();
-  call_without_gil(comm, [&] {
-    return spyrecclGather(in.data(), out_ptr, in.count(), in.dtype(), root, comm);
-  });
+  call_without_gil(
+      comm, [&] { return spyrecclGather(in.data(), out_ptr, in.count(), in.dtype(), root, comm); });
 }
 
 void scatter(Communicator& self, py::handle send, py::handle recv, int root, DType dtype) {
@@ -348,15 +341,14 @@ void bind_collectives(py::class_<Communicator>& cls) {
            py::arg("dtype") = py::none(), "Copies root's buf into every rank's buf.")
       .def("all_gather", &all_gather, py::arg("send"), py::arg("recv"), py::kw_only(),
            py::arg("dtype") = py::none(), "recv holds size blocks: block r is rank r's send.")
-      .def("reduce_scatter", &reduce_scatter, py::arg("send"), py::arg("recv"),
-           py::arg("op") = sum, py::kw_only(), py::arg("scalar") = py::none(),
-           py::arg("dtype") = py::none(),
+      .def("reduce_scatter", &reduce_scatter, py::arg("send"), py::arg("recv"), py::arg("op") = sum,
+           py::kw_only(), py::arg("scalar") = py::none(), py::arg("dtype") = py::none(),
            "recv = op over ranks of block `rank` of send (len(send) = size*len(recv)).")
       .def("all_to_all", &all_to_all, py::arg("send"), py::arg("recv"), py::kw_only(),
            py::arg("dtype") = py::none(),
            "Block p of send goes to rank p, landing as block `rank` of its recv.")
-      .def("all_to_all_v", &all_to_all_v, py::arg("send"), py::arg("send_counts"),
-           py::arg("recv"), py::arg("recv_counts"), py::arg("send_displs") = py::none(),
+      .def("all_to_all_v", &all_to_all_v, py::arg("send"), py::arg("send_counts"), py::arg("recv"),
+           py::arg("recv_counts"), py::arg("send_displs") = py::none(),
            py::arg("recv_displs") = py::none(), py::kw_only(), py::arg("dtype") = py::none(),
            "send_counts[p] elements from send[send_displs[p]:] go to rank p; displacements "
            "default to packed blocks in rank order. Counts in elements.")
@@ -364,8 +356,8 @@ void bind_collectives(py::class_<Communicator>& cls) {
            py::arg("dtype") = py::none(),
            "root's recv holds size blocks, block r being rank r's send (recv ignored "
            "elsewhere).")
-      .def("scatter", &scatter, py::arg("send"), py::arg("recv"), py::arg("root"),
-           py::kw_only(), py::arg("dtype") = py::none(),
+      .def("scatter", &scatter, py::arg("send"), py::arg("recv"), py::arg("root"), py::kw_only(),
+           py::arg("dtype") = py::none(),
            "recv = block `rank` of root's send (send ignored elsewhere).")
       .def("barrier", &barrier, "Returns once every rank has entered it.");
 }

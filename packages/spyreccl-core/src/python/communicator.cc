@@ -1,7 +1,7 @@
 // communicator.cc — Communicator construction, split, abort/destroy and queries.
-#include <pybind11/stl.h>
-
 #include "communicator.h"
+
+#include <pybind11/stl.h>
 
 #include <cmath>
 #include <optional>
@@ -128,16 +128,18 @@ int64_t timeout_to_ms(py::handle timeout, const char* op) {
              !PyBool_Check(timeout.ptr())) {
     seconds = timeout.cast<double>();
   } else {
-    throw_type_error(op, "argument 'timeout' must be a datetime.timedelta or seconds as a "
-                         "float, got " +
-                             std::string(py::str(py::type::handle_of(timeout).attr("__name__"))));
+    throw_type_error(op,
+                     "argument 'timeout' must be a datetime.timedelta or seconds as a "
+                     "float, got " +
+                         std::string(py::str(py::type::handle_of(timeout).attr("__name__"))));
   }
   // The C type is int64 ms; a century is plenty and keeps the conversion exact.
   constexpr double kMaxSeconds = 100.0 * 365 * 24 * 3600;
   if (!std::isfinite(seconds) || seconds <= 0.0 || seconds > kMaxSeconds) {
-    throw_invalid_argument(op, "argument 'timeout' must be a positive, finite duration of at "
-                               "most 100 years, got " +
-                                   std::to_string(seconds) + " s");
+    throw_invalid_argument(op,
+                           "argument 'timeout' must be a positive, finite duration of at "
+                           "most 100 years, got " +
+                               std::to_string(seconds) + " s");
   }
   // Round up so that a small positive timeout never becomes 0 ms (which C rejects).
   return static_cast<int64_t>(std::ceil(seconds * 1000.0));
@@ -149,8 +151,8 @@ constexpr const char* kInit = "Communicator";
 
 int64_t checked_nonnegative(int64_t value, const char* op, const char* arg) {
   if (value < 0) {
-    throw_invalid_argument(op, std::string("argument '") + arg + "' must be >= 0, got " +
-                                   std::to_string(value));
+    throw_invalid_argument(
+        op, std::string("argument '") + arg + "' must be >= 0, got " + std::to_string(value));
   }
   return value;
 }
@@ -182,8 +184,10 @@ std::unique_ptr<Communicator> create_communicator(int rank, int size, const Uniq
 py::object split(Communicator& self, std::optional<int> color, std::optional<int> key) {
   constexpr const char* kOp = "split";
   if (color.has_value() && *color < 0) {
-    throw_invalid_argument(kOp, "argument 'color' must be >= 0 or None (no new communicator), "
-                                "got " + std::to_string(*color));
+    throw_invalid_argument(kOp,
+                           "argument 'color' must be >= 0 or None (no new communicator), "
+                           "got " +
+                               std::to_string(*color));
   }
   Communicator::Use use(self, kOp);
   const int c = color.value_or(SPYRECCL_SPLIT_NOCOLOR);
@@ -192,8 +196,8 @@ py::object split(Communicator& self, std::optional<int> color, std::optional<int
   spyrecclComm_t handle = use.handle();
   call_without_gil(handle, [&] { return spyrecclCommSplit(handle, c, k, &child, nullptr); });
   if (child == nullptr) return py::none();
-  std::string name = self.name().empty() ? std::string()
-                                          : self.name() + ".split(" + std::to_string(c) + ")";
+  std::string name =
+      self.name().empty() ? std::string() : self.name() + ".split(" + std::to_string(c) + ")";
   return py::cast(std::make_unique<Communicator>(child, std::move(name)));
 }
 
@@ -213,18 +217,16 @@ void bind_communicator(py::module_& m) {
       "A group of `size` processes on this host that communicate through shared memory.\n\n"
       "Collective: every rank constructs it with the same UniqueId and its own rank. Blocks "
       "until all ranks joined or `timeout` expired.");
-  cls.def(py::init(&create_communicator), py::arg("rank"), py::arg("size"),
-          py::arg("unique_id"), py::kw_only(), py::arg("timeout") = py::none(),
-          py::arg("chunk_bytes") = 0, py::arg("p2p_chunk_bytes") = 0,
-          py::arg("name") = py::none(),
+  cls.def(py::init(&create_communicator), py::arg("rank"), py::arg("size"), py::arg("unique_id"),
+          py::kw_only(), py::arg("timeout") = py::none(), py::arg("chunk_bytes") = 0,
+          py::arg("p2p_chunk_bytes") = 0, py::arg("name") = py::none(),
           "timeout: datetime.timedelta or seconds bounding every wait (default 30 min).\n"
           "chunk_bytes / p2p_chunk_bytes: staging sizes (0 = library default).\n"
           "name: label used in error messages and state dumps.")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("name", &Communicator::name)
-      .def_property_readonly("closed", &Communicator::closed,
-                             "True once destroy()/close() ran.")
+      .def_property_readonly("closed", &Communicator::closed, "True once destroy()/close() ran.")
       .def("split", &split, py::arg("color"), py::arg("key") = py::none(),
            "Collective: ranks passing the same color (>= 0) form a new communicator ordered "
            "by (key, rank); color None yields None.")

@@ -50,8 +50,8 @@ py::object make_class(const char* name, py::tuple bases, const char* doc, py::ob
   ns["__module__"] = "spyreccl_core";
   ns["__doc__"] = doc;
   ns["code"] = std::move(code);
-  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&PyType_Type))(
-      name, bases, ns);
+  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&PyType_Type))(name, bases,
+                                                                                       ns);
 }
 
 py::object result_value(spyrecclResult_t code) {
@@ -116,10 +116,10 @@ void bind_errors(py::module_& m) {
   m.attr("SpyrecclError") = base;
 
   for (const ErrorClassSpec& spec : error_class_specs()) {
-    py::tuple bases = spec.builtin_base != nullptr
-                          ? py::tuple(py::make_tuple(
-                                base, py::reinterpret_borrow<py::object>(spec.builtin_base)))
-                          : py::tuple(py::make_tuple(base));
+    py::tuple bases =
+        spec.builtin_base != nullptr
+            ? py::tuple(py::make_tuple(base, py::reinterpret_borrow<py::object>(spec.builtin_base)))
+            : py::tuple(py::make_tuple(base));
     py::object cls = make_class(spec.name, bases, spec.doc, result_value(spec.code));
     g_error_classes[spec.code] = cls.inc_ref().ptr();
     m.attr(spec.name) = cls;

@@ -23,8 +23,8 @@ using DType = std::optional<spyrecclDataType_t>;
 
 struct GroupState {
   int depth = 0;
-  std::vector<BufferView> buffers;    // exports referenced by enqueued operations
-  std::vector<py::object> comms;      // communicators with enqueued operations
+  std::vector<BufferView> buffers;  // exports referenced by enqueued operations
+  std::vector<py::object> comms;    // communicators with enqueued operations
 };
 
 // Heap-allocated on the first group_start of a thread and freed by the outermost group_end.
@@ -46,8 +46,8 @@ void require_peer(const char* op, const Communicator& self, int peer) {
 }
 
 void require_tag(const char* op, int tag) {
-  if (tag < 0) throw_invalid_argument(op, "argument 'tag' = " + std::to_string(tag) +
-                                              " must be >= 0");
+  if (tag < 0)
+    throw_invalid_argument(op, "argument 'tag' = " + std::to_string(tag) + " must be >= 0");
 }
 
 // After a successful enqueue inside a group, hands the export to the group so that it stays
@@ -65,9 +65,8 @@ void send(Communicator& self, py::handle buf, int peer, int tag, DType dtype) {
   require_tag(kOp, tag);
   BufferView data = BufferView::acquire(buf, kOp, "buf", Access::kRead, dtype);
   spyrecclComm_t comm = use.handle();
-  call_without_gil(comm, [&] {
-    return spyrecclSend(data.data(), data.count(), data.dtype(), peer, tag, comm);
-  });
+  call_without_gil(
+      comm, [&] { return spyrecclSend(data.data(), data.count(), data.dtype(), peer, tag, comm); });
   if (in_group()) keep_for_group(self, std::move(data));
 }
 
@@ -78,9 +77,8 @@ void recv(Communicator& self, py::handle buf, int peer, int tag, DType dtype) {
   require_tag(kOp, tag);
   BufferView data = BufferView::acquire(buf, kOp, "buf", Access::kWrite, dtype);
   spyrecclComm_t comm = use.handle();
-  call_without_gil(comm, [&] {
-    return spyrecclRecv(data.data(), data.count(), data.dtype(), peer, tag, comm);
-  });
+  call_without_gil(
+      comm, [&] { return spyrecclRecv(data.data(), data.count(), data.dtype(), peer, tag, comm); });
   if (in_group()) keep_for_group(self, std::move(data));
 }
 
@@ -110,8 +108,10 @@ void group_end() {
   // Detach the state before running: whatever GroupEnd reports, the group is over and its
   // buffers are released when `state` goes out of scope (with the GIL held).
   std::unique_ptr<GroupState> state;
-  if (outermost) state.reset(std::exchange(t_group, nullptr));
-  else --t_group->depth;
+  if (outermost)
+    state.reset(std::exchange(t_group, nullptr));
+  else
+    --t_group->depth;
 
   spyrecclResult_t result = spyrecclSuccess;
   std::string message;
@@ -153,12 +153,12 @@ struct GroupContext {};
 
 void bind_point_to_point(py::module_& m, py::class_<Communicator>& cls) {
   py::class_<GroupContext>(m, "Group", "Context manager returned by group().")
-      .def("__enter__", [](py::object self) {
-        group_start();
-        return self;
-      })
-      .def("__exit__", [](GroupContext&, const py::object&, const py::object&,
-                          const py::object&) {
+      .def("__enter__",
+           [](py::object self) {
+             group_start();
+             return self;
+           })
+      .def("__exit__", [](GroupContext&, const py::object&, const py::object&, const py::object&) {
         // Always end the group, also when its body raised: the per-thread group state
         // must stay balanced for later calls.
         group_end();
@@ -169,16 +169,17 @@ void bind_point_to_point(py::module_& m, py::class_<Communicator>& cls) {
           "Sends buf to `peer` (FIFO per pair; the receive must match count, dtype and tag).")
       .def("recv", &recv, py::arg("buf"), py::arg("peer"), py::arg("tag") = 0, py::kw_only(),
            py::arg("dtype") = py::none(), "Receives into buf from `peer`.")
-      .def("recv_any_source", &recv_any_source, py::arg("buf"), py::arg("tag") = 0,
-           py::kw_only(), py::arg("dtype") = py::none(),
+      .def("recv_any_source", &recv_any_source, py::arg("buf"), py::arg("tag") = 0, py::kw_only(),
+           py::arg("dtype") = py::none(),
            "Receives the next message with `tag` from any rank; returns that rank.")
       .def(
           "group", [](const Communicator&) { return GroupContext{}; },
           "Context manager grouping send/recv so that they progress together (same as "
           "spyreccl_core.group(); groups are per thread, not per communicator).");
 
-  m.def("group", [] { return GroupContext{}; },
-        "Context manager: send/recv inside only enqueue; leaving it runs them all together.");
+  m.def(
+      "group", [] { return GroupContext{}; },
+      "Context manager: send/recv inside only enqueue; leaving it runs them all together.");
   m.def("group_start", &group_start, "Opens a (nestable) group on this thread.");
   m.def("group_end", &group_end,
         "Closes a group; the outermost one runs the enqueued send/recv and waits for them.");

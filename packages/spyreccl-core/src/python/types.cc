@@ -33,36 +33,60 @@ size_t dtype_itemsize(spyrecclDataType_t dtype) {
 
 const char* dtype_name(spyrecclDataType_t dtype) {
   switch (dtype) {
-    case spyrecclInt8: return "int8";
-    case spyrecclUint8: return "uint8";
-    case spyrecclInt16: return "int16";
-    case spyrecclInt32: return "int32";
-    case spyrecclUint32: return "uint32";
-    case spyrecclInt64: return "int64";
-    case spyrecclUint64: return "uint64";
-    case spyrecclFloat16: return "float16";
-    case spyrecclFloat32: return "float32";
-    case spyrecclFloat64: return "float64";
-    case spyrecclBfloat16: return "bfloat16";
-    case spyrecclFloat8e4m3: return "float8_e4m3";
-    case spyrecclFloat8e5m2: return "float8_e5m2";
-    case spyrecclBool: return "bool";
-    case spyrecclNumTypes: break;
+    case spyrecclInt8:
+      return "int8";
+    case spyrecclUint8:
+      return "uint8";
+    case spyrecclInt16:
+      return "int16";
+    case spyrecclInt32:
+      return "int32";
+    case spyrecclUint32:
+      return "uint32";
+    case spyrecclInt64:
+      return "int64";
+    case spyrecclUint64:
+      return "uint64";
+    case spyrecclFloat16:
+      return "float16";
+    case spyrecclFloat32:
+      return "float32";
+    case spyrecclFloat64:
+      return "float64";
+    case spyrecclBfloat16:
+      return "bfloat16";
+    case spyrecclFloat8e4m3:
+      return "float8_e4m3";
+    case spyrecclFloat8e5m2:
+      return "float8_e5m2";
+    case spyrecclBool:
+      return "bool";
+    case spyrecclNumTypes:
+      break;
   }
   return "<invalid dtype>";
 }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "SUM";
-    case ReduceOp::kProd: return "PROD";
-    case ReduceOp::kMax: return "MAX";
-    case ReduceOp::kMin: return "MIN";
-    case ReduceOp::kAvg: return "AVG";
-    case ReduceOp::kBand: return "BAND";
-    case ReduceOp::kBor: return "BOR";
-    case ReduceOp::kBxor: return "BXOR";
-    case ReduceOp::kPremulSum: return "PREMUL_SUM";
+    case ReduceOp::kSum:
+      return "SUM";
+    case ReduceOp::kProd:
+      return "PROD";
+    case ReduceOp::kMax:
+      return "MAX";
+    case ReduceOp::kMin:
+      return "MIN";
+    case ReduceOp::kAvg:
+      return "AVG";
+    case ReduceOp::kBand:
+      return "BAND";
+    case ReduceOp::kBor:
+      return "BOR";
+    case ReduceOp::kBxor:
+      return "BXOR";
+    case ReduceOp::kPremulSum:
+      return "PREMUL_SUM";
   }
   return "<invalid op>";
 }

@@ -8,7 +8,9 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/liveness.h"
 #include "transport/segment.h"
+#include "transport/wait.h"
 
 namespace spyreccl::rendezvous {
 
@@ -31,11 +33,32 @@ uint32_t registerRank(Segment& seg, const Layout& layout, int rank) {
   return seg.header()->attached.fetch_add(1, std::memory_order_acq_rel) + 1;
 }
 
+// A rank that attached and then died (or failed) will never complete the bootstrap:
+// report it instead of waiting for the timeout.
+void checkAttachedRanks(Segment& seg, const Layout& layout, int rank) {
+  for (int r = 0; r < layout.nranks(); ++r) {
+    RankControl* rc = layout.rank(seg.base(), r);
+    if (r == rank || rc->attached.load(std::memory_order_acquire) == 0) continue;
+    int pid = rc->pid.load(std::memory_order_relaxed);
+    bool failed = rc->status.load(std::memory_order_acquire) != transport::kStatusActive;
+    if (failed || (pid > 0 && transport::PeerWatch(pid).dead())) {
+      SPYRECCL_THROW(spyrecclRemoteError,
+                     "spyrecclCommInitRank: rank %d (pid %d) %s before every rank joined", r, pid,
+                     failed ? "failed" : "died");
+    }
+  }
+}
+
 void waitForAll(Segment& seg, const Layout& layout, int rank, int64_t deadlineNs,
                 int64_t timeoutMs) {
   int64_t backoffUs = 20;
+  int64_t nextCheck = nowNs() + transport::kCheckIntervalNs;
   const uint32_t n = static_cast<uint32_t>(layout.nranks());
   while (seg.header()->attached.load(std::memory_order_acquire) < n) {
+    if (nowNs() >= nextCheck) {
+      checkAttachedRanks(seg, layout, rank);
+      nextCheck = nowNs() + transport::kCheckIntervalNs;
+    }
     if (nowNs() >= deadlineNs) {
       std::string missing;
       for (int r = 0; r < layout.nranks(); ++r) {
@@ -70,16 +93,21 @@ std::unique_ptr<spyrecclComm> bootstrap(int nranks, const UniqueIdData& id, int 
   } else {
     seg = Segment::attach(name, layout, id.nonce, deadlineNs, who);
   }
+  bool registered = false;
   try {
     uint32_t attached = registerRank(*seg, layout, rank);
+    registered = true;
     if (rank == 0) seg->publishReady();
     if (attached == static_cast<uint32_t>(nranks)) seg->unlink();
     waitForAll(*seg, layout, rank, deadlineNs, config.timeoutMs);
   } catch (...) {
     // Leave nothing behind in /dev/shm; ranks that have not attached yet time out.
     seg->unlink();
-    layout.rank(seg->base(), rank)->status.store(transport::kStatusFailed,
-                                                 std::memory_order_release);
+    if (registered) {
+      // Lets the ranks still waiting for the others fail fast (checkAttachedRanks).
+      layout.rank(seg->base(), rank)->status.store(transport::kStatusFailed,
+                                                   std::memory_order_release);
+    }
     throw;
   }
 

@@ -23,7 +23,7 @@ from spyreccl_core import ReduceOp
 
 
 def sizes_for(tt: TType) -> list[int]:
-    beyond_staging = 3 * STAGING_BYTES // tt.storage.itemsize + 7
+    beyond_staging = 2 * STAGING_BYTES // tt.storage.itemsize + 7
     return [0, 1, 1001, beyond_staging]
 
 
@@ -58,10 +58,17 @@ def rank_all_reduce(comm, name, op, seed):
     return results
 
 
-def rank_reduce(comm, name, op, root, seed):
+def reduce_plan(tt: TType) -> list[tuple[ReduceOp, int]]:
+    """reduce/reduce_scatter: SUM at every size, every other valid op at an odd size (the
+    reduction kernels themselves are covered op by op through all_reduce)."""
+    plan = [(ReduceOp.SUM, n) for n in sizes_for(tt)]
+    return plan + [(op, 1001) for op in valid_ops(tt) if op != ReduceOp.SUM]
+
+
+def rank_reduce(comm, name, root, seed):
     tt = TYPES_BY_NAME[name]
     results = []
-    for n in sizes_for(tt):
+    for op, n in reduce_plan(tt):
         x = inputs_for(tt, seed, 1, comm.rank, n)
         out = tt.poison(n) if comm.rank == root else None
         comm.reduce(x, out, root, op, scalar=_scalar(op), **tt.kwargs)
@@ -71,10 +78,10 @@ def rank_reduce(comm, name, op, root, seed):
     return results
 
 
-def rank_reduce_scatter(comm, name, op, seed):
+def rank_reduce_scatter(comm, name, seed):
     tt = TYPES_BY_NAME[name]
     results = []
-    for n in sizes_for(tt):
+    for op, n in reduce_plan(tt):
         x = inputs_for(tt, seed, 2, comm.rank, n * comm.size)
         out = tt.poison(n)
         comm.reduce_scatter(x, out, op, scalar=_scalar(op), **tt.kwargs)
@@ -109,12 +116,28 @@ def rank_movement(comm, name, operation, root, seed):
             x = inputs_for(tt, seed, 5, rank, n)
             out = tt.poison(n * size) if rank == root else None
             comm.gather(x, out, root, **kw)
-            results.append(out)
+            # In place on the root: its send is block `root` of recv.
+            in_place = tt.poison(n * size) if rank == root else None
+            if rank == root:
+                in_place[root * n : (root + 1) * n] = x
+                comm.gather(in_place[root * n : (root + 1) * n], in_place, root, **kw)
+            else:
+                comm.gather(x, None, root, **kw)
+            results.append((out, in_place))
         elif operation == "scatter":
             whole = inputs_for(tt, seed, 6, rank, n * size) if rank == root else None
             out = tt.poison(n)
             comm.scatter(whole, out, root, **kw)
-            results.append(out)
+            # In place on the root: its recv is block `root` of send.
+            if rank == root:
+                copy = whole.copy()
+                comm.scatter(copy, copy[root * n : (root + 1) * n], root, **kw)
+                untouched = np.array_equal(copy.view(np.uint8), whole.view(np.uint8))
+            else:
+                other = tt.poison(n)
+                comm.scatter(None, other, root, **kw)
+                untouched = np.array_equal(other.view(np.uint8), out.view(np.uint8))
+            results.append((out, untouched))
         elif operation == "all_to_all":
             x = inputs_for(tt, seed, 7, rank, n * size)
             out = tt.poison(n * size)
@@ -205,31 +228,29 @@ def test_all_reduce(pool, seeded, case):
                 assert_bytes_equal(per_rank[i][variant], first, f"rank {rank} differs from 0")
 
 
-@pytest.mark.parametrize("case", REDUCTION_CASES, ids=_ids)
-def test_reduce(pool, seeded, case):
-    tt, op = case
-    root = seeded.rng().integers(pool.size)
-    outputs = pool.run(rank_reduce, tt.name, op, int(root), seeded.seed)
-    for i, n in enumerate(sizes_for(tt)):
+@pytest.mark.parametrize("tt", ALL_TYPES, ids=lambda t: t.name)
+def test_reduce(pool, seeded, tt):
+    root = int(seeded.rng().integers(pool.size))
+    outputs = pool.run(rank_reduce, tt.name, root, seeded.seed)
+    for i, (op, n) in enumerate(reduce_plan(tt)):
         xs = [inputs_for(tt, seeded.seed, 1, r, n) for r in range(pool.size)]
         out, in_place = outputs[root][i]
-        check_reduction(tt, op, out, xs, _scalar(op), f"reduce n={n} root={root}")
-        check_reduction(tt, op, in_place, xs, _scalar(op), f"in-place reduce n={n}")
+        check_reduction(tt, op, out, xs, _scalar(op), f"reduce {op.name} n={n} root={root}")
+        check_reduction(tt, op, in_place, xs, _scalar(op), f"in-place reduce {op.name} n={n}")
         for rank in range(pool.size):
             if rank != root:  # sendbuff of non-roots is input only
                 assert_bytes_equal(outputs[rank][i][1], xs[rank], f"non-root {rank} touched")
 
 
-@pytest.mark.parametrize("case", REDUCTION_CASES, ids=_ids)
-def test_reduce_scatter(pool, seeded, case):
-    tt, op = case
-    outputs = pool.run(rank_reduce_scatter, tt.name, op, seeded.seed)
-    for i, n in enumerate(sizes_for(tt)):
+@pytest.mark.parametrize("tt", ALL_TYPES, ids=lambda t: t.name)
+def test_reduce_scatter(pool, seeded, tt):
+    outputs = pool.run(rank_reduce_scatter, tt.name, seeded.seed)
+    for i, (op, n) in enumerate(reduce_plan(tt)):
         xs = [inputs_for(tt, seeded.seed, 2, r, n * pool.size) for r in range(pool.size)]
         for rank in range(pool.size):
             blocks = [x[rank * n : (rank + 1) * n] for x in xs]
             for variant in (0, 1):
-                what = f"reduce_scatter n={n} rank={rank} in_place={variant}"
+                what = f"reduce_scatter {op.name} n={n} rank={rank} in_place={variant}"
                 check_reduction(tt, op, outputs[rank][i][variant], blocks, _scalar(op), what)
 
 
@@ -259,10 +280,12 @@ def test_data_movement(pool, seeded, operation, tt):
                     expected = np.concatenate(
                         [inputs_for(tt, seeded.seed, 5, r, n) for r in range(size)]
                     )
-                    assert_bytes_equal(got, expected, what)
+                    assert_bytes_equal(got[0], expected, what)
+                    assert_bytes_equal(got[1], expected, f"{what} in place")
             elif operation == "scatter":
                 whole = inputs_for(tt, seeded.seed, 6, root, n * size)
-                assert_bytes_equal(got, whole[rank * n : (rank + 1) * n], f"{what} rank={rank}")
+                assert_bytes_equal(got[0], whole[rank * n : (rank + 1) * n], f"{what} rank={rank}")
+                assert got[1], f"{what} rank={rank}: second (in-place on root) scatter differs"
             elif operation == "all_to_all":
                 expected = np.concatenate(
                     [

@@ -135,6 +135,9 @@ class RankPool:
         self._shared_dir: str | None = None
         self._task_id = 0
         self._closed = False
+        # A failed start (backend missing, import error...) is deterministic: remembering it
+        # keeps every later test of the module from paying for another doomed spawn.
+        self._start_error: RankError | None = None
         self._lock = threading.Lock()
         self._mp = multiprocessing.get_context("spawn")
         _live_pools.add(self)
@@ -175,6 +178,12 @@ class RankPool:
     def _ensure_started(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self!r}: the pool is closed")
+        if self._start_error is not None:
+            raise RankError(
+                "RankPool: not retrying, the pool failed to start earlier:\n"
+                + str(self._start_error),
+                self._start_error.failures,
+            )
         if self._workers and all(w.process.is_alive() for w in self._workers):
             return
         if self._workers:
@@ -248,12 +257,16 @@ class RankPool:
                 "(import torch + init_process_group)",
             )
         if failures:
-            self._fail(
-                f"RankPool: could not start {self.world_size} ranks (backend={self.backend!r}, "
-                f"generation {self.generation})",
-                failures,
-                stalled=pending,
-            )
+            try:
+                self._fail(
+                    f"RankPool: could not start {self.world_size} ranks "
+                    f"(backend={self.backend!r}, generation {self.generation})",
+                    failures,
+                    stalled=pending,
+                )
+            except RankError as exc:
+                self._start_error = exc
+                raise
 
     def _teardown(
         self, graceful: bool, dump_stacks: set[int] | frozenset[int] = frozenset()

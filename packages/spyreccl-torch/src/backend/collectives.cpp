@@ -49,9 +49,9 @@ Step allreduceStep(CommBuffer buffer, const ReduceSpec& spec, const char* opName
   step.buffers = {std::move(buffer)};
   step.issue = [spec, opName](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[0].dtype(), comm, opName);
-    checkCore(spyrecclAllReduce(b[0].data(), b[0].data(), b[0].count(), b[0].dtype(), op.get(),
-                                comm),
-              comm, opName);
+    checkCore(
+        spyrecclAllReduce(b[0].data(), b[0].data(), b[0].count(), b[0].dtype(), op.get(), comm),
+        comm, opName);
   };
   return step;
 }
@@ -61,8 +61,8 @@ Step allgatherStep(CommBuffer input, CommBuffer output, const char* opName) {
   Step step;
   step.buffers = {std::move(input), std::move(output)};
   step.issue = [opName](const Buffers& b, spyrecclComm_t comm) {
-    checkCore(spyrecclAllGather(b[0].data(), b[1].data(), b[0].count(), b[0].dtype(), comm),
-              comm, opName);
+    checkCore(spyrecclAllGather(b[0].data(), b[1].data(), b[0].count(), b[0].dtype(), comm), comm,
+              opName);
   };
   return step;
 }
@@ -74,9 +74,9 @@ Step reduceScatterStep(CommBuffer input, CommBuffer output, const ReduceSpec& sp
   step.buffers = {std::move(input), std::move(output)};
   step.issue = [spec, opName](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[1].dtype(), comm, opName);
-    checkCore(spyrecclReduceScatter(b[0].data(), b[1].data(), b[1].count(), b[1].dtype(),
-                                    op.get(), comm),
-              comm, opName);
+    checkCore(
+        spyrecclReduceScatter(b[0].data(), b[1].data(), b[1].count(), b[1].dtype(), op.get(), comm),
+        comm, opName);
   };
   return step;
 }
@@ -111,8 +111,7 @@ Step reduceStep(Buffers buffers, int root, const ReduceSpec& spec, const char* o
 // Common checks of the "one output tensor, input = size blocks of it" family
 // (_allgather_base and its coalesced form): same dtype and output.numel == size * input.numel.
 void checkGatherBase(const at::Tensor& output, const at::Tensor& input, int size,
-                     const char* opName, const std::string& outName,
-                     const std::string& inName) {
+                     const char* opName, const std::string& outName, const std::string& inName) {
   checkSameDtype(output, input.scalar_type(), opName, outName, inName);
   checkNumel(output, input.numel() * size, opName, outName,
              "(group size " + std::to_string(size) + " x the " + std::to_string(input.numel()) +
@@ -125,16 +124,16 @@ std::vector<int64_t> resolveSplits(const std::vector<int64_t>& splits, const at:
                                    const char* tensorName) {
   const int64_t rows = tensor.dim() == 0 ? 1 : tensor.size(0);
   if (splits.empty()) {
-    TORCH_CHECK(rows % size == 0, "spyreccl ", opName, ": argument '", tensorName,
-                "' has ", rows, " rows (dim 0), which the group size ", size,
-                " does not divide; pass '", splitName, "' for uneven splits");
+    TORCH_CHECK(rows % size == 0, "spyreccl ", opName, ": argument '", tensorName, "' has ", rows,
+                " rows (dim 0), which the group size ", size, " does not divide; pass '", splitName,
+                "' for uneven splits");
     return std::vector<int64_t>(size, rows / size);
   }
   checkListSize(splits.size(), size, opName, splitName, "split sizes (one per rank)");
   int64_t sum = 0;
   for (size_t i = 0; i < splits.size(); ++i) {
-    TORCH_CHECK(splits[i] >= 0, "spyreccl ", opName, ": argument '", splitName, "[", i,
-                "]' is ", splits[i], ", expected a non-negative number of rows");
+    TORCH_CHECK(splits[i] >= 0, "spyreccl ", opName, ": argument '", splitName, "[", i, "]' is ",
+                splits[i], ", expected a non-negative number of rows");
     sum += splits[i];
   }
   TORCH_CHECK(sum == rows, "spyreccl ", opName, ": argument '", splitName, "' sums to ", sum,
@@ -193,8 +192,8 @@ Step allToAllvStep(CommBuffer input, CommBuffer output, std::vector<int64_t> sen
 
 // --- broadcast / allreduce / reduce ---------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::broadcast(
-    std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::broadcast(std::vector<at::Tensor>& tensors,
+                                                               const c10d::BroadcastOptions& opts) {
   static constexpr const char* kOp = "broadcast";
   checkUsable(kOp);
   checkSingleTensor(tensors.size(), kOp, "tensors");
@@ -217,8 +216,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::broadcast(
   return submit(std::move(op));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allreduce(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allreduce(std::vector<at::Tensor>& tensors,
+                                                               const c10d::AllreduceOptions& opts) {
   static constexpr const char* kOp = "allreduce";
   checkUsable(kOp);
   checkSingleTensor(tensors.size(), kOp, "tensors");
@@ -286,8 +285,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::reduce(std::vector<at::Tens
     step.buffers = {CommBuffer::inOut(tensors[0], kReduce, kOp, "tensors[0]")};
     step.issue = [root, spec](const Buffers& b, spyrecclComm_t comm) {
       ScopedRedOp redOp(spec, b[0].dtype(), comm, kOp);
-      checkCore(spyrecclReduce(b[0].data(), b[0].data(), b[0].count(), b[0].dtype(),
-                               redOp.get(), root, comm),
+      checkCore(spyrecclReduce(b[0].data(), b[0].data(), b[0].count(), b[0].dtype(), redOp.get(),
+                               root, comm),
                 comm, kOp);
     };
     op.steps.push_back(std::move(step));
@@ -359,8 +358,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::_allgather_base(
   devices.add(output, "outputBuffer");
   checkGatherBase(output, input, size_, kOp, "outputBuffer", "inputBuffer");
 
-  OpRecord op = newOp(c10d::OpType::_ALLGATHER_BASE, kOp, "spyreccl:_allgather_base",
-                      opts.timeout, devices);
+  OpRecord op =
+      newOp(c10d::OpType::_ALLGATHER_BASE, kOp, "spyreccl:_allgather_base", opts.timeout, devices);
   op.inputs = {input};
   op.outputs = {output};
   op.inNelems = input.numel();
@@ -446,9 +445,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allgather_into_tensor_coale
   for (size_t i = 0; i < inputs.size(); ++i) {
     const std::string inName = indexedName("inputs", i);
     const std::string outName = indexedName("outputs", i);
-    op.steps.push_back(
-        allgatherStep(CommBuffer::input(inputs[i], kMove, kOp, inName.c_str()),
-                      CommBuffer::output(outputs[i], kMove, kOp, outName.c_str()), kOp));
+    op.steps.push_back(allgatherStep(CommBuffer::input(inputs[i], kMove, kOp, inName.c_str()),
+                                     CommBuffer::output(outputs[i], kMove, kOp, outName.c_str()),
+                                     kOp));
   }
   return submit(std::move(op));
 }
@@ -478,8 +477,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::gather(
       checkNumel(outList[r], input.numel(), kOp, name, "(the size of 'inputTensors[0]')");
     }
   } else {
-    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "spyreccl ",
-                kOp, ": argument 'outputTensors' must be empty on non-root rank ", rank_,
+    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "spyreccl ", kOp,
+                ": argument 'outputTensors' must be empty on non-root rank ", rank_,
                 " (only the root, rank ", root, ", receives)");
   }
 
@@ -580,8 +579,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::reduce_scatter(
              "(its reduction lands in this rank's 'outputTensors[0]')");
   const ReduceSpec spec = checkReduceOp(opts.reduceOp, output.scalar_type(), kOp);
 
-  OpRecord op = newOp(c10d::OpType::REDUCE_SCATTER, kOp, "spyreccl:reduce_scatter", opts.timeout,
-                      devices);
+  OpRecord op =
+      newOp(c10d::OpType::REDUCE_SCATTER, kOp, "spyreccl:reduce_scatter", opts.timeout, devices);
   op.inputs = inList;
   op.outputs = outputs;
   op.inNelems = totalNumel(inList);
@@ -625,9 +624,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::_reduce_scatter_base(
   op.inNelems = input.numel();
   op.outNelems = output.numel();
   op.dtype = output.scalar_type();
-  op.steps.push_back(
-      reduceScatterStep(CommBuffer::input(input, kReduce, kOp, "inputBuffer"),
-                        CommBuffer::output(output, kReduce, kOp, "outputBuffer"), spec, kOp));
+  op.steps.push_back(reduceScatterStep(CommBuffer::input(input, kReduce, kOp, "inputBuffer"),
+                                       CommBuffer::output(output, kReduce, kOp, "outputBuffer"),
+                                       spec, kOp));
   return submit(std::move(op));
 }
 
@@ -687,8 +686,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::alltoall_base(
   const std::vector<int64_t> outSplits =
       resolveSplits(outputSplitSizes, output, size_, kOp, "outputSplitSizes", "outputBuffer");
 
-  OpRecord op = newOp(c10d::OpType::ALLTOALL_BASE, kOp, "spyreccl:all_to_all", opts.timeout,
-                      devices);
+  OpRecord op =
+      newOp(c10d::OpType::ALLTOALL_BASE, kOp, "spyreccl:all_to_all", opts.timeout, devices);
   op.inputs = {input};
   op.outputs = {output};
   op.inNelems = input.numel();
@@ -697,17 +696,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::alltoall_base(
   op.inSplitSizes = inputSplitSizes;
   op.outSplitSizes = outputSplitSizes;
   // The core's all-to-all is not in place: give it a private copy of an aliasing input.
-  CommBuffer in = input.is_alias_of(output)
-                      ? CommBuffer::snapshot(input, kMove, kOp, "inputBuffer")
-                      : CommBuffer::input(input, kMove, kOp, "inputBuffer");
+  CommBuffer in = input.is_alias_of(output) ? CommBuffer::snapshot(input, kMove, kOp, "inputBuffer")
+                                            : CommBuffer::input(input, kMove, kOp, "inputBuffer");
   CommBuffer out = CommBuffer::output(output, kMove, kOp, "outputBuffer");
   const bool equal = inputSplitSizes.empty() && outputSplitSizes.empty();
   if (equal) {
+    checkNumel(output, input.numel(), kOp, "outputBuffer",
+               "(without split sizes it receives as many elements as 'inputBuffer' sends)");
     Step step;
     step.buffers = {std::move(in), std::move(out)};
     step.issue = [size = size_](const Buffers& b, spyrecclComm_t comm) {
-      checkCore(spyrecclAllToAll(b[0].data(), b[1].data(), b[0].count() / size, b[0].dtype(),
-                                 comm),
+      checkCore(spyrecclAllToAll(b[0].data(), b[1].data(), b[0].count() / size, b[0].dtype(), comm),
                 comm, kOp);
     };
     op.steps.push_back(std::move(step));
@@ -818,8 +817,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::recv(std::vector<at::Tensor
   return submit(std::move(op));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::recvAnysource(
-    std::vector<at::Tensor>& tensors, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                                   int tag) {
   static constexpr const char* kOp = "recvAnysource";
   checkUsable(kOp);
   TORCH_CHECK(!coalescing_, "spyreccl ", kOp,
@@ -850,8 +849,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::recvAnysource(
 c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::barrier(const c10d::BarrierOptions& opts) {
   static constexpr const char* kOp = "barrier";
   checkUsable(kOp);
-  OpRecord op = newOp(c10d::OpType::BARRIER, kOp, "spyreccl:barrier", opts.timeout,
-                      DeviceChecker(kOp));
+  OpRecord op =
+      newOp(c10d::OpType::BARRIER, kOp, "spyreccl:barrier", opts.timeout, DeviceChecker(kOp));
   Step step;
   step.issue = [](const Buffers&, spyrecclComm_t comm) {
     checkCore(spyrecclBarrier(comm), comm, kOp);
@@ -865,9 +864,8 @@ void ProcessGroupSpyreccl::monitoredBarrier(const c10d::BarrierOptions& opts,
   static constexpr const char* kOp = "monitoredBarrier";
   const std::chrono::milliseconds timeout = effectiveTimeout(opts.timeout);
   try {
-    runSynchronously(kOp, timeout, [](spyrecclComm_t comm) {
-      checkCore(spyrecclBarrier(comm), comm, kOp);
-    });
+    runSynchronously(kOp, timeout,
+                     [](spyrecclComm_t comm) { checkCore(spyrecclBarrier(comm), comm, kOp); });
   } catch (const c10::Error& e) {
     std::rethrow_exception(makeDistBackendError(
         "spyreccl monitoredBarrier: not all ranks of " + label() + " reached the barrier within " +

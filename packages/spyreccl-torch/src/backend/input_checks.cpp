@@ -12,16 +12,15 @@ std::string indexedName(const char* argName, size_t index) {
 }
 
 std::string indexedName(const char* argName, size_t outer, size_t inner) {
-  return std::string(argName) + "[" + std::to_string(outer) + "][" + std::to_string(inner) +
-         "]";
+  return std::string(argName) + "[" + std::to_string(outer) + "][" + std::to_string(inner) + "]";
 }
 
 void DeviceChecker::add(const at::Tensor& tensor, const std::string& argName) {
   TORCH_CHECK(tensor.defined(), "spyreccl ", opName_, ": argument '", argName,
               "' is an undefined tensor");
   const c10::Device device = tensor.device();
-  TORCH_CHECK(device.type() == c10::DeviceType::PrivateUse1, "spyreccl ", opName_,
-              ": argument '", argName, "' is on device ", device.str(),
+  TORCH_CHECK(device.type() == c10::DeviceType::PrivateUse1, "spyreccl ", opName_, ": argument '",
+              argName, "' is on device ", device.str(),
               "; spyreccl handles spyre tensors only; for CPU tensors use "
               "init_process_group('cpu:gloo,spyre:spyreccl')");
   TORCH_CHECK(tensor.layout() == c10::kStrided, "spyreccl ", opName_, ": argument '", argName,
@@ -45,8 +44,8 @@ std::vector<c10::Device> DeviceChecker::devices() const {
 
 void checkListSize(size_t actual, size_t expected, const char* opName, const char* argName,
                    const char* what) {
-  TORCH_CHECK(actual == expected, "spyreccl ", opName, ": argument '", argName,
-              "' must hold ", expected, " ", what, ", got ", actual);
+  TORCH_CHECK(actual == expected, "spyreccl ", opName, ": argument '", argName, "' must hold ",
+              expected, " ", what, ", got ", actual);
 }
 
 void checkNonEmpty(size_t actual, const char* opName, const char* argName) {
@@ -70,14 +69,14 @@ void checkSameDtype(const at::Tensor& tensor, at::ScalarType expected, const cha
 
 void checkNumel(const at::Tensor& tensor, int64_t expected, const char* opName,
                 const std::string& argName, const std::string& why) {
-  TORCH_CHECK(tensor.numel() == expected, "spyreccl ", opName, ": argument '", argName,
-              "' has ", tensor.numel(), " elements (shape ", tensor.sizes(), "), expected ",
-              expected, " ", why);
+  TORCH_CHECK(tensor.numel() == expected, "spyreccl ", opName, ": argument '", argName, "' has ",
+              tensor.numel(), " elements (shape ", tensor.sizes(), "), expected ", expected, " ",
+              why);
 }
 
 void checkRank(int64_t rank, int size, const char* opName, const char* argName) {
-  TORCH_CHECK(rank >= 0 && rank < size, "spyreccl ", opName, ": argument '", argName,
-              "' is ", rank, ", expected a rank of the group in [0, ", size, ")");
+  TORCH_CHECK(rank >= 0 && rank < size, "spyreccl ", opName, ": argument '", argName, "' is ", rank,
+              ", expected a rank of the group in [0, ", size, ")");
 }
 
 }  // namespace spyreccl_torch

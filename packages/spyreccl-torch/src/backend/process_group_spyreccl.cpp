@@ -47,8 +47,8 @@ spyrecclConfig_t makeConfig(const ProcessGroupSpyreccl::Options& options, const 
 }
 
 void checkTimeout(std::chrono::milliseconds timeout, const char* what) {
-  TORCH_CHECK(timeout.count() > 0, "spyreccl: ", what, " must be positive, got ",
-              timeout.count(), " ms");
+  TORCH_CHECK(timeout.count() > 0, "spyreccl: ", what, " must be positive, got ", timeout.count(),
+              " ms");
 }
 
 // Runs the core calls of one operation. Consecutive point-to-point steps are issued inside
@@ -161,9 +161,9 @@ class OpJob : public ProgressThread::Job {
   }
 
   void cancel(std::exception_ptr reason) noexcept override {
-    work_->finishError(reason ? reason
-                              : makeDistBackendError("spyreccl: " + work_->description() +
-                                                     " was cancelled"));
+    work_->finishError(
+        reason ? reason
+               : makeDistBackendError("spyreccl: " + work_->description() + " was cancelled"));
   }
 
  private:
@@ -195,8 +195,7 @@ class CallJob : public ProgressThread::Job {
   }
 
   void cancel(std::exception_ptr reason) noexcept override {
-    promise_.set_exception(reason ? reason
-                                  : makeDistBackendError("spyreccl: operation cancelled"));
+    promise_.set_exception(reason ? reason : makeDistBackendError("spyreccl: operation cancelled"));
   }
 
  private:
@@ -215,13 +214,12 @@ ProcessGroupSpyreccl::Options::Options(std::chrono::milliseconds timeout)
 
 // --- construction -------------------------------------------------------------------------
 
-ProcessGroupSpyreccl::ProcessGroupSpyreccl(const c10::intrusive_ptr<c10d::Store>& store,
-                                           int rank, int size,
-                                           c10::intrusive_ptr<Options> options)
+ProcessGroupSpyreccl::ProcessGroupSpyreccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, c10::intrusive_ptr<Options> options)
     : c10d::Backend(rank, size), options_(options ? std::move(options) : Options::create()) {
   TORCH_CHECK(size >= 1, "spyreccl: a process group needs at least one rank, got size ", size);
-  TORCH_CHECK(rank >= 0 && rank < size, "spyreccl: rank ", rank,
-              " is outside the group of size ", size);
+  TORCH_CHECK(rank >= 0 && rank < size, "spyreccl: rank ", rank, " is outside the group of size ",
+              size);
   TORCH_CHECK(store, "spyreccl: a Store is required to create a process group");
   checkTimeout(options_->timeout, "Options.timeout");
   init();
@@ -243,13 +241,16 @@ ProcessGroupSpyreccl::ProcessGroupSpyreccl(const c10::intrusive_ptr<c10d::Store>
       store->wait({key}, options_->timeout);
       bytes = store->get(key);
     } catch (const c10::Error& e) {
-      std::rethrow_exception(makeDistBackendError(
-          "spyreccl: " + label() + " could not fetch the communicator id that rank 0 publishes "
-          "under store key '" + key + "' within " + std::to_string(options_->timeout.count()) +
-          " ms (does rank 0 create the same groups in the same order?): " + e.what_without_backtrace()));
+      std::rethrow_exception(
+          makeDistBackendError("spyreccl: " + label() +
+                               " could not fetch the communicator id that rank 0 publishes "
+                               "under store key '" +
+                               key + "' within " + std::to_string(options_->timeout.count()) +
+                               " ms (does rank 0 create the same groups in the same order?): " +
+                               e.what_without_backtrace()));
     }
-    TORCH_CHECK(bytes.size() == sizeof(id), "spyreccl: store key '", key, "' holds ",
-                bytes.size(), " bytes, expected a spyrecclUniqueId of ", sizeof(id),
+    TORCH_CHECK(bytes.size() == sizeof(id), "spyreccl: store key '", key, "' holds ", bytes.size(),
+                " bytes, expected a spyrecclUniqueId of ", sizeof(id),
                 " bytes (is another job using the same store?)");
     std::memcpy(&id, bytes.data(), sizeof(id));
     // The last reader removes the key so long-running jobs that create many groups do not
@@ -273,9 +274,8 @@ ProcessGroupSpyreccl::ProcessGroupSpyreccl(const c10::intrusive_ptr<c10d::Store>
   setSequenceNumberForGroup();
 }
 
-ProcessGroupSpyreccl::ProcessGroupSpyreccl(SplitTag, std::shared_ptr<Communicator> comm,
-                                           int rank, int size,
-                                           c10::intrusive_ptr<Options> options)
+ProcessGroupSpyreccl::ProcessGroupSpyreccl(SplitTag, std::shared_ptr<Communicator> comm, int rank,
+                                           int size, c10::intrusive_ptr<Options> options)
     : c10d::Backend(rank, size), options_(std::move(options)), comm_(std::move(comm)) {
   init();
   startProgressThread();
@@ -345,14 +345,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
                           op.inSplitSizes, op.outSplitSizes, globalRankStart, globalRankStride,
                           size_);
 
-  const std::string description = std::string(op.name) + " #" + std::to_string(seq) + " on " +
-                                  label();
+  const std::string description =
+      std::string(op.name) + " #" + std::to_string(seq) + " on " + label();
   if (coalescing_) {
     if (!batchWork_) {
       batch_.devices = op.devices;
       batchWork_ = c10::make_intrusive<WorkSpyreccl>(
-          rank_, c10d::OpType::COALESCED, seq, "spyreccl:coalesced", op.inputs, op.devices,
-          comm_, "coalesced batch starting with " + description, /*submitted=*/false);
+          rank_, c10d::OpType::COALESCED, seq, "spyreccl:coalesced", op.inputs, op.devices, comm_,
+          "coalesced batch starting with " + description, /*submitted=*/false);
       batch_.timeout = op.timeout;
     } else if (!op.devices.empty()) {
       if (batch_.devices.empty()) {
@@ -371,16 +371,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
     return batchWork_;
   }
 
-  auto work = c10::make_intrusive<WorkSpyreccl>(rank_, op.type, seq, op.profilingTitle,
-                                                op.inputs, op.devices, comm_, description);
+  auto work = c10::make_intrusive<WorkSpyreccl>(rank_, op.type, seq, op.profilingTitle, op.inputs,
+                                                op.devices, comm_, description);
   work->addOutputs(op.outputs);
   progress_->post(std::make_unique<OpJob>(work, std::move(op.steps), effectiveTimeout(op.timeout),
                                           comm_, std::move(op.sourceRank)));
   return work;
 }
 
-void ProcessGroupSpyreccl::runSynchronously(const char* opName,
-                                            std::chrono::milliseconds timeout,
+void ProcessGroupSpyreccl::runSynchronously(const char* opName, std::chrono::milliseconds timeout,
                                             std::function<void(spyrecclComm_t)> fn) {
   checkUsable(opName);
   TORCH_CHECK(!coalescing_, "spyreccl ", opName,
@@ -548,10 +547,14 @@ c10d::ErrorType ProcessGroupSpyreccl::getError() {
   spyrecclResult_t error = spyrecclSuccess;
   checkCore(spyrecclCommGetAsyncError(comm_->get(), &error), comm_->get(), "getError");
   switch (error) {
-    case spyrecclSuccess: return c10d::ErrorType::SUCCESS;
-    case spyrecclTimeout: return c10d::ErrorType::TIMEOUT;
-    case spyrecclRemoteError: return c10d::ErrorType::REMOTE_ERROR;
-    default: return c10d::ErrorType::COMM_ERROR;
+    case spyrecclSuccess:
+      return c10d::ErrorType::SUCCESS;
+    case spyrecclTimeout:
+      return c10d::ErrorType::TIMEOUT;
+    case spyrecclRemoteError:
+      return c10d::ErrorType::REMOTE_ERROR;
+    default:
+      return c10d::ErrorType::COMM_ERROR;
   }
 }
 

@@ -145,8 +145,7 @@ class ProcessGroupSpyreccl : public c10d::Backend {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                       int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
-                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   // Blocking barrier bounded by opts.timeout (or the group timeout). spyreccl cannot tell
   // late ranks apart from a barrier alone, so on failure the core's message (which names
@@ -162,10 +161,9 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   // --- group management -------------------------------------------------------------------
   // Collective over all ranks of this group (ranks are group ranks). Returns nullptr on
   // ranks outside `ranks`.
-  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
-                                          const std::vector<int>& ranks,
-                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts)
-      override;
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
   // Aborts the communicator (unblocking a running operation), fails queued operations and
   // stops the progress thread. Idempotent.
   void abort() override;

@@ -51,9 +51,9 @@ PYBIND11_MODULE(_C, module) {
 
   module.doc() = "spyreccl c10d backend (C++ part of spyreccl_torch)";
 
-  auto backend = py::class_<ProcessGroupSpyreccl, c10d::Backend,
-                            c10::intrusive_ptr<ProcessGroupSpyreccl>>(
-      module, "ProcessGroupSpyreccl", spyreccl_torch::kBackendDoc);
+  auto backend =
+      py::class_<ProcessGroupSpyreccl, c10d::Backend, c10::intrusive_ptr<ProcessGroupSpyreccl>>(
+          module, "ProcessGroupSpyreccl", spyreccl_torch::kBackendDoc);
 
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(
       backend, "Options", spyreccl_torch::kOptionsDoc)
@@ -78,8 +78,9 @@ PYBIND11_MODULE(_C, module) {
   backend
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        const py::object& options) {
-             c10::intrusive_ptr<Options> opts =
-                 options.is_none() ? Options::create() : options.cast<c10::intrusive_ptr<Options>>();
+             c10::intrusive_ptr<Options> opts = options.is_none()
+                                                    ? Options::create()
+                                                    : options.cast<c10::intrusive_ptr<Options>>();
              // Joining the communicator blocks on the other ranks: let Python run meanwhile.
              py::gil_scoped_release release;
              return c10::make_intrusive<ProcessGroupSpyreccl>(store, rank, size, opts);
@@ -95,17 +96,19 @@ PYBIND11_MODULE(_C, module) {
             // there is no collective split the non-members would have to take part in.
           },
           py::arg("device"))
-      .def("dump_state", &ProcessGroupSpyreccl::dumpState,
-           py::call_guard<py::gil_scoped_release>(),
+      .def("dump_state", &ProcessGroupSpyreccl::dumpState, py::call_guard<py::gil_scoped_release>(),
            "The core's human readable state of this group's communicator (recent operations "
            "with sequence numbers and states, what each peer last announced).");
 
-  module.def("core_version", []() {
-    int version = 0;
-    if (spyrecclGetVersion(&version) != spyrecclSuccess) {
-      throw std::runtime_error("spyrecclGetVersion failed");
-    }
-    return version;
-  }, "Version code of the loaded libspyreccl (MAJOR*10000 + MINOR*100 + PATCH).");
+  module.def(
+      "core_version",
+      []() {
+        int version = 0;
+        if (spyrecclGetVersion(&version) != spyrecclSuccess) {
+          throw std::runtime_error("spyrecclGetVersion failed");
+        }
+        return version;
+      },
+      "Version code of the loaded libspyreccl (MAJOR*10000 + MINOR*100 + PATCH).");
   module.attr("BACKEND_NAME") = spyreccl_torch::kBackendName;
 }

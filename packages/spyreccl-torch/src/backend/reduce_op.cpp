@@ -11,23 +11,32 @@ namespace {
 
 const char* reduceOpName(c10d::ReduceOp::RedOpType op) {
   switch (op) {
-    case c10d::ReduceOp::SUM: return "SUM";
-    case c10d::ReduceOp::AVG: return "AVG";
-    case c10d::ReduceOp::PRODUCT: return "PRODUCT";
-    case c10d::ReduceOp::MIN: return "MIN";
-    case c10d::ReduceOp::MAX: return "MAX";
-    case c10d::ReduceOp::BAND: return "BAND";
-    case c10d::ReduceOp::BOR: return "BOR";
-    case c10d::ReduceOp::BXOR: return "BXOR";
-    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
-    default: return "UNUSED";
+    case c10d::ReduceOp::SUM:
+      return "SUM";
+    case c10d::ReduceOp::AVG:
+      return "AVG";
+    case c10d::ReduceOp::PRODUCT:
+      return "PRODUCT";
+    case c10d::ReduceOp::MIN:
+      return "MIN";
+    case c10d::ReduceOp::MAX:
+      return "MAX";
+    case c10d::ReduceOp::BAND:
+      return "BAND";
+    case c10d::ReduceOp::BOR:
+      return "BOR";
+    case c10d::ReduceOp::BXOR:
+      return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM:
+      return "PREMUL_SUM";
+    default:
+      return "UNUSED";
   }
 }
 
 }  // namespace
 
-ReduceSpec checkReduceOp(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
-                         const char* opName) {
+ReduceSpec checkReduceOp(const c10d::ReduceOp& reduceOp, at::ScalarType dtype, const char* opName) {
   ReduceSpec spec;
   spec.name = reduceOpName(reduceOp.op_);
   const bool isBool = dtype == at::kBool;
@@ -40,15 +49,33 @@ ReduceSpec checkReduceOp(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
   };
 
   switch (reduceOp.op_) {
-    case c10d::ReduceOp::SUM: spec.op = spyrecclSum; break;
-    case c10d::ReduceOp::PRODUCT: spec.op = spyrecclProd; break;
-    case c10d::ReduceOp::MIN: spec.op = spyrecclMin; break;
-    case c10d::ReduceOp::MAX: spec.op = spyrecclMax; break;
-    case c10d::ReduceOp::AVG: spec.op = spyrecclAvg; break;
-    case c10d::ReduceOp::BAND: spec.op = spyrecclBand; break;
-    case c10d::ReduceOp::BOR: spec.op = spyrecclBor; break;
-    case c10d::ReduceOp::BXOR: spec.op = spyrecclBxor; break;
-    case c10d::ReduceOp::PREMUL_SUM: spec.preMulSum = true; break;
+    case c10d::ReduceOp::SUM:
+      spec.op = spyrecclSum;
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      spec.op = spyrecclProd;
+      break;
+    case c10d::ReduceOp::MIN:
+      spec.op = spyrecclMin;
+      break;
+    case c10d::ReduceOp::MAX:
+      spec.op = spyrecclMax;
+      break;
+    case c10d::ReduceOp::AVG:
+      spec.op = spyrecclAvg;
+      break;
+    case c10d::ReduceOp::BAND:
+      spec.op = spyrecclBand;
+      break;
+    case c10d::ReduceOp::BOR:
+      spec.op = spyrecclBor;
+      break;
+    case c10d::ReduceOp::BXOR:
+      spec.op = spyrecclBxor;
+      break;
+    case c10d::ReduceOp::PREMUL_SUM:
+      spec.preMulSum = true;
+      break;
     default:
       TORCH_CHECK(false, "spyreccl ", opName, ": unknown reduce op (value ",
                   static_cast<int>(reduceOp.op_), ")");

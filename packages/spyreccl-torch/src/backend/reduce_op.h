@@ -25,8 +25,7 @@ struct ReduceSpec {
   std::string name;         // "SUM", "PREMUL_SUM", ... for messages
 };
 
-ReduceSpec checkReduceOp(const c10d::ReduceOp& reduceOp, at::ScalarType dtype,
-                         const char* opName);
+ReduceSpec checkReduceOp(const c10d::ReduceOp& reduceOp, at::ScalarType dtype, const char* opName);
 
 class ScopedRedOp {
  public:

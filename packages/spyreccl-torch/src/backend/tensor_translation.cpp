@@ -13,21 +13,50 @@ alignas(64) unsigned char gEmptyBufferAnchor[64];
 
 bool nativeType(at::ScalarType type, spyrecclDataType_t* out) {
   switch (type) {
-    case at::kChar: *out = spyrecclInt8; return true;
-    case at::kByte: *out = spyrecclUint8; return true;
-    case at::kShort: *out = spyrecclInt16; return true;
-    case at::kInt: *out = spyrecclInt32; return true;
-    case at::kUInt32: *out = spyrecclUint32; return true;
-    case at::kLong: *out = spyrecclInt64; return true;
-    case at::kUInt64: *out = spyrecclUint64; return true;
-    case at::kHalf: *out = spyrecclFloat16; return true;
-    case at::kBFloat16: *out = spyrecclBfloat16; return true;
-    case at::kFloat: *out = spyrecclFloat32; return true;
-    case at::kDouble: *out = spyrecclFloat64; return true;
-    case at::kFloat8_e4m3fn: *out = spyrecclFloat8e4m3; return true;
-    case at::kFloat8_e5m2: *out = spyrecclFloat8e5m2; return true;
-    case at::kBool: *out = spyrecclBool; return true;
-    default: return false;
+    case at::kChar:
+      *out = spyrecclInt8;
+      return true;
+    case at::kByte:
+      *out = spyrecclUint8;
+      return true;
+    case at::kShort:
+      *out = spyrecclInt16;
+      return true;
+    case at::kInt:
+      *out = spyrecclInt32;
+      return true;
+    case at::kUInt32:
+      *out = spyrecclUint32;
+      return true;
+    case at::kLong:
+      *out = spyrecclInt64;
+      return true;
+    case at::kUInt64:
+      *out = spyrecclUint64;
+      return true;
+    case at::kHalf:
+      *out = spyrecclFloat16;
+      return true;
+    case at::kBFloat16:
+      *out = spyrecclBfloat16;
+      return true;
+    case at::kFloat:
+      *out = spyrecclFloat32;
+      return true;
+    case at::kDouble:
+      *out = spyrecclFloat64;
+      return true;
+    case at::kFloat8_e4m3fn:
+      *out = spyrecclFloat8e4m3;
+      return true;
+    case at::kFloat8_e5m2:
+      *out = spyrecclFloat8e5m2;
+      return true;
+    case at::kBool:
+      *out = spyrecclBool;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -55,9 +84,8 @@ ElementType translateScalarType(at::ScalarType type, Usage usage, const char* op
               ", which spyreccl cannot reduce; supported for reductions: int8, uint8, int16, "
               "int32, uint32, int64, uint64, bool, float16, bfloat16, float32, float64, "
               "float8_e4m3fn, float8_e5m2 and complex types (SUM/AVG/PREMUL_SUM)");
-  TORCH_CHECK(!c10::isQIntType(type),
-              "spyreccl ", opName, ": argument '", argName, "' has quantized dtype ",
-              dtypeName(type), ", which spyreccl does not support");
+  TORCH_CHECK(!c10::isQIntType(type), "spyreccl ", opName, ": argument '", argName,
+              "' has quantized dtype ", dtypeName(type), ", which spyreccl does not support");
   // Anything else with a fixed element size (uint16, float8 e8m0, bits types, ...) is
   // moved bit-exactly as bytes.
   return {spyrecclUint8, static_cast<int64_t>(c10::elementSize(type))};

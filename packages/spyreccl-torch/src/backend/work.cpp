@@ -9,8 +9,7 @@
 
 namespace spyreccl_torch {
 
-WorkSpyreccl::WorkSpyreccl(int rank, c10d::OpType opType, uint64_t seq,
-                           const char* profilingTitle,
+WorkSpyreccl::WorkSpyreccl(int rank, c10d::OpType opType, uint64_t seq, const char* profilingTitle,
                            const std::optional<std::vector<at::Tensor>>& inputs,
                            std::vector<c10::Device> devices, std::shared_ptr<Communicator> comm,
                            std::string description, bool submitted)
@@ -57,9 +56,7 @@ bool WorkSpyreccl::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-void WorkSpyreccl::abort() {
-  comm_->abort("spyreccl: Work.abort() was called on " + description_);
-}
+void WorkSpyreccl::abort() { comm_->abort("spyreccl: Work.abort() was called on " + description_); }
 
 int WorkSpyreccl::sourceRank() const {
   const int rank = sourceRank_.load();

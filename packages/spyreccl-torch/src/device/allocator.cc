@@ -118,9 +118,9 @@ c10::DataPtr allocate_on(c10::DeviceIndex index, std::size_t nbytes) {
   }
   void* ptr = nullptr;
   const int rc = posix_memalign(&ptr, kAllocationAlignment, nbytes);
-  TORCH_CHECK_WITH(OutOfMemoryError, rc == 0 && ptr != nullptr,
-                   "spyre allocator: cannot allocate ", nbytes, " bytes of host memory for ",
-                   device, " (posix_memalign returned ", rc, ")");
+  TORCH_CHECK_WITH(OutOfMemoryError, rc == 0 && ptr != nullptr, "spyre allocator: cannot allocate ",
+                   nbytes, " bytes of host memory for ", device, " (posix_memalign returned ", rc,
+                   ")");
   registry().add(ptr, nbytes, index);
   return {ptr, ptr, &release, device};
 }

@@ -15,8 +15,7 @@ namespace {
 
 c10::DeviceIndex checked_index(int64_t device, const char* what) {
   TORCH_CHECK(device >= -1 && device < device_count(), what, ": invalid spyre device index ",
-              device, ", expected -1 (current) or 0 <= index < ",
-              static_cast<int>(device_count()));
+              device, ", expected -1 (current) or 0 <= index < ", static_cast<int>(device_count()));
   return resolve_device_index(static_cast<c10::DeviceIndex>(device), what);
 }
 
@@ -62,8 +61,8 @@ at::Tensor op_get_rng_state(int64_t device) {
 
 void op_set_rng_state(int64_t device, const at::Tensor& state) {
   TORCH_CHECK(state.device().type() == c10::kCPU && state.scalar_type() == at::kByte,
-              "set_rng_state: expected a CPU torch.uint8 tensor, got ", state.scalar_type(),
-              " on ", state.device());
+              "set_rng_state: expected a CPU torch.uint8 tensor, got ", state.scalar_type(), " on ",
+              state.device());
   at::Generator gen = generator_for(device, "set_rng_state");
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);

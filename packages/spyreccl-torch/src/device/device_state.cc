@@ -42,8 +42,8 @@ c10::DeviceIndex device_count() noexcept {
 
 void check_device_index(c10::DeviceIndex index, const char* what) {
   TORCH_CHECK(index >= 0 && index < device_count(), what, ": invalid spyre device index ",
-              static_cast<int>(index), ", expected 0 <= index < ",
-              static_cast<int>(device_count()), " (the count comes from ", kDeviceCountEnv, ")");
+              static_cast<int>(index), ", expected 0 <= index < ", static_cast<int>(device_count()),
+              " (the count comes from ", kDeviceCountEnv, ")");
 }
 
 c10::DeviceIndex current_device() noexcept { return tls_current_device; }

@@ -43,30 +43,48 @@ bool is_optional_generator(const c10::Argument& argument) {
              c10::TypeKind::GeneratorType;
 }
 
-// The spyre device an operator call runs on: that of its first spyre tensor,
-// else its spyre device argument (factory functions).
-std::optional<c10::Device> find_device(const c10::FunctionSchema& schema,
-                                       const c10::IValue* args) {
+// Where an operator call runs and where its fresh results belong.
+struct CallDevice {
+  // That of the first spyre tensor, else the spyre device argument.
+  c10::Device device;
+  // False when the call names a non-spyre device for its results (say
+  // device="cpu" next to spyre inputs): those results stay where they are.
+  bool adopt_results;
+};
+
+std::optional<CallDevice> find_device(const c10::FunctionSchema& schema, const c10::IValue* args) {
+  std::optional<c10::Device> from_tensor;
   std::optional<c10::Device> from_device_arg;
+  bool names_other_device = false;
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     const c10::IValue& value = args[i];
-    if (value.isTensor()) {
+    if (value.isDevice()) {
+      if (value.toDevice().type() != kSpyreDeviceType) {
+        names_other_device = true;
+      } else if (!from_device_arg.has_value()) {
+        from_device_arg = value.toDevice();
+      }
+    } else if (from_tensor.has_value()) {
+      // Found already; keep scanning for device arguments only.
+    } else if (value.isTensor()) {
       if (is_spyre(value.toTensor())) {
-        return value.toTensor().device();
+        from_tensor = value.toTensor().device();
       }
     } else if (is_tensor_list(value)) {
       for (const c10::IValue& element : value.toListRef()) {
         if (element.isTensor() && is_spyre(element.toTensor())) {
-          return element.toTensor().device();
+          from_tensor = element.toTensor().device();
+          break;
         }
       }
-    } else if (value.isDevice() && value.toDevice().type() == kSpyreDeviceType &&
-               !from_device_arg.has_value()) {
-      from_device_arg = value.toDevice();
     }
   }
+  if (from_tensor.has_value()) {
+    return CallDevice{*from_tensor, !names_other_device};
+  }
   if (from_device_arg.has_value()) {
-    return spyre_device(resolve_device_index(from_device_arg->index(), "spyre fallback"));
+    return CallDevice{
+        spyre_device(resolve_device_index(from_device_arg->index(), "spyre fallback")), true};
   }
   return std::nullopt;
 }
@@ -125,12 +143,13 @@ void spyre_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
   TORCH_INTERNAL_ASSERT(stack->size() >= num_args);
   c10::IValue* args = stack->data() + (stack->size() - num_args);
 
-  const std::optional<c10::Device> device = find_device(schema, args);
-  TORCH_CHECK(device.has_value(), schema.operator_name(),
+  const std::optional<CallDevice> call = find_device(schema, args);
+  TORCH_CHECK(call.has_value(), schema.operator_name(),
               ": dispatched to the spyre device but has neither a spyre tensor nor a spyre "
               "device argument (a spyre generator can only drive ops on spyre tensors)");
 
-  HostAliasScope scope(name, *device);
+  const c10::Device device = call->device;
+  HostAliasScope scope(name, device, call->adopt_results);
   LentPairs lent;
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& value = args[i];
@@ -146,7 +165,7 @@ void spyre_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
       value = engine_of(value.toGenerator(), name);
     } else if (value.isNone() && is_optional_generator(schema.arguments()[i])) {
       // Draw from the spyre device's default generator rather than the CPU's.
-      value = default_generator(device->index()).get<SpyreGeneratorImpl>()->engine();
+      value = default_generator(device.index()).get<SpyreGeneratorImpl>()->engine();
     }
   }
 

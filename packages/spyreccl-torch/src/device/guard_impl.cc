@@ -3,9 +3,12 @@
 // The emulated device executes every operation synchronously on the calling
 // host thread, so it has exactly one stream per device (the default stream),
 // events complete the moment they are recorded, and every synchronisation is
-// a no-op. Only the current-device bookkeeping carries state.
+// a no-op. Only the current-device bookkeeping and event timestamps carry
+// state.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+
+#include <chrono>
 
 #include "device_state.h"
 
@@ -15,6 +18,10 @@ namespace {
 void check_spyre(const c10::Device& device, const char* what) {
   TORCH_CHECK(device.type() == kSpyreDeviceType, what, ": expected a spyre device, got ", device);
 }
+
+struct HostEvent {
+  std::chrono::steady_clock::time_point recorded_at;
+};
 
 class SpyreGuardImpl final : public c10::impl::DeviceGuardImplInterface {
  public:
@@ -42,9 +49,7 @@ class SpyreGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::Stream getStream(c10::Device device) const override { return default_stream(device); }
 
-  c10::Stream getDefaultStream(c10::Device device) const override {
-    return default_stream(device);
-  }
+  c10::Stream getDefaultStream(c10::Device device) const override { return default_stream(device); }
 
   c10::Stream getStreamFromGlobalPool(c10::Device device, bool /*high_priority*/) const override {
     return default_stream(device);
@@ -60,20 +65,36 @@ class SpyreGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
-  // Events: recording leaves the handle null, which every query below treats
-  // as "already complete" (the work before it has already run).
-  void record(void** /*event*/, const c10::Stream& stream, const c10::DeviceIndex device_index,
+  // Events carry only a host timestamp: work recorded before an event has
+  // already run when record() is called, so events are complete immediately
+  // and only elapsed_time needs state.
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag /*flag*/) const override {
     check_spyre(stream.device(), "spyre event record");
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
                 "spyre event record: event belongs to device ", static_cast<int>(device_index),
                 " but the stream is on ", stream.device());
+    if (*event == nullptr) {
+      *event = new HostEvent();
+    }
+    static_cast<HostEvent*>(*event)->recorded_at = std::chrono::steady_clock::now();
+  }
+
+  void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
+    delete static_cast<HostEvent*>(event);
+  }
+
+  double elapsedTime(void* start, void* end,
+                     const c10::DeviceIndex /*device_index*/) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr,
+                "spyre elapsed_time: both events must be recorded first");
+    const auto delta =
+        static_cast<HostEvent*>(end)->recorded_at - static_cast<HostEvent*>(start)->recorded_at;
+    return std::chrono::duration<double, std::milli>(delta).count();
   }
 
   void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
   bool queryEvent(void* /*event*/) const override { return true; }
-  void destroyEvent(void* /*event*/, const c10::DeviceIndex /*device_index*/) const
-      noexcept override {}
   bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
   void synchronizeStream(const c10::Stream& /*stream*/) const override {}
   void synchronizeEvent(void* /*event*/) const override {}

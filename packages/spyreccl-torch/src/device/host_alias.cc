@@ -39,7 +39,8 @@ at::Tensor make_spyre_tensor(c10::Storage storage, const at::Tensor& like) {
   return result;
 }
 
-HostAliasScope::HostAliasScope(const char* op, c10::Device device) : op_(op), device_(device) {
+HostAliasScope::HostAliasScope(const char* op, c10::Device device, bool adopt_results)
+    : op_(op), device_(device), adopt_results_(adopt_results) {
   TORCH_INTERNAL_ASSERT(device.type() == kSpyreDeviceType && device.has_index());
 }
 
@@ -57,9 +58,9 @@ const c10::Storage& HostAliasScope::host_storage_for(const c10::Storage& spyre) 
   // The borrowed DataPtr owns nothing; the spyre storage keeps the memory
   // alive for the whole call. Growth goes through the alias growth allocator
   // (spyre memory labelled CPU) so commit() can hand the block over as is.
-  auto host = c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), nbytes, c10::DataPtr(data, c10::Device(c10::kCPU)),
-      alias_growth_allocator(), impl->resizable());
+  auto host = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                    c10::DataPtr(data, c10::Device(c10::kCPU)),
+                                                    alias_growth_allocator(), impl->resizable());
   storages_.push_back(LentStorage{spyre, c10::Storage(std::move(host)), data, nbytes});
   return storages_.back().host;
 }
@@ -75,8 +76,8 @@ at::Tensor HostAliasScope::lend(const at::Tensor& spyre) {
   TORCH_CHECK(spyre.has_storage(), op_, ": spyre tensor without storage (layout ", spyre.layout(),
               ") cannot be lent to a CPU kernel");
   at::Tensor host = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(host_storage_for(spyre.storage())),
-      c10::DispatchKeySet(c10::DispatchKey::CPU), spyre.dtype());
+      c10::Storage(host_storage_for(spyre.storage())), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      spyre.dtype());
   host.unsafeGetTensorImpl()->set_sizes_and_strides(spyre.sizes(), spyre.strides(),
                                                     spyre.storage_offset());
   copy_bits(spyre, host);
@@ -146,13 +147,13 @@ void HostAliasScope::write_back(const at::Tensor& spyre, const at::Tensor& host)
   if (lent == nullptr || !lent->spyre.is_alias_of(spyre.storage())) {
     // The kernel re-pointed the tensor (set_-style) at another storage.
     TORCH_CHECK(host_storage != nullptr, op_, ": kernel left a lent tensor without storage");
-    const bool foreign =
-        lent == nullptr && std::find(cpu_inputs_.begin(), cpu_inputs_.end(), host_storage) !=
-                               cpu_inputs_.end();
+    const bool foreign = lent == nullptr && std::find(cpu_inputs_.begin(), cpu_inputs_.end(),
+                                                      host_storage) != cpu_inputs_.end();
     TORCH_CHECK(!foreign, op_,
                 ": the CPU kernel pointed a spyre tensor at the memory of a CPU tensor; "
                 "this cannot be expressed without copying");
-    spyre_impl->set_storage_keep_dtype(lent != nullptr ? lent->spyre : adopt_storage(host.storage()));
+    spyre_impl->set_storage_keep_dtype(lent != nullptr ? lent->spyre
+                                                       : adopt_storage(host.storage()));
   }
   if (!same_geometry(spyre, host)) {
     spyre_impl->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
@@ -181,6 +182,9 @@ at::Tensor HostAliasScope::to_spyre(const at::Tensor& host) {
               host.layout(), "), which the spyre device cannot represent");
   if (const LentStorage* lent = find_by_host(host.storage().unsafeGetStorageImpl())) {
     return make_spyre_tensor(lent->spyre, host);
+  }
+  if (!adopt_results_) {
+    return host;
   }
   const c10::StorageImpl* storage = host.storage().unsafeGetStorageImpl();
   if (std::find(cpu_inputs_.begin(), cpu_inputs_.end(), storage) != cpu_inputs_.end()) {

@@ -29,7 +29,9 @@ class HostAliasScope {
  public:
   // `op` names the operator in error messages; `device` is the spyre device
   // that fresh results are adopted onto.
-  HostAliasScope(const char* op, c10::Device device);
+  // Fresh results stay on the CPU when `adopt_results` is false (the op was
+  // asked for results on another device).
+  HostAliasScope(const char* op, c10::Device device, bool adopt_results = true);
   HostAliasScope(const HostAliasScope&) = delete;
   HostAliasScope& operator=(const HostAliasScope&) = delete;
 
@@ -70,6 +72,7 @@ class HostAliasScope {
 
   const char* op_;
   c10::Device device_;
+  bool adopt_results_;
   std::vector<LentStorage> storages_;
   std::vector<LentTensor> tensors_;
   std::vector<const c10::StorageImpl*> cpu_inputs_;

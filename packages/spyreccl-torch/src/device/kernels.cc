@@ -37,8 +37,8 @@ void check_factory_options(const char* op, std::optional<c10::Layout> layout,
 
 c10::DeviceIndex factory_device_index(const char* op, std::optional<c10::Device> device) {
   if (device.has_value()) {
-    TORCH_CHECK(device->type() == kSpyreDeviceType, op,
-                ": spyre kernel called for a tensor on ", *device);
+    TORCH_CHECK(device->type() == kSpyreDeviceType, op, ": spyre kernel called for a tensor on ",
+                *device);
   }
   return resolve_device_index(device.has_value() ? device->index() : -1, op);
 }
@@ -53,15 +53,15 @@ void maybe_fill_uninitialized(at::Tensor& tensor) {
 // --- creation ---------------------------------------------------------------
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout> layout,
-                               std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format) {
   check_factory_options("empty", layout, pin_memory);
   // The allocator labels memory with the current device.
   const c10::DeviceGuard guard(spyre_device(factory_device_index("empty", device)));
-  at::Tensor result = at::detail::empty_generic(
-      size, host_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      c10::dtype_or_default(dtype), memory_format);
+  at::Tensor result = at::detail::empty_generic(size, host_allocator(),
+                                                c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                c10::dtype_or_default(dtype), memory_format);
   maybe_fill_uninitialized(result);
   return result;
 }
@@ -180,8 +180,8 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
 
 at::Tensor& set_empty(at::Tensor& self) {
   const c10::Device device = self.device();
-  c10::Storage empty(c10::Storage::use_byte_size_t(), 0,
-                     allocate_on(device.index(), 0), host_allocator(), /*resizable=*/true);
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, allocate_on(device.index(), 0),
+                     host_allocator(), /*resizable=*/true);
   set_storage_and_geometry(self, empty, 0, {0}, std::nullopt);
   return self;
 }
@@ -204,12 +204,10 @@ at::Tensor lend_if_spyre(HostAliasScope& scope, const at::Tensor& t) {
 // cpu->spyre, spyre->cpu). Both sides are host memory, so the CPU copy kernel
 // does the work, including dtype conversion, broadcasting and conj/neg bits.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  TORCH_CHECK(self.device().type() == c10::kCPU || is_spyre(self),
-              "copy_: cannot copy from ", self.device(), " to ", dst.device(),
-              " (spyre copies support cpu and spyre tensors)");
+  TORCH_CHECK(self.device().type() == c10::kCPU || is_spyre(self), "copy_: cannot copy from ",
+              self.device(), " to ", dst.device(), " (spyre copies support cpu and spyre tensors)");
   TORCH_CHECK(dst.device().type() == c10::kCPU || is_spyre(dst), "copy_: cannot copy from ",
-              self.device(), " to ", dst.device(),
-              " (spyre copies support cpu and spyre tensors)");
+              self.device(), " to ", dst.device(), " (spyre copies support cpu and spyre tensors)");
   HostAliasScope scope("copy_", spyre_side(self, dst, "copy_"));
   lend_if_spyre(scope, dst).copy_(lend_if_spyre(scope, self), non_blocking);
   return dst;
@@ -231,6 +229,13 @@ at::Tensor& fill_scalar(at::Tensor& self, const c10::Scalar& value) {
   return self;
 }
 
+// Every spyre stream is the device's single in-order stream: memory can never
+// be in use by another stream, so there is nothing to record.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kSpyreDeviceType,
+              "record_stream: expected a spyre stream, got one on ", stream.device());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -248,8 +253,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("fill_.Scalar", TORCH_FN(fill_scalar));
+  m.impl("record_stream", TORCH_FN(record_stream));
 }
-
 
 // The conjugate and negative fallbacks materialise conj/neg inputs with clone,
 // which copies through _copy_from again: for _copy_from itself that recursion

@@ -84,7 +84,7 @@ class SpyreDeviceOpOverrides(CpuDeviceOpOverrides):
 class SpyreInterface(CpuInterface):
     """Dynamo's view of the spyre runtime: host execution, no streams, no triton."""
 
-    class device:  # noqa: N801 - name fixed by DeviceInterface
+    class device:  # lowercase: the name is fixed by DeviceInterface
         def __new__(cls, device: Any) -> Any:
             return torch.spyre.device(device)
 

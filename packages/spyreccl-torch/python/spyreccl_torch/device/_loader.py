@@ -22,7 +22,9 @@ def library_path() -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"{LIBRARY_ENV}={override!r} does not name a file")
         return path
-    package_dir = Path(__file__).resolve().parent.parent
+    # Not resolve(): the library sits next to the package as imported, even when the
+    # package directory is assembled from symlinks (editable and development layouts).
+    package_dir = Path(__file__).absolute().parent.parent
     candidates = sorted(package_dir.glob("_device*.so"))
     if not candidates:
         raise FileNotFoundError(

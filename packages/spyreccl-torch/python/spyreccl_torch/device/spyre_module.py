@@ -15,15 +15,20 @@ Importing this module is cheap; inductor is only imported when it asks for ``Sch
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import torch
 
 __all__ = [
+    "Event",
+    "Stream",
+    "StreamContext",
+    "current_device",
+    "current_stream",
+    "default_stream",
     "device",
     "device_count",
     "device_of",
-    "current_device",
     "get_rng_state",
     "get_rng_state_all",
     "initial_seed",
@@ -36,10 +41,12 @@ __all__ = [
     "set_device",
     "set_rng_state",
     "set_rng_state_all",
+    "set_stream",
+    "stream",
     "synchronize",
 ]
 
-_DeviceLike = Union[int, str, torch.device, None]
+_DeviceLike = int | str | torch.device | None
 
 _U64 = 1 << 64
 
@@ -152,6 +159,87 @@ class device_of(device):
 
     def __init__(self, obj: torch.Tensor) -> None:
         super().__init__(obj.get_device() if obj.device.type == "spyre" else -1)
+
+
+# --- streams and events ------------------------------------------------------------------
+# Every device has one in-order stream, the default stream: operators run to completion on
+# the calling thread. These classes exist because torch code written for accelerators (FSDP2,
+# DDP, checkpointing) creates and synchronises streams and events; on spyre all of that is
+# trivially satisfied. Events still record host timestamps, so elapsed_time works.
+
+
+class Stream(torch.Stream):
+    """A spyre stream: always the device's single default stream."""
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> Stream:
+        if kwargs:  # (stream_id=, device_index=, device_type=) form used by torch internals
+            return super().__new__(cls, priority=priority, **kwargs)
+        return super().__new__(
+            cls, device=torch.device("spyre", _device_index(device)), priority=priority
+        )
+
+
+class Event:
+    """A spyre event: complete as soon as it is recorded; keeps a host timestamp.
+
+    Constructing one returns a plain ``torch.Event`` on the current spyre device: torch's
+    event methods (``elapsed_time``, ``wait``) accept only exact ``torch.Event`` objects.
+    """
+
+    def __new__(  # type: ignore[misc]
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> torch.Event:
+        if interprocess:
+            raise ValueError("spyre events cannot be shared between processes")
+        return torch.Event(
+            device=torch.device("spyre", current_device()),
+            enable_timing=enable_timing,
+            blocking=blocking,
+        )
+
+
+def current_stream(device: _DeviceLike = None) -> Stream:
+    """The current (that is, the default) stream of ``device``."""
+    raw = torch._C._accelerator_getStream(_device_index(device))
+    return Stream(
+        stream_id=raw.stream_id, device_index=raw.device_index, device_type=raw.device_type
+    )
+
+
+def default_stream(device: _DeviceLike = None) -> Stream:
+    """The default stream of ``device``."""
+    return current_stream(device)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Makes ``stream`` current; every spyre stream is the default stream already."""
+    _check_stream(stream)
+
+
+class StreamContext:
+    """Context manager selecting ``stream``: validates it (every spyre stream is the
+    default stream, so there is nothing to switch)."""
+
+    def __init__(self, stream: torch.Stream | None) -> None:
+        if stream is not None:
+            _check_stream(stream)
+        self.stream = stream
+
+    def __enter__(self) -> StreamContext:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    """Context manager selecting ``stream`` (see :class:`StreamContext`)."""
+    return StreamContext(stream)
+
+
+def _check_stream(stream: torch.Stream) -> None:
+    if not isinstance(stream, torch.Stream) or stream.device.type != "spyre":
+        raise ValueError(f"expected a spyre stream, got {stream!r}")
 
 
 # --- random state -------------------------------------------------------------------------

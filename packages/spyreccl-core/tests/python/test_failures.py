@@ -1,0 +1,289 @@
+"""Failure behaviour seen through the bindings: mismatch, timeout, abort, peer death, shm.
+
+Cases that break a communicator do it on a sub-communicator split off the pool's, so the
+pool stays usable; the peer-death test runs its own processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from rank_pool import RankFailure
+from shm import assert_no_leftovers, entries, mapped_segments
+
+import spyreccl_core
+from spyreccl_core import DataType, ReduceOp
+
+
+def _catch(fn, *args, **kwargs):
+    """Runs fn; returns (exception or None, seconds it took)."""
+    start = time.monotonic()
+    try:
+        fn(*args, **kwargs)
+    except spyreccl_core.SpyrecclError as e:
+        return e, time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+# ---------------------------------------------------------------------------------------
+# Mismatch
+# ---------------------------------------------------------------------------------------
+
+
+def rank_mismatch(comm, kind):
+    sub = comm.split(0)
+    with sub:
+        x = np.ones(16 + (comm.rank if kind == "count" else 0), dtype=np.float32)
+        if kind == "count":
+            error, _ = _catch(sub.all_reduce, x)
+        elif kind == "op":
+            op = ReduceOp.SUM if comm.rank == 0 else ReduceOp.MAX
+            error, _ = _catch(sub.all_reduce, x, None, op)
+        elif kind == "collective":
+            if comm.rank == 0:
+                error, _ = _catch(sub.broadcast, x, 0)
+            else:
+                error, _ = _catch(sub.all_reduce, x)
+        elif kind == "root":
+            error, _ = _catch(sub.broadcast, x, comm.rank)
+        else:
+            raise AssertionError(kind)
+        broken = sub.async_error()
+    comm.barrier()  # the parent communicator is unaffected
+    return error, broken
+
+
+@pytest.mark.parametrize("kind", ["count", "op", "collective", "root"])
+def test_mismatch_detected_on_every_rank(pool, kind):
+    for rank, (error, broken) in enumerate(pool.run(rank_mismatch, kind)):
+        assert isinstance(error, spyreccl_core.MismatchError), (rank, error)
+        assert error.code == spyreccl_core.Result.MISMATCH
+        # The library's detailed message (naming both sides), not the generic code text.
+        assert str(error) != spyreccl_core.error_string(spyreccl_core.Result.MISMATCH)
+        assert "rank" in str(error), str(error)
+        assert broken == spyreccl_core.Result.MISMATCH
+
+
+# ---------------------------------------------------------------------------------------
+# Timeout and abort
+# ---------------------------------------------------------------------------------------
+
+
+def _stay_away(comm, sub):
+    """The other ranks keep `sub` alive but never call it (a destroyed communicator would be
+    reported as a departed peer instead), until rank 0 is done with it."""
+    comm.barrier()
+    sub.destroy()
+
+
+def rank_timeout(comm, timeout_s):
+    sub = comm.split(0)
+    sub.set_timeout(timeout_s)
+    if comm.rank != 0:
+        return _stay_away(comm, sub)
+    error, elapsed = _catch(sub.barrier)
+    sub.destroy()
+    comm.barrier()
+    return error, elapsed
+
+
+def test_timeout_on_absent_peer(pool):
+    timeout_s = 0.5
+    error, elapsed = pool.run(rank_timeout, timeout_s)[0]
+    assert isinstance(error, spyreccl_core.TimeoutError), error
+    assert isinstance(error, TimeoutError)  # also the builtin
+    assert timeout_s <= elapsed < timeout_s + 1.5, elapsed
+
+
+def rank_abort_from_thread(comm, how):
+    sub = comm.split(0)
+    if comm.rank != 0:
+        return _stay_away(comm, sub)
+    timer = threading.Timer(0.3, sub.abort if how == "abort" else sub.destroy)
+    timer.start()
+    error, elapsed = _catch(sub.all_reduce, np.ones(10))
+    timer.join()
+    closed_after = sub.closed
+    sub.destroy()
+    comm.barrier()
+    return error, elapsed, closed_after
+
+
+@pytest.mark.parametrize("how", ["abort", "destroy"])
+def test_abort_from_another_thread_unblocks(pool, how):
+    error, elapsed, closed = pool.run(rank_abort_from_thread, how)[0]
+    assert isinstance(error, spyreccl_core.AbortedError), error
+    assert error.code == spyreccl_core.Result.ABORTED
+    assert 0.25 < elapsed < 2.0, elapsed
+    if how == "destroy":  # destroy() aborted the running call, waited for it, then freed
+        assert closed
+
+
+def rank_concurrent_use(comm):
+    sub = comm.split(0)
+    if comm.rank != 0:
+        return _stay_away(comm, sub)
+    outcome = {}
+
+    def blocked():
+        outcome["blocked"], _ = _catch(sub.barrier)  # the peers never join
+
+    thread = threading.Thread(target=blocked)
+    thread.start()
+    time.sleep(0.2)
+    outcome["second"], _ = _catch(sub.all_reduce, np.ones(4))
+    sub.abort()
+    thread.join()
+    sub.destroy()
+    comm.barrier()
+    return outcome
+
+
+def test_second_thread_gets_invalid_usage(pool):
+    outcome = pool.run(rank_concurrent_use)[0]
+    assert isinstance(outcome["second"], spyreccl_core.InvalidUsageError)
+    assert "another thread" in str(outcome["second"])
+    assert isinstance(outcome["blocked"], spyreccl_core.AbortedError)
+
+
+def rank_after_destroy(comm):
+    sub = comm.split(0)
+    sub.destroy()
+    sub.destroy()  # idempotent
+    error, _ = _catch(sub.all_reduce, np.ones(3))
+    sub.abort()  # harmless after destroy
+    return error
+
+
+def test_use_after_destroy(pool):
+    for error in pool.run(rank_after_destroy):
+        assert isinstance(error, spyreccl_core.InvalidUsageError)
+        assert "destroyed" in str(error)
+
+
+# ---------------------------------------------------------------------------------------
+# Peer death and shared-memory hygiene (own processes: a killed rank ruins a pool)
+# ---------------------------------------------------------------------------------------
+
+
+def _doomed_rank(rank, size, uid, conn):
+    with spyreccl_core.Communicator(
+        rank, size, spyreccl_core.UniqueId.from_bytes(uid), timeout=30.0
+    ) as comm:
+        comm.barrier()
+        conn.send(("mapped", sorted(mapped_segments())))
+        if rank == 1:
+            time.sleep(60)  # killed by the parent while the others wait for it
+        error, _ = _catch(comm.all_reduce, np.ones(1000, dtype=np.float32))
+        conn.send(("result", error, time.monotonic()))
+    conn.close()
+    os._exit(0)
+
+
+def test_sigkilled_rank_raises_remote_error_and_leaves_no_segments():
+    before = entries()
+    size = 3
+    uid = spyreccl_core.UniqueId().to_bytes()
+    ctx = multiprocessing.get_context("fork")
+    pipes, procs = [], []
+    for rank in range(size):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_doomed_rank, args=(rank, size, uid, child), daemon=True)
+        proc.start()
+        child.close()
+        pipes.append(parent)
+        procs.append(proc)
+    try:
+        ours = set()
+        for conn in pipes:
+            assert conn.poll(30), "rank did not form the communicator"
+            ours.update(conn.recv()[1])
+        assert ours, "no spyreccl segment mapped: is the shm path different?"
+        time.sleep(0.3)  # ranks 0 and 2 are now blocked in all_reduce waiting for rank 1
+        killed_at = time.monotonic()
+        os.kill(procs[1].pid, signal.SIGKILL)
+        for rank in (0, 2):
+            assert pipes[rank].poll(10), f"rank {rank} still blocked after its peer died"
+            _, error, at = pipes[rank].recv()
+            assert isinstance(error, spyreccl_core.RemoteError), (rank, error)
+            assert at - killed_at < 2.0, f"rank {rank} noticed the death after {at - killed_at}s"
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    assert procs[1].exitcode == -signal.SIGKILL
+    assert_no_leftovers(before, ours)
+
+
+def _solo_init(rank, size, uid, conn):
+    error, elapsed = _catch(
+        spyreccl_core.Communicator,
+        rank,
+        size,
+        spyreccl_core.UniqueId.from_bytes(uid),
+        timeout=0.5,
+    )
+    conn.send((error, elapsed))
+    os._exit(0)
+
+
+def test_init_timeout_without_peers_leaves_no_segments():
+    """Rank 0 creates the segment but nobody joins: TimeoutError and nothing left behind."""
+    before = entries()
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_solo_init, args=(0, 2, spyreccl_core.UniqueId().to_bytes(), child))
+    proc.start()
+    assert parent.poll(10)
+    error, elapsed = parent.recv()
+    proc.join()
+    assert isinstance(error, spyreccl_core.TimeoutError), error
+    assert elapsed < 2.5
+    assert_no_leftovers(before, set())
+
+
+def rank_segments(comm):
+    return sorted(mapped_segments())
+
+
+def test_pool_segments_are_unlinked_while_in_use(pool):
+    """Segments are unlinked once every rank attached: even a live pool leaves nothing."""
+    for paths in pool.run(rank_segments):
+        assert paths
+        assert not [p for p in paths if os.path.exists(p)]
+
+
+def rank_bf16_dump(comm):
+    comm.all_reduce(np.zeros(4, dtype=np.uint16), dtype=DataType.BFLOAT16)
+    return comm.dump_state()
+
+
+def test_dump_state_mentions_recent_collective(pool):
+    for rank, text in enumerate(pool.run(rank_bf16_dump)):
+        assert f"rank {rank}" in text
+        assert "bfloat16" in text
+
+
+def rank_raise_on_zero(comm):
+    if comm.rank == 0:
+        raise KeyError("raised on purpose")
+    comm.barrier()  # blocks until the pool aborts it
+
+
+def test_pool_recovers_from_a_failing_case(pool):
+    """The test harness itself: one rank raising must not hang the others or the pool."""
+    with pytest.raises(RankFailure, match="raised on purpose") as info:
+        pool.run(rank_raise_on_zero)
+    # The blocked ranks were unblocked (aborted, or refused to start on an aborted
+    # communicator) and reported too.
+    for rank in range(1, pool.size):
+        assert f"--- rank {rank} ---" in str(info.value)
+    assert len(pool.run(rank_segments)) == pool.size

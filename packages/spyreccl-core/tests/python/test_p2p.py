@@ -1,0 +1,160 @@
+"""send/recv, FIFO order, group ring exchange and recv_any_source on 2 and 3 ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import STAGING_BYTES
+from dtypes import ALL_TYPES, TYPES_BY_NAME
+from reference import assert_bytes_equal, inputs_for
+
+import spyreccl_core
+
+
+def message_sizes(itemsize: int) -> list[int]:
+    return [0, 1, 1001, 3 * STAGING_BYTES // itemsize + 5]  # last: beyond the p2p staging
+
+
+def rank_pairwise(comm, name, seed):
+    """Rank 0 sends every size to each peer; each peer echoes it back with tag 7."""
+    tt = TYPES_BY_NAME[name]
+    received = []
+    for n in message_sizes(tt.storage.itemsize):
+        if comm.rank == 0:
+            for peer in range(1, comm.size):
+                comm.send(inputs_for(tt, seed, peer, 0, n), peer, tag=3, **tt.kwargs)
+            echoes = []
+            for peer in range(1, comm.size):
+                buf = tt.poison(n)
+                comm.recv(buf, peer, tag=7, **tt.kwargs)
+                echoes.append(buf)
+            received.append(echoes)
+        else:
+            buf = tt.poison(n)
+            comm.recv(buf, 0, tag=3, **tt.kwargs)
+            comm.send(buf, 0, tag=7, **tt.kwargs)
+            received.append(buf)
+    return received
+
+
+@pytest.mark.parametrize("tt", ALL_TYPES, ids=lambda t: t.name)
+def test_send_recv(pool, seeded, tt):
+    results = pool.run(rank_pairwise, tt.name, seeded.seed)
+    for i, n in enumerate(message_sizes(tt.storage.itemsize)):
+        for peer in range(1, pool.size):
+            sent = inputs_for(tt, seeded.seed, peer, 0, n)
+            assert_bytes_equal(results[peer][i], sent, f"n={n} at rank {peer}")
+            assert_bytes_equal(results[0][i][peer - 1], sent, f"n={n} echo from {peer}")
+
+
+def rank_fifo(comm, seed):
+    """Several messages of one pair and tag arrive in the order they were sent."""
+    count = 8
+    if comm.rank == 0:
+        for k in range(count):
+            comm.send(np.full(100 + k, k, dtype=np.int32), 1, tag=1)
+        return None
+    if comm.rank == 1:
+        got = []
+        for k in range(count):
+            buf = np.full(100 + k, -1, dtype=np.int32)
+            comm.recv(buf, 0, tag=1)
+            got.append(buf)
+        return got
+    return None
+
+
+def test_fifo_order(pool, seeded):
+    got = pool.run(rank_fifo, seeded.seed)[1]
+    for k, buf in enumerate(got):
+        np.testing.assert_array_equal(buf, np.full(100 + k, k, dtype=np.int32))
+
+
+def rank_ring(comm, seed, n):
+    """Every rank sends to its right and receives from its left at the same time: messages
+    beyond the staging area deadlock without a group."""
+    right = (comm.rank + 1) % comm.size
+    left = (comm.rank - 1) % comm.size
+    x = np.random.default_rng([seed, comm.rank]).standard_normal(n)
+    out = np.full(n, np.nan)
+    with comm.group():
+        # A temporary whose only reference is the binding's export: the group must keep it
+        # alive until the exchange ran at the end of the block.
+        comm.send(x.copy(), right, tag=5)
+        comm.recv(out, left, tag=5)
+    return x, out
+
+
+@pytest.mark.parametrize("n", [0, 1001, 5 * STAGING_BYTES // 8 + 3])
+def test_group_ring_exchange(pool, seeded, n):
+    results = pool.run(rank_ring, seeded.seed, n)
+    for rank in range(pool.size):
+        left = (rank - 1) % pool.size
+        assert_bytes_equal(results[rank][1], results[left][0], f"rank {rank} from {left}")
+
+
+def rank_group_all_pairs(comm, seed):
+    """A group exchanging with every peer in both directions (a manual all-to-all)."""
+    n = 700
+    sends = {
+        p: np.random.default_rng([seed, comm.rank, p]).integers(0, 1 << 30, n)
+        for p in range(comm.size)
+        if p != comm.rank
+    }
+    recvs = {p: np.full(n, -1, dtype=np.int64) for p in sends}
+    with comm.group():
+        for p in sends:
+            comm.send(sends[p], p)
+            comm.recv(recvs[p], p)
+    return sends, recvs
+
+
+def test_group_all_pairs(pool, seeded):
+    results = pool.run(rank_group_all_pairs, seeded.seed)
+    for rank in range(pool.size):
+        for peer, got in results[rank][1].items():
+            np.testing.assert_array_equal(got, results[peer][0][rank])
+
+
+def rank_any_source(comm, seed):
+    """Every rank but 0 sends its rank number; rank 0 receives them from any source."""
+    if comm.rank != 0:
+        comm.send(np.full(33, comm.rank, dtype=np.int16), 0, tag=9)
+        return None
+    seen = []
+    for _ in range(comm.size - 1):
+        buf = np.full(33, -1, dtype=np.int16)
+        source = comm.recv_any_source(buf, tag=9)
+        seen.append((source, buf))
+    return seen
+
+
+def test_recv_any_source(pool, seeded):
+    seen = pool.run(rank_any_source, seeded.seed)[0]
+    assert sorted(source for source, _ in seen) == list(range(1, pool.size))
+    for source, buf in seen:
+        np.testing.assert_array_equal(buf, np.full(33, source, dtype=np.int16))
+
+
+def rank_destroy_inside_group(comm):
+    sub = comm.split(0)
+    peer = (comm.rank + 1) % comm.size
+    source = (comm.rank - 1) % comm.size
+    x = np.full(10, comm.rank, dtype=np.int64)
+    y = np.full(10, -1, dtype=np.int64)
+    error = None
+    with sub.group():
+        sub.send(x, peer)
+        sub.recv(y, source)
+        try:
+            sub.destroy()  # would free the handle the pending operations use
+        except spyreccl_core.InvalidUsageError as e:
+            error = e
+    sub.destroy()
+    return str(error), y
+
+
+def test_destroy_refused_while_group_pending(pool):
+    for rank, (error, y) in enumerate(pool.run(rank_destroy_inside_group)):
+        assert "pending in an open group" in error
+        np.testing.assert_array_equal(y, np.full(10, (rank - 1) % pool.size))

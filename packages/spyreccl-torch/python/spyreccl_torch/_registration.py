@@ -1,0 +1,75 @@
+"""Registration of the ``spyreccl`` backend with torch.distributed.
+
+``register()`` maps the ``spyre`` device to ``spyreccl`` (so ``init_process_group()``
+without a backend uses it for spyre tensors) and installs :func:`_create` as the backend
+creator with torch's extended API, which hands it the group's store, rank, size, timeout,
+name and global ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import threading
+
+import torch.distributed as dist
+
+from . import _C
+
+BACKEND_NAME = "spyreccl"
+DEVICE_TYPE = "spyre"
+
+_lock = threading.Lock()
+
+
+def _register_device() -> None:
+    """Loads the emulated spyre device when no real one is registered (see
+    spyreccl_torch.device). A vendor build without the subpackage relies on its runtime."""
+    try:
+        from . import device
+    except ModuleNotFoundError as error:
+        if error.name == f"{__package__}.device":
+            return
+        raise
+    device.register()
+
+
+def _make_options(dist_opts, backend_opts) -> _C.ProcessGroupSpyreccl.Options:
+    options_type = _C.ProcessGroupSpyreccl.Options
+    # Never mutate the caller's object: torch reuses pg_options for every group. Anything
+    # else (None, or another backend's options in a mixed "cpu:gloo,spyre:spyreccl" group,
+    # where torch hands the same pg_options to every backend) means our defaults.
+    options = copy.copy(backend_opts) if isinstance(backend_opts, options_type) else options_type()
+    timeout = dist_opts.timeout
+    if not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=float(timeout))
+    # Like NCCL: the group's timeout is the one given to init_process_group / new_group.
+    options.timeout = timeout
+    options.group_name = str(dist_opts.group_id)
+    options.global_ranks_in_group = [int(r) for r in dist_opts.global_ranks_in_group]
+    return options
+
+
+def _create(dist_opts, backend_opts) -> _C.ProcessGroupSpyreccl:
+    """Backend creator called by torch.distributed (extended API)."""
+    options = _make_options(dist_opts, backend_opts)
+    return _C.ProcessGroupSpyreccl(
+        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, options
+    )
+
+
+def is_registered() -> bool:
+    """Whether torch.distributed knows the spyreccl backend in this process."""
+    plugin = dist.Backend._plugins.get(BACKEND_NAME.upper())
+    return plugin is not None and plugin.creator_fn is _create
+
+
+def register() -> None:
+    """Registers the spyre device (if needed) and the spyreccl backend. Idempotent."""
+    with _lock:
+        _register_device()
+        if is_registered():
+            return
+        dist.Backend.register_backend(
+            BACKEND_NAME, _create, extended_api=True, devices=[DEVICE_TYPE]
+        )

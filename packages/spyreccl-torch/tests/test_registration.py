@@ -1,0 +1,137 @@
+"""Registration and autoload of the spyreccl backend, each check in a fresh interpreter
+(autoload happens once per process, at `import torch`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def _run(code: str, **env_overrides: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    env.update(env_overrides)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
+def test_import_torch_autoloads_device_and_backend() -> None:
+    out = _run(
+        """
+        import sys
+        import torch
+        import torch.distributed as dist
+        assert "spyreccl_torch" in sys.modules, "the torch.backends entry point did not run"
+        assert dist.get_default_backend_for_device("spyre") == "spyreccl"
+        assert dist.Backend.SPYRECCL == "spyreccl"
+        assert "spyre" in dist.Backend.backend_capability["spyreccl"]
+        assert torch.empty(3, device="spyre").device.type == "spyre"
+        print("ok")
+        """
+    )
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_register_is_idempotent() -> None:
+    _run(
+        """
+        import torch.distributed as dist
+        import spyreccl_torch
+        creator = dist.Backend._plugins["SPYRECCL"].creator_fn
+        spyreccl_torch.register()
+        spyreccl_torch.register()
+        assert dist.Backend._plugins["SPYRECCL"].creator_fn is creator
+        assert spyreccl_torch.is_registered()
+        assert dist.Backend.backend_list.count("spyreccl") == 1
+        """
+    )
+
+
+def test_autoload_disabled_then_explicit_import() -> None:
+    _run(
+        """
+        import sys
+        import torch
+        import torch.distributed as dist
+        assert "spyreccl_torch" not in sys.modules, "autoload ran despite the opt-out"
+        assert "SPYRECCL" not in dist.Backend._plugins
+        import spyreccl_torch
+        assert dist.get_default_backend_for_device("spyre") == "spyreccl"
+        assert spyreccl_torch.ProcessGroupSpyreccl.Options().timeout.total_seconds() == 1800
+        """,
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+
+
+def test_autoload_failure_only_warns() -> None:
+    # A loader that fails stands in for a broken installation (e.g. a missing
+    # libspyreccl.so): `import torch` must still succeed, with a warning naming the cause.
+    out = _run(
+        """
+        import sys, types, warnings
+        broken = types.ModuleType("spyreccl_torch._loader")
+        def load_extension():
+            raise ImportError("injected: libspyreccl.so not found")
+        broken.load_extension = load_extension
+        sys.modules["spyreccl_torch._loader"] = broken
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch
+        messages = [str(w.message) for w in caught if "spyreccl" in str(w.message)]
+        assert any("injected: libspyreccl.so not found" in m for m in messages), messages
+        assert "spyreccl_torch" not in sys.modules, "the half-initialised package was kept"
+        # An explicit import retries and raises the real error...
+        sys.modules["spyreccl_torch._loader"] = broken
+        try:
+            import spyreccl_torch
+        except ImportError as error:
+            assert "injected" in str(error)
+        else:
+            raise AssertionError("explicit import did not raise")
+        # ...and works once the installation is fixed.
+        for name in [n for n in sys.modules if n.startswith("spyreccl_torch")]:
+            del sys.modules[name]
+        import spyreccl_torch
+        import torch.distributed as dist
+        assert dist.get_default_backend_for_device("spyre") == "spyreccl"
+        print("ok")
+        """
+    )
+    assert out.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("backend", [None, "cpu:gloo,spyre:spyreccl"])
+def test_init_process_group_routes_spyre_tensors(backend) -> None:
+    _run(
+        f"""
+        import os, tempfile
+        import torch, torch.distributed as dist
+        path = os.path.join(tempfile.mkdtemp(), "store")
+        dist.init_process_group(backend={backend!r}, init_method="file://" + path,
+                                rank=0, world_size=1)
+        t = torch.arange(4, dtype=torch.float32, device="spyre")
+        dist.all_reduce(t)
+        assert t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+        pg = dist.group.WORLD
+        name = pg._get_backend(torch.device("spyre")).name()
+        assert name == "spyreccl", name
+        if {backend!r} is not None:
+            assert pg._get_backend(torch.device("cpu")).name() == "gloo"
+            c = torch.ones(2)
+            dist.all_reduce(c)
+            assert c.tolist() == [1.0, 1.0]
+        dist.barrier()
+        dist.destroy_process_group()
+        """
+    )
