@@ -72,11 +72,21 @@ void checkComm(const spyrecclComm* comm, const char* api) {
   SPYRECCL_CHECK_ARG(comm != nullptr, api, "argument 'comm' is NULL");
 }
 
-size_t checkDtype(spyrecclDataType_t dtype, const char* api) {
-  size_t esize = kernels::dtypeSize(dtype);
-  SPYRECCL_CHECK_ARG(esize != 0, api, "argument 'datatype' = %d is not a valid spyrecclDataType_t",
-                     static_cast<int>(dtype));
-  return esize;
+// The integer behind an enum argument, read without loading the enum: a C caller may pass
+// any int, and loading an out-of-range value as the enum type is undefined in C++.
+template <class E>
+int rawValue(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "C API enums are int sized");
+  int v;
+  std::memcpy(&v, &e, sizeof(v));
+  return v;
+}
+
+size_t checkDtype(const spyrecclDataType_t& dtype, const char* api) {
+  int v = rawValue(dtype);
+  SPYRECCL_CHECK_ARG(v >= 0 && v < spyrecclNumTypes, api,
+                     "argument 'datatype' = %d is not a valid spyrecclDataType_t", v);
+  return kernels::dtypeSize(dtype);
 }
 
 // count * esize * multiple bytes, rejecting overflow.
@@ -128,7 +138,8 @@ void checkNotInGroup(const char* api) {
 }
 
 // Common prologue of every collective: comm non-NULL, dtype valid.
-size_t collectivePrologue(const spyrecclComm* comm, spyrecclDataType_t dtype, const char* api) {
+size_t collectivePrologue(const spyrecclComm* comm, const spyrecclDataType_t& dtype,
+                          const char* api) {
   checkComm(comm, api);
   return checkDtype(dtype, api);
 }
@@ -306,6 +317,7 @@ spyrecclResult_t spyrecclRedOpCreatePreMulSum(spyrecclRedOp_t* op, double scalar
   return guarded(comm, api, [&](bool&) {
     checkComm(comm, api);
     SPYRECCL_CHECK_ARG(op != nullptr, api, "argument 'op' is NULL");
+    checkDtype(datatype, api);
     *op = comm->createPreMulSum(scalar, datatype);
   });
 }
@@ -313,7 +325,7 @@ spyrecclResult_t spyrecclRedOpCreatePreMulSum(spyrecclRedOp_t* op, double scalar
 spyrecclResult_t spyrecclRedOpDestroy(spyrecclRedOp_t op, spyrecclComm_t comm) {
   return guarded(comm, "spyrecclRedOpDestroy", [&](bool&) {
     checkComm(comm, "spyrecclRedOpDestroy");
-    comm->destroyRedOp(op);
+    comm->destroyRedOp(rawValue(op));
   });
 }
 
@@ -328,7 +340,7 @@ spyrecclResult_t spyrecclAllReduce(const void* sendbuff, void* recvbuff, size_t 
   return guarded(comm, api, [&](bool& communicating) {
     size_t esize = collectivePrologue(comm, datatype, api);
     size_t bytes = checkedBytes(count, esize, 1, "count", api);
-    kernels::ReduceSpec spec = comm->resolveOp(op, datatype, api);
+    kernels::ReduceSpec spec = comm->resolveOp(rawValue(op), datatype, api);
     checkBuffer(sendbuff, bytes, "sendbuff", api);
     checkBuffer(recvbuff, bytes, "recvbuff", api);
     checkOverlap(sendbuff, bytes, recvbuff, bytes, sendbuff == recvbuff,
@@ -345,7 +357,7 @@ spyrecclResult_t spyrecclReduce(const void* sendbuff, void* recvbuff, size_t cou
   return guarded(comm, api, [&](bool& communicating) {
     size_t esize = collectivePrologue(comm, datatype, api);
     size_t bytes = checkedBytes(count, esize, 1, "count", api);
-    kernels::ReduceSpec spec = comm->resolveOp(op, datatype, api);
+    kernels::ReduceSpec spec = comm->resolveOp(rawValue(op), datatype, api);
     checkRoot(root, comm, api);
     checkBuffer(sendbuff, bytes, "sendbuff", api);
     if (comm->rank() == root) {
@@ -401,7 +413,7 @@ spyrecclResult_t spyrecclReduceScatter(const void* sendbuff, void* recvbuff, siz
     size_t esize = collectivePrologue(comm, datatype, api);
     size_t bytes = checkedBytes(recvcount, esize, 1, "recvcount", api);
     size_t total = checkedBytes(recvcount, esize, comm->nranks(), "recvcount", api);
-    kernels::ReduceSpec spec = comm->resolveOp(op, datatype, api);
+    kernels::ReduceSpec spec = comm->resolveOp(rawValue(op), datatype, api);
     checkBuffer(sendbuff, total, "sendbuff", api);
     checkBuffer(recvbuff, bytes, "recvbuff", api);
     bool inPlace = sendbuff != nullptr && bytePtr(recvbuff) == bytePtr(sendbuff) + comm->rank() * bytes;
@@ -520,7 +532,7 @@ spyrecclResult_t spyrecclBarrier(spyrecclComm_t comm) {
 namespace {
 
 algorithms::P2POp makeP2P(spyrecclComm* comm, bool isSend, const void* buff, size_t count,
-                          spyrecclDataType_t datatype, int peer, int tag, const char* api) {
+                          const spyrecclDataType_t& datatype, int peer, int tag, const char* api) {
   size_t esize = collectivePrologue(comm, datatype, api);
   size_t bytes = checkedBytes(count, esize, 1, "count", api);
   SPYRECCL_CHECK_ARG(peer >= 0 && peer < comm->nranks(), api,
@@ -542,7 +554,8 @@ algorithms::P2POp makeP2P(spyrecclComm* comm, bool isSend, const void* buff, siz
 }
 
 spyrecclResult_t pointToPoint(spyrecclComm* comm, bool isSend, const void* buff, size_t count,
-                              spyrecclDataType_t datatype, int peer, int tag, const char* api) {
+                              const spyrecclDataType_t& datatype, int peer, int tag,
+                              const char* api) {
   return guarded(comm, api, [&](bool& communicating) {
     algorithms::P2POp op = makeP2P(comm, isSend, buff, count, datatype, peer, tag, api);
     comm->ensureUsable(api);

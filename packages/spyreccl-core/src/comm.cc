@@ -210,6 +210,8 @@ Descriptor Communicator::beginOp(Descriptor d) {
   d.seq = ++seq_;
   curKind_ = d.kind;
   customLabel_.clear();
+  SPYRECCL_LOG(kTrace, who_.c_str(), "seq %llu %s: start at step %u",
+               static_cast<unsigned long long>(d.seq), algorithms::describe(d).c_str(), step_ + 1);
   std::lock_guard<std::mutex> lock(mu_);
   FlightRecord& rec = records_[recordCount_ % kFlightRecords];
   ++recordCount_;
@@ -227,6 +229,9 @@ void Communicator::endOp(bool ok) {
   FlightRecord& rec = records_[(recordCount_ - 1) % kFlightRecords];
   rec.endNs = nowNs();
   rec.state = ok ? FlightRecord::kDone : FlightRecord::kFailed;
+  SPYRECCL_LOG(kTrace, who_.c_str(), "seq %llu %s: %s after %.1f us at step %u",
+               static_cast<unsigned long long>(rec.d.seq), algorithms::kindName(rec.d.kind),
+               ok ? "done" : "failed", (rec.endNs - rec.startNs) / 1e3, step_);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -424,27 +429,26 @@ spyrecclRedOp_t Communicator::createPreMulSum(double scalar, spyrecclDataType_t 
                  op, who_.c_str(), kMaxPreMulSum);
 }
 
-void Communicator::destroyRedOp(spyrecclRedOp_t op) {
+void Communicator::destroyRedOp(int op) {
   const char* api = "spyrecclRedOpDestroy";
-  int index = static_cast<int>(op) - spyrecclNumOps;
+  int index = op - spyrecclNumOps;
   SPYRECCL_CHECK_ARG(index >= 0, api,
                      "argument 'op' = %d is a built-in reduce op; only handles from "
-                     "spyrecclRedOpCreatePreMulSum can be destroyed", static_cast<int>(op));
+                     "spyrecclRedOpCreatePreMulSum can be destroyed", op);
   std::lock_guard<std::mutex> lock(mu_);
   SPYRECCL_CHECK_ARG(index < kMaxPreMulSum && premul_[index].used, api,
-                     "argument 'op' = %d is not a live PreMulSum handle of %s",
-                     static_cast<int>(op), who_.c_str());
+                     "argument 'op' = %d is not a live PreMulSum handle of %s", op,
+                     who_.c_str());
   premul_[index].used = false;
 }
 
-kernels::ReduceSpec Communicator::resolveOp(spyrecclRedOp_t op, spyrecclDataType_t dtype,
+kernels::ReduceSpec Communicator::resolveOp(int value, spyrecclDataType_t dtype,
                                             const char* api) const {
   kernels::ReduceSpec spec;
   spec.dtype = dtype;
   spec.avgDivisor = nranks_;
-  int value = static_cast<int>(op);
   if (value >= 0 && value < spyrecclNumOps) {
-    spec.op = op;
+    spec.op = static_cast<spyrecclRedOp_t>(value);
   } else {
     int index = value - spyrecclNumOps;
     std::lock_guard<std::mutex> lock(mu_);

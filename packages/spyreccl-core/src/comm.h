@@ -113,10 +113,11 @@ class Communicator {
 
   // ---- reduction handles -----------------------------------------------------------------
   spyrecclRedOp_t createPreMulSum(double scalar, spyrecclDataType_t dtype);
-  void destroyRedOp(spyrecclRedOp_t op);
+  void destroyRedOp(int op);
   // Resolves (op, dtype) for API call `api` into a kernel spec; spyrecclInvalidArgument
   // for invalid ops, unknown handles and unsupported (op, dtype) pairs.
-  kernels::ReduceSpec resolveOp(spyrecclRedOp_t op, spyrecclDataType_t dtype, const char* api) const;
+  // `op` is the raw integer of the API argument (any value may arrive from C).
+  kernels::ReduceSpec resolveOp(int op, spyrecclDataType_t dtype, const char* api) const;
 
   // ---- point-to-point bookkeeping (owned by algorithms/p2p.cc) ----------------------------
   struct PeerP2P {

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +154,19 @@ def test_empty_strided_and_factories():
     np.testing.assert_array_equal(tril.cpu().numpy(), np.stack(np.tril_indices(4, 0, 5)))
     eye = torch.eye(3, device=SPYRE)
     np.testing.assert_array_equal(eye.cpu().numpy(), np.eye(3))
+
+
+def test_deterministic_mode_fills_uninitialized_memory():
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.isnan(torch.empty(5, device=SPYRE)).all().item()
+        ints = torch.empty(3, dtype=torch.int32, device=SPYRE)
+        assert (ints == torch.iinfo(torch.int32).max).all().item()
+        grown = torch.zeros(2, device=SPYRE).resize_(6)
+        np.testing.assert_array_equal(grown[:2].cpu().numpy(), [0.0, 0.0])
+        assert torch.isnan(grown[2:]).all().item()
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def test_pin_memory_is_rejected_for_spyre_tensors():
@@ -409,6 +423,9 @@ def test_indexing(rng):
     expected = np.where(x > 0, 0.0, x)
     expected[rows.numpy(), [0, 1, 2, 3]] = -1.0
     np.testing.assert_array_equal(t.cpu().numpy(), expected)
+    # Optional-tensor index lists (None for the sliced dimension).
+    cols = torch.tensor([3, 3, 0])
+    np.testing.assert_array_equal(t[:, cols.to(SPYRE)].cpu().numpy(), expected[:, [3, 3, 0]])
     gathered = torch.gather(t, 1, torch.zeros(7, 1, dtype=torch.long, device=SPYRE))
     np.testing.assert_array_equal(gathered.cpu().numpy(), expected[:, :1])
 
@@ -461,6 +478,46 @@ def test_linear_forward_and_backward_match_cpu(rng):
         )
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_convolution_forward_and_backward_match_cpu(rng, transposed):
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    cls = torch.nn.ConvTranspose2d if transposed else torch.nn.Conv2d
+    reference = cls(4, 6, 3, stride=2, padding=1, groups=2, dtype=torch.float64)
+    on_device = copy.deepcopy(reference).to(SPYRE)
+    x = randn(rng, 2, 4, 7, 9)
+    x_ref, x_dev = x.clone().requires_grad_(), x.to(SPYRE).requires_grad_()
+    out_ref, out_dev = reference(x_ref), on_device(x_dev)
+    assert out_dev.is_spyre and out_dev.shape == out_ref.shape
+    np.testing.assert_allclose(out_dev.detach().cpu().numpy(), out_ref.detach().numpy(), rtol=1e-12)
+    grad = randn(rng, *out_ref.shape)
+    out_ref.backward(grad)
+    out_dev.backward(grad.to(SPYRE))
+    np.testing.assert_allclose(x_dev.grad.cpu().numpy(), x_ref.grad.numpy(), rtol=1e-12)
+    for p_ref, p_dev in zip(reference.parameters(), on_device.parameters()):
+        np.testing.assert_allclose(p_dev.grad.cpu().numpy(), p_ref.grad.numpy(), rtol=1e-11)
+
+
+def test_scaled_dot_product_attention_matches_reference(rng):
+    q, k, v = (rng.standard_normal((2, 3, 5, 8)) for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(t).to(SPYRE) for t in (q, k, v)), is_causal=True
+    )
+    scores = q @ k.swapaxes(-1, -2) / np.sqrt(8)
+    scores = np.where(np.tril(np.ones((5, 5), dtype=bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    assert out.is_spyre
+    np.testing.assert_allclose(out.cpu().numpy(), weights @ v, rtol=1e-12, atol=1e-12)
+
+
+def test_inference_mode_results(rng):
+    x = randn(rng, 4, 3).to(SPYRE)
+    with torch.inference_mode():
+        y = (x + 1).view(-1)[2:]
+        assert y.is_inference() and y.is_spyre
+    np.testing.assert_array_equal(y.cpu().numpy(), (x.cpu() + 1).view(-1)[2:].numpy())
+
+
 @pytest.mark.parametrize(
     "dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
 )
@@ -505,6 +562,22 @@ def test_current_device_and_guards():
         torch.spyre.set_device(torch.spyre.device_count())
     torch.spyre.synchronize()
     torch.accelerator.synchronize()
+
+
+def test_current_device_is_per_thread():
+    seen = []
+
+    def probe() -> None:
+        seen.append((torch.spyre.current_device(), torch.empty(1, device=SPYRE).device))
+
+    torch.spyre.set_device(1)
+    try:
+        worker = threading.Thread(target=probe)
+        worker.start()
+        worker.join()
+    finally:
+        torch.spyre.set_device(0)
+    assert seen == [(0, torch.device("spyre", 0))]
 
 
 def test_device_count_comes_from_the_environment():
@@ -675,6 +748,40 @@ def test_steps_aside_when_privateuse1_is_already_claimed():
         )
     )
     assert out.split() == ["False", "False", "False", "othervendor"]
+
+
+def test_steps_aside_when_torch_spyre_is_installed(tmp_path):
+    (tmp_path / "torch_spyre").mkdir()
+    (tmp_path / "torch_spyre" / "__init__.py").write_text("raise AssertionError('not imported')\n")
+    out = assert_fresh_ok(
+        run_fresh(
+            f"""
+            import sys
+            sys.path.insert(0, {str(tmp_path)!r})
+            import torch
+            from spyreccl_torch import device
+            print(device.register(), hasattr(torch, "spyre"), "torch_spyre" in sys.modules)
+            """
+        )
+    )
+    assert out.split() == ["False", "False", "False"]
+
+
+def test_steps_aside_when_another_module_owns_torch_spyre():
+    out = assert_fresh_ok(
+        run_fresh(
+            """
+            import types
+            import torch
+            torch.utils.rename_privateuse1_backend("spyre")
+            vendor = types.ModuleType("vendor_spyre")
+            torch._register_device_module("spyre", vendor)
+            from spyreccl_torch import device
+            print(device.register(), torch.spyre is vendor)
+            """
+        )
+    )
+    assert out.split() == ["False", "True"]
 
 
 def test_steps_aside_when_disabled_by_environment():

@@ -39,7 +39,7 @@ from ._core import (
     library_version,
 )
 from .launch import LaunchError, launch
-from .rendezvous import init_from_env, init_from_file
+from .rendezvous import init_from_env, init_from_file, init_from_tcp
 
 try:
     __version__: str = importlib.metadata.version("spyreccl-core")
@@ -74,6 +74,7 @@ __all__ = [
     "include_dir",
     "init_from_env",
     "init_from_file",
+    "init_from_tcp",
     "launch",
     "library_path",
     "library_version",

@@ -4,7 +4,7 @@ import enum
 from collections.abc import Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from typing_extensions import Buffer, Self
 
@@ -166,9 +166,7 @@ class Communicator:
         dtype: DataType | None = None,
     ) -> None: ...
     def broadcast(self, buf: Buffer, root: int, *, dtype: DataType | None = None) -> None: ...
-    def all_gather(
-        self, send: Buffer, recv: Buffer, *, dtype: DataType | None = None
-    ) -> None: ...
+    def all_gather(self, send: Buffer, recv: Buffer, *, dtype: DataType | None = None) -> None: ...
     def reduce_scatter(
         self,
         send: Buffer,
@@ -178,9 +176,7 @@ class Communicator:
         scalar: float | None = None,
         dtype: DataType | None = None,
     ) -> None: ...
-    def all_to_all(
-        self, send: Buffer, recv: Buffer, *, dtype: DataType | None = None
-    ) -> None: ...
+    def all_to_all(self, send: Buffer, recv: Buffer, *, dtype: DataType | None = None) -> None: ...
     def all_to_all_v(
         self,
         send: Buffer,

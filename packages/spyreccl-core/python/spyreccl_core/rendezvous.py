@@ -28,7 +28,7 @@ from datetime import timedelta
 
 from ._core import UNIQUE_ID_BYTES, Communicator, UniqueId
 
-__all__ = ["init_from_env", "init_from_file"]
+__all__ = ["init_from_env", "init_from_file", "init_from_tcp"]
 
 ENV_RANK = "SPYRECCL_RANK"
 ENV_WORLD_SIZE = "SPYRECCL_WORLD_SIZE"

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "transport/wait.h"
 
 namespace spyreccl::algorithms {
@@ -176,6 +177,11 @@ void runP2P(std::vector<P2POp>& ops) {
     // Short constant labels (no formatting on the fast path); waits name the exact
     // operation they are blocked on.
     ops[i].comm->setOpLabel(ops.size() == 1 ? "point-to-point" : "grouped point-to-point");
+  }
+  if (logLevel() >= LogLevel::kTrace) {
+    for (const P2POp& op : ops) {
+      SPYRECCL_LOG(kTrace, op.comm->who().c_str(), "%s", op.describe().c_str());
+    }
   }
   auto eligible = [&](size_t i) {
     return !ops[i].finished && (pred[i] < 0 || ops[pred[i]].finished);

@@ -20,15 +20,19 @@
 #include <cstdint>
 #include <cstring>
 
+// Always inlined: the reduction kernels are large functions in which GCC would otherwise
+// stop inlining these, and an out-of-line call inside a loop prevents its vectorisation.
+#define SPYRECCL_CONVERT_INLINE inline __attribute__((always_inline))
+
 namespace spyreccl::kernels {
 
-inline uint32_t floatBits(float f) {
+SPYRECCL_CONVERT_INLINE uint32_t floatBits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
 }
 
-inline float bitsFloat(uint32_t u) {
+SPYRECCL_CONVERT_INLINE float bitsFloat(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
@@ -39,7 +43,7 @@ namespace detail {
 // Branch-free select. The FP arithmetic feeding these selects must stay unconditional:
 // with a plain ?: GCC sinks it into a branch, and then (under the default
 // -ftrapping-math) refuses to if-convert the loop, which kills vectorisation.
-inline uint32_t select(bool cond, uint32_t ifTrue, uint32_t ifFalse) {
+SPYRECCL_CONVERT_INLINE uint32_t select(bool cond, uint32_t ifTrue, uint32_t ifFalse) {
   const uint32_t mask = 0u - uint32_t(cond);
   return (ifTrue & mask) | (ifFalse & ~mask);
 }
@@ -85,7 +89,7 @@ struct MiniFloat {
 
 // Widens a narrow encoding (in the low bits of `v`) to float32, exactly.
 template <class F>
-inline float miniToFloat(uint32_t v) {
+SPYRECCL_CONVERT_INLINE float miniToFloat(uint32_t v) {
   const uint32_t sign = (v & F::kSignBit) << F::kSignShift;
   const uint32_t mag = v & F::kMagMask;
   // Normal numbers: move the fields into place and re-bias the exponent.
@@ -104,7 +108,7 @@ inline float miniToFloat(uint32_t v) {
 // Narrows float32 to the format `F` with round-to-nearest-even (see the file comment for
 // overflow and NaN rules). Returns the encoding in the low bits.
 template <class F>
-inline uint32_t floatToMini(float f) {
+SPYRECCL_CONVERT_INLINE uint32_t floatToMini(float f) {
   const uint32_t u = floatBits(f);
   const uint32_t sign = (u & 0x80000000u) >> F::kSignShift;
   const uint32_t a = u & 0x7fffffffu;
@@ -131,19 +135,19 @@ using Float16Format = detail::MiniFloat<5, 10, true>;
 using Float8e5m2Format = detail::MiniFloat<5, 2, true>;
 using Float8e4m3fnFormat = detail::MiniFloat<4, 3, false>;
 
-inline float halfToFloat(uint16_t h) { return miniToFloat<Float16Format>(h); }
-inline uint16_t floatToHalf(float f) { return uint16_t(floatToMini<Float16Format>(f)); }
+SPYRECCL_CONVERT_INLINE float halfToFloat(uint16_t h) { return miniToFloat<Float16Format>(h); }
+SPYRECCL_CONVERT_INLINE uint16_t floatToHalf(float f) { return uint16_t(floatToMini<Float16Format>(f)); }
 
-inline float e5m2ToFloat(uint8_t v) { return miniToFloat<Float8e5m2Format>(v); }
-inline uint8_t floatToE5m2(float f) { return uint8_t(floatToMini<Float8e5m2Format>(f)); }
+SPYRECCL_CONVERT_INLINE float e5m2ToFloat(uint8_t v) { return miniToFloat<Float8e5m2Format>(v); }
+SPYRECCL_CONVERT_INLINE uint8_t floatToE5m2(float f) { return uint8_t(floatToMini<Float8e5m2Format>(f)); }
 
-inline float e4m3fnToFloat(uint8_t v) { return miniToFloat<Float8e4m3fnFormat>(v); }
-inline uint8_t floatToE4m3fn(float f) { return uint8_t(floatToMini<Float8e4m3fnFormat>(f)); }
+SPYRECCL_CONVERT_INLINE float e4m3fnToFloat(uint8_t v) { return miniToFloat<Float8e4m3fnFormat>(v); }
+SPYRECCL_CONVERT_INLINE uint8_t floatToE4m3fn(float f) { return uint8_t(floatToMini<Float8e4m3fnFormat>(f)); }
 
 // bfloat16 is the upper half of a float32: widening is a shift.
-inline float bf16ToFloat(uint16_t h) { return bitsFloat(uint32_t(h) << 16); }
+SPYRECCL_CONVERT_INLINE float bf16ToFloat(uint16_t h) { return bitsFloat(uint32_t(h) << 16); }
 
-inline uint16_t floatToBf16(float f) {
+SPYRECCL_CONVERT_INLINE uint16_t floatToBf16(float f) {
   const uint32_t u = floatBits(f);
   // Round to nearest even on the dropped 16 bits; overflow carries into infinity.
   uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;

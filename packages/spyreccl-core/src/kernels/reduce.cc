@@ -158,7 +158,9 @@ struct MaxOp {
   template <class A>
   static SPYRECCL_ALWAYS_INLINE A apply(A a, A b) {
     if constexpr (std::is_floating_point_v<A>) {
-      return (b > a || b != b) ? b : a;
+      // `|`, not `||`: both comparisons are evaluated unconditionally, which lets GCC
+      // turn this into a vector blend (it may not speculate a possibly-trapping compare).
+      return ((b > a) | (b != b)) ? b : a;
     } else {
       return b > a ? b : a;
     }
@@ -169,7 +171,7 @@ struct MinOp {
   template <class A>
   static SPYRECCL_ALWAYS_INLINE A apply(A a, A b) {
     if constexpr (std::is_floating_point_v<A>) {
-      return (b < a || b != b) ? b : a;
+      return ((b < a) | (b != b)) ? b : a;
     } else {
       return b < a ? b : a;
     }
@@ -297,7 +299,8 @@ struct Kernel {
     }
   }
 
-  void run(void* dst, const void* const* srcs_, int nsrc, size_t count) const {
+  SPYRECCL_ALWAYS_INLINE void run(void* dst, const void* const* srcs_, int nsrc,
+                                  size_t count) const {
     S* d = static_cast<S*>(dst);
     const S* const* srcs = reinterpret_cast<const S* const*>(srcs_);
     if constexpr (Codec::kLossless && Pre::kIsIdentity && Post::kIsIdentity) {

@@ -5,7 +5,6 @@
 // plus the failure paths (mismatch, timeout, abort, killed peer, invalid arguments) and
 // that no /dev/shm/spyreccl-* name is left behind. Not the test suite (tests/cpp is):
 // a developer tool, built with -DSPYRECCL_BUILD_TOOLS=ON and run by ctest.
-#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,19 +47,23 @@ struct Rank {
   int rank;
   int nranks;
   spyrecclComm_t comm;
+  spyrecclUniqueId id;
 };
 
 using Body = std::function<bool(Rank&)>;
 
-int countShmLeftovers() {
-  int n = 0;
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d)) {
-      if (std::strncmp(e->d_name, "spyreccl-", 9) == 0) ++n;
-    }
-    closedir(d);
+// The segment of a communicator is /dev/shm/spyreccl-<hex of the id's nonce>, the nonce
+// being bytes [8, 24) of the unique id (see docs/design.md). Checking that exact name keeps
+// this check immune to other jobs creating segments on the same machine.
+bool segmentExists(const spyrecclUniqueId& id) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string path = "/dev/shm/spyreccl-";
+  for (int i = 8; i < 24; ++i) {
+    auto b = static_cast<unsigned char>(id.internal[i]);
+    path.push_back(kHex[b >> 4]);
+    path.push_back(kHex[b & 15]);
   }
-  return n;
+  return access(path.c_str(), F_OK) == 0;
 }
 
 // Runs `body` on `nranks` forked processes sharing one fresh communicator. `expectExit`
@@ -68,7 +71,6 @@ int countShmLeftovers() {
 bool runRanks(const char* name, int nranks, const Body& body, const spyrecclConfig_t* config = nullptr,
               int dyingRank = -1) {
   auto start = std::chrono::steady_clock::now();
-  int before = countShmLeftovers();
   spyrecclUniqueId id;
   if (spyrecclGetUniqueId(&id) != spyrecclSuccess) {
     std::fprintf(stderr, "GetUniqueId failed\n");
@@ -84,7 +86,7 @@ bool runRanks(const char* name, int nranks, const Body& body, const spyrecclConf
         std::fprintf(stderr, "  rank %d: init failed: %s\n", r, spyrecclGetLastError(nullptr));
         _exit(2);
       }
-      Rank self{r, nranks, comm};
+      Rank self{r, nranks, comm, id};
       bool ok = body(self);
       spyrecclCommDestroy(comm);
       _exit(ok ? 0 : 1);
@@ -101,9 +103,8 @@ bool runRanks(const char* name, int nranks, const Body& body, const spyrecclConf
       ok = false;
     }
   }
-  int after = countShmLeftovers();
-  if (after > before) {
-    std::fprintf(stderr, "  '%s' left %d /dev/shm/spyreccl-* entries\n", name, after - before);
+  if (segmentExists(id)) {
+    std::fprintf(stderr, "  '%s' left its segment in /dev/shm\n", name);
     ok = false;
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -368,6 +369,8 @@ bool mismatch(Rank& R) {
 
 bool invalidArguments(Rank& R) {
   spyrecclComm_t comm = R.comm;
+  // Once every rank attached, the name is gone although the communicator lives on.
+  EXPECT(!segmentExists(R.id), "segment name still present after init");
   float x[4] = {1, 2, 3, 4};
   spyrecclResult_t rc = spyrecclAllReduce(x, x, 4, static_cast<spyrecclDataType_t>(42), spyrecclSum, comm);
   EXPECT(rc == spyrecclInvalidArgument, "dtype -> %d", rc);
@@ -380,6 +383,10 @@ bool invalidArguments(Rank& R) {
   EXPECT(rc == spyrecclInvalidArgument, "overlap -> %d", rc);
   rc = spyrecclAllReduce(nullptr, x, 3, spyrecclFloat32, spyrecclSum, comm);
   EXPECT(rc == spyrecclInvalidArgument, "null -> %d", rc);
+  rc = spyrecclAllReduce(x, x, 4, spyrecclFloat32, static_cast<spyrecclRedOp_t>(-3), comm);
+  EXPECT(rc == spyrecclInvalidArgument, "op -3 -> %d", rc);
+  rc = spyrecclAllReduce(x, x, 4, spyrecclFloat32, static_cast<spyrecclRedOp_t>(spyrecclNumOps + 5), comm);
+  EXPECT(rc == spyrecclInvalidArgument, "dead handle -> %d", rc);
   rc = spyrecclAllReduce(x, x, 4, spyrecclFloat32, spyrecclBand, comm);
   EXPECT(rc == spyrecclInvalidArgument, "band on float -> %d", rc);
   // The communicator is still usable.

@@ -6,6 +6,9 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
+#include <exception>
+
 #include "allocator.h"
 #include "device_state.h"
 #include "generator.h"
@@ -65,10 +68,25 @@ class SpyreHooks final : public at::PrivateUse1HooksInterface {
 };
 
 // Registered while the shared library loads; never destroyed because ATen
-// keeps the pointer for the life of the process.
+// keeps the pointer for the life of the process. This runs inside dlopen, where
+// an escaping exception would terminate the process: if another library owns
+// PrivateUse1 already (the Python loader checks before loading, so only direct
+// loads get here), report it and leave the existing hooks in place.
 const bool registered = [] {
-  at::RegisterPrivateUse1HooksInterface(new SpyreHooks());
-  return true;
+  if (at::isPrivateUse1HooksRegistered()) {
+    std::fprintf(stderr,
+                 "spyreccl: PrivateUse1 hooks are already registered by another library; the "
+                 "emulated spyre device is not usable in this process\n");
+    return false;
+  }
+  try {
+    at::RegisterPrivateUse1HooksInterface(new SpyreHooks());
+    return true;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "spyreccl: registering the spyre PrivateUse1 hooks failed: %s\n",
+                 error.what());
+    return false;
+  }
 }();
 
 }  // namespace

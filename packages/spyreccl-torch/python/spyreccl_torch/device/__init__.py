@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import threading
+from pathlib import Path
 
 __all__ = ["DEVICE_NAME", "EMULATE_ENV", "is_registered", "register"]
 
@@ -27,18 +28,21 @@ EMULATE_ENV = "SPYRECCL_EMULATE_SPYRE"
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _active: bool | None = None
+# Set once this process has loaded the _device library (its registrations are permanent).
+_loaded_library: Path | None = None
 
 
 def _torch_spyre_installed() -> bool:
     if importlib.util.find_spec("torch_spyre") is not None:
         return True
-    for dist in ("torch-spyre", "torch_spyre"):
-        try:
-            importlib.metadata.distribution(dist)
-            return True
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return False
+    # A distribution without an importable top-level module (e.g. only C++ parts) still
+    # means a real runtime is meant to own the device. Names are normalised, so one
+    # spelling covers torch-spyre and torch_spyre.
+    try:
+        importlib.metadata.distribution("torch-spyre")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _reason_to_step_aside() -> str | None:
@@ -55,6 +59,10 @@ def _reason_to_step_aside() -> str | None:
         return f"PrivateUse1 is already renamed to {current!r}"
     if hasattr(torch, DEVICE_NAME) or "torch.spyre" in sys.modules:
         return "torch.spyre is already registered by another module"
+    if _loaded_library is not None:
+        # A previous attempt loaded our library (and maybe renamed PrivateUse1) and then
+        # failed: what PrivateUse1 holds now is ours, so finish the registration.
+        return None
     if current == DEVICE_NAME:
         return "PrivateUse1 is already renamed to 'spyre' by another module"
     if torch._C._dispatch_has_kernel_for_dispatch_key("aten::empty.memory_format", "PrivateUse1"):
@@ -83,8 +91,9 @@ def _register_locked() -> bool:
 
     from . import _loader, spyre_module
 
+    global _loaded_library
     # Hooks must exist before the rename, or torch._C._get_accelerator() raises.
-    path = _loader.load()
+    path = _loaded_library = _loader.load()
     torch.utils.rename_privateuse1_backend(DEVICE_NAME)
     torch._register_device_module(DEVICE_NAME, spyre_module)
     # generate_methods_for_privateuse1_backend raises when run twice.
