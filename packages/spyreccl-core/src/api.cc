@@ -90,14 +90,12 @@ size_t checkDtype(const spyrecclDataType_t& dtype, const char* api) {
 }
 
 // count * esize * multiple bytes, rejecting overflow.
-size_t checkedBytes(size_t count, size_t esize, size_t multiple, const char* arg,
-                    const char* api) {
+size_t checkedBytes(size_t count, size_t esize, size_t multiple, const char* arg, const char* api) {
   size_t bytes = 0;
   bool overflow = __builtin_mul_overflow(count, esize, &bytes) ||
-                  __builtin_mul_overflow(bytes, multiple, &bytes) ||
-                  bytes > (size_t{1} << 62);
-  SPYRECCL_CHECK_ARG(!overflow, api, "argument '%s' = %zu is too large (byte size overflows)",
-                     arg, count);
+                  __builtin_mul_overflow(bytes, multiple, &bytes) || bytes > (size_t{1} << 62);
+  SPYRECCL_CHECK_ARG(!overflow, api, "argument '%s' = %zu is too large (byte size overflows)", arg,
+                     count);
   return bytes;
 }
 
@@ -171,20 +169,29 @@ spyrecclResult_t spyrecclGetVersion(int* version) {
 
 const char* spyrecclGetErrorString(spyrecclResult_t result) {
   switch (result) {
-    case spyrecclSuccess: return "spyrecclSuccess: no error";
-    case spyrecclSystemError: return "spyrecclSystemError: an operating system call failed";
-    case spyrecclInternalError: return "spyrecclInternalError: internal error in spyreccl";
-    case spyrecclInvalidArgument: return "spyrecclInvalidArgument: invalid argument";
+    case spyrecclSuccess:
+      return "spyrecclSuccess: no error";
+    case spyrecclSystemError:
+      return "spyrecclSystemError: an operating system call failed";
+    case spyrecclInternalError:
+      return "spyrecclInternalError: internal error in spyreccl";
+    case spyrecclInvalidArgument:
+      return "spyrecclInvalidArgument: invalid argument";
     case spyrecclInvalidUsage:
       return "spyrecclInvalidUsage: invalid usage (call out of order, unusable communicator or "
              "bad unique id)";
-    case spyrecclRemoteError: return "spyrecclRemoteError: a peer rank died, aborted or left";
-    case spyrecclTimeout: return "spyrecclTimeout: a wait exceeded the communicator timeout";
-    case spyrecclAborted: return "spyrecclAborted: the communicator was aborted";
+    case spyrecclRemoteError:
+      return "spyrecclRemoteError: a peer rank died, aborted or left";
+    case spyrecclTimeout:
+      return "spyrecclTimeout: a wait exceeded the communicator timeout";
+    case spyrecclAborted:
+      return "spyrecclAborted: the communicator was aborted";
     case spyrecclMismatch:
       return "spyrecclMismatch: ranks called different operations or arguments";
-    case spyrecclUnsupported: return "spyrecclUnsupported: unsupported request";
-    case spyrecclNumResults: break;
+    case spyrecclUnsupported:
+      return "spyrecclUnsupported: unsupported request";
+    case spyrecclNumResults:
+      break;
   }
   return "unknown spyrecclResult_t value";
 }
@@ -222,8 +229,8 @@ spyrecclResult_t spyrecclCommInitRank(spyrecclComm_t* comm, int nranks, spyreccl
   });
 }
 
-spyrecclResult_t spyrecclCommSplit(spyrecclComm_t comm, int color, int key,
-                                   spyrecclComm_t* newcomm, const spyrecclConfig_t* config) {
+spyrecclResult_t spyrecclCommSplit(spyrecclComm_t comm, int color, int key, spyrecclComm_t* newcomm,
+                                   const spyrecclConfig_t* config) {
   const char* api = "spyrecclCommSplit";
   return guarded(comm, api, [&](bool& communicating) {
     checkComm(comm, api);
@@ -284,7 +291,8 @@ spyrecclResult_t spyrecclCommSetTimeout(spyrecclComm_t comm, int64_t timeoutMs) 
   return guarded(comm, "spyrecclCommSetTimeout", [&](bool&) {
     checkComm(comm, "spyrecclCommSetTimeout");
     SPYRECCL_CHECK_ARG(timeoutMs > 0, "spyrecclCommSetTimeout",
-                       "argument 'timeoutMs' = %lld must be > 0", static_cast<long long>(timeoutMs));
+                       "argument 'timeoutMs' = %lld must be > 0",
+                       static_cast<long long>(timeoutMs));
     comm->setTimeoutMs(timeoutMs);
   });
 }
@@ -397,7 +405,8 @@ spyrecclResult_t spyrecclAllGather(const void* sendbuff, void* recvbuff, size_t 
     size_t total = checkedBytes(sendcount, esize, comm->nranks(), "sendcount", api);
     checkBuffer(sendbuff, bytes, "sendbuff", api);
     checkBuffer(recvbuff, total, "recvbuff", api);
-    bool inPlace = recvbuff != nullptr && bytePtr(sendbuff) == bytePtr(recvbuff) + comm->rank() * bytes;
+    bool inPlace =
+        recvbuff != nullptr && bytePtr(sendbuff) == bytePtr(recvbuff) + comm->rank() * bytes;
     checkOverlap(sendbuff, bytes, recvbuff, total, inPlace,
                  "in place requires sendbuff == recvbuff + rank * sendcount", api);
     startCommunication(comm, api, communicating);
@@ -416,7 +425,8 @@ spyrecclResult_t spyrecclReduceScatter(const void* sendbuff, void* recvbuff, siz
     kernels::ReduceSpec spec = comm->resolveOp(rawValue(op), datatype, api);
     checkBuffer(sendbuff, total, "sendbuff", api);
     checkBuffer(recvbuff, bytes, "recvbuff", api);
-    bool inPlace = sendbuff != nullptr && bytePtr(recvbuff) == bytePtr(sendbuff) + comm->rank() * bytes;
+    bool inPlace =
+        sendbuff != nullptr && bytePtr(recvbuff) == bytePtr(sendbuff) + comm->rank() * bytes;
     checkOverlap(sendbuff, total, recvbuff, bytes, inPlace,
                  "in place requires recvbuff == sendbuff + rank * recvcount", api);
     startCommunication(comm, api, communicating);
@@ -440,9 +450,9 @@ spyrecclResult_t spyrecclAllToAll(const void* sendbuff, void* recvbuff, size_t c
 }
 
 spyrecclResult_t spyrecclAllToAllv(const void* sendbuff, const size_t* sendcounts,
-                                   const size_t* sdispls, void* recvbuff,
-                                   const size_t* recvcounts, const size_t* rdispls,
-                                   spyrecclDataType_t datatype, spyrecclComm_t comm) {
+                                   const size_t* sdispls, void* recvbuff, const size_t* recvcounts,
+                                   const size_t* rdispls, spyrecclDataType_t datatype,
+                                   spyrecclComm_t comm) {
   const char* api = "spyrecclAllToAllv";
   return guarded(comm, api, [&](bool& communicating) {
     size_t esize = collectivePrologue(comm, datatype, api);

@@ -33,16 +33,26 @@ bool covers(const spyrecclConfig_t* c, size_t offset) {
 
 const char* resultName(int code) {
   switch (code) {
-    case spyrecclSuccess: return "spyrecclSuccess";
-    case spyrecclSystemError: return "spyrecclSystemError";
-    case spyrecclInternalError: return "spyrecclInternalError";
-    case spyrecclInvalidArgument: return "spyrecclInvalidArgument";
-    case spyrecclInvalidUsage: return "spyrecclInvalidUsage";
-    case spyrecclRemoteError: return "spyrecclRemoteError";
-    case spyrecclTimeout: return "spyrecclTimeout";
-    case spyrecclAborted: return "spyrecclAborted";
-    case spyrecclMismatch: return "spyrecclMismatch";
-    case spyrecclUnsupported: return "spyrecclUnsupported";
+    case spyrecclSuccess:
+      return "spyrecclSuccess";
+    case spyrecclSystemError:
+      return "spyrecclSystemError";
+    case spyrecclInternalError:
+      return "spyrecclInternalError";
+    case spyrecclInvalidArgument:
+      return "spyrecclInvalidArgument";
+    case spyrecclInvalidUsage:
+      return "spyrecclInvalidUsage";
+    case spyrecclRemoteError:
+      return "spyrecclRemoteError";
+    case spyrecclTimeout:
+      return "spyrecclTimeout";
+    case spyrecclAborted:
+      return "spyrecclAborted";
+    case spyrecclMismatch:
+      return "spyrecclMismatch";
+    case spyrecclUnsupported:
+      return "spyrecclUnsupported";
   }
   return "unknown result";
 }
@@ -65,15 +75,16 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
     c.oneshotMaxBytes = envBytes("SPYRECCL_ALLREDUCE_ONESHOT_MAX", c.oneshotMaxBytes);
   }
   if (config != nullptr) {
-    SPYRECCL_CHECK_ARG(config->size >= offsetof(spyrecclConfig_t, version) + sizeof(unsigned),
-                       op, "argument 'config' has size %zu, too small for a spyrecclConfig_t "
-                       "(initialise it with SPYRECCL_CONFIG_INITIALIZER)", config->size);
+    SPYRECCL_CHECK_ARG(config->size >= offsetof(spyrecclConfig_t, version) + sizeof(unsigned), op,
+                       "argument 'config' has size %zu, too small for a spyrecclConfig_t "
+                       "(initialise it with SPYRECCL_CONFIG_INITIALIZER)",
+                       config->size);
     SPYRECCL_CHECK_ARG(config->magic == SPYRECCL_CONFIG_MAGIC, op,
                        "argument 'config' has magic 0x%08x, expected SPYRECCL_CONFIG_MAGIC "
                        "0x%08x (initialise it with SPYRECCL_CONFIG_INITIALIZER)",
                        config->magic, SPYRECCL_CONFIG_MAGIC);
-    SPYRECCL_CHECK_ARG(config->version >= 1, op,
-                       "argument 'config' has version %u, expected >= 1", config->version);
+    SPYRECCL_CHECK_ARG(config->version >= 1, op, "argument 'config' has version %u, expected >= 1",
+                       config->version);
     if (covers<int64_t>(config, offsetof(spyrecclConfig_t, timeoutMs))) {
       SPYRECCL_CHECK_ARG(config->timeoutMs > 0, op,
                          "argument 'config->timeoutMs' = %lld must be > 0",
@@ -98,11 +109,11 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
                      kMaxChunkBytes);
   // Every rank must derive the same sizes: only deterministic rounding below. Each rank's
   // share of a chunk must stay a useful size (>= 256 bytes) even for many ranks.
-  c.chunkBytes = transport::alignUp(std::max({c.chunkBytes, kMinChunkBytes,
-                                              static_cast<size_t>(nranks) * 256}),
-                                    transport::kPage);
-  c.p2pChunkBytes = transport::alignUp(std::max(c.p2pChunkBytes, kMinP2PChunkBytes),
-                                       transport::kCacheLine);
+  c.chunkBytes = transport::alignUp(
+      std::max({c.chunkBytes, kMinChunkBytes, static_cast<size_t>(nranks) * 256}),
+      transport::kPage);
+  c.p2pChunkBytes =
+      transport::alignUp(std::max(c.p2pChunkBytes, kMinP2PChunkBytes), transport::kCacheLine);
   return c;
 }
 
@@ -131,8 +142,10 @@ Communicator::Communicator(int rank, int nranks, CommConfig config,
     if (w.dead()) {
       // The peer attached moments ago: a pid we cannot see lives in another pid
       // namespace. Do not watch it rather than report a false death.
-      SPYRECCL_LOG(kWarn, who_.c_str(), "cannot observe rank %d (pid %d) from this pid "
-                   "namespace; its death will be noticed by timeout only", p, pids[p]);
+      SPYRECCL_LOG(kWarn, who_.c_str(),
+                   "cannot observe rank %d (pid %d) from this pid "
+                   "namespace; its death will be noticed by timeout only",
+                   p, pids[p]);
       continue;
     }
     watches_[p] = std::move(w);
@@ -187,10 +200,10 @@ void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
     if (p == rank_) continue;
     const Descriptor& theirs = control(p)->desc[s & 1];
     if (algorithms::sameCall(theirs, mine)) continue;
-    std::string peerSeq = theirs.seq != mine.seq
-                              ? format(" as its collective seq %llu",
-                                       static_cast<unsigned long long>(theirs.seq))
-                              : std::string();
+    std::string peerSeq =
+        theirs.seq != mine.seq
+            ? format(" as its collective seq %llu", static_cast<unsigned long long>(theirs.seq))
+            : std::string();
     SPYRECCL_THROW(spyrecclMismatch, "%s: rank %d called %s but rank %d called %s%s",
                    opLabel().c_str(), rank_, algorithms::describe(mine).c_str(), p,
                    algorithms::describe(theirs).c_str(), peerSeq.c_str());
@@ -203,7 +216,8 @@ void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
 
 std::string Communicator::opLabel() const {
   if (!customLabel_.empty()) return customLabel_;
-  return format("%s seq %llu", algorithms::kindName(curKind_), static_cast<unsigned long long>(seq_));
+  return format("%s seq %llu", algorithms::kindName(curKind_),
+                static_cast<unsigned long long>(seq_));
 }
 
 Descriptor Communicator::beginOp(Descriptor d) {
@@ -239,8 +253,7 @@ void Communicator::endOp(bool ok) {
 // ---------------------------------------------------------------------------------------
 
 void Communicator::throwAborted(const std::string& waitingFor) const {
-  SPYRECCL_THROW(spyrecclAborted,
-                 "%s: spyrecclCommAbort was called on %s while it waited for %s",
+  SPYRECCL_THROW(spyrecclAborted, "%s: spyrecclCommAbort was called on %s while it waited for %s",
                  opLabel().c_str(), who_.c_str(), waitingFor.c_str());
 }
 
@@ -255,22 +268,22 @@ void Communicator::throwPeerFailure(int peer, const std::string& waitingFor) con
     what = format("rank %d (pid %d) left the communicator (spyrecclCommDestroy) during %s", peer,
                   pid, opLabel().c_str());
   } else if (status == transport::kStatusAborted) {
-    what = format("rank %d (pid %d) aborted the communicator (spyrecclCommAbort) during %s",
-                  peer, pid, opLabel().c_str());
+    what = format("rank %d (pid %d) aborted the communicator (spyrecclCommAbort) during %s", peer,
+                  pid, opLabel().c_str());
   } else {
     what = format("rank %d (pid %d) failed with %s during %s", peer, pid,
                   resultName(pc->failCode.load(std::memory_order_relaxed)), opLabel().c_str());
   }
-  std::string msg = format("%s (%s was waiting for %s)", what.c_str(), who_.c_str(),
-                           waitingFor.c_str());
+  std::string msg =
+      format("%s (%s was waiting for %s)", what.c_str(), who_.c_str(), waitingFor.c_str());
   throw Error(spyrecclRemoteError, withDump(msg), __FILE__, __LINE__);
 }
 
 void Communicator::throwTimeout(int64_t waitedNs, const std::string& waitingFor) const {
-  std::string msg = format("%s: %s timed out after %lld ms (timeout %lld ms) waiting for %s",
-                           opLabel().c_str(), who_.c_str(),
-                           static_cast<long long>(waitedNs / kNsPerMs),
-                           static_cast<long long>(timeoutMs()), waitingFor.c_str());
+  std::string msg =
+      format("%s: %s timed out after %lld ms (timeout %lld ms) waiting for %s", opLabel().c_str(),
+             who_.c_str(), static_cast<long long>(waitedNs / kNsPerMs),
+             static_cast<long long>(timeoutMs()), waitingFor.c_str());
   throw Error(spyrecclTimeout, withDump(msg), __FILE__, __LINE__);
 }
 
@@ -283,8 +296,8 @@ void Communicator::ensureUsable(const char* op) const {
     original = failMessage_;
   }
   SPYRECCL_THROW(spyrecclInvalidUsage,
-                 "%s: communicator %s is unusable after an earlier error (%s): %s; destroy it",
-                 op, who_.c_str(), resultName(code), original.c_str());
+                 "%s: communicator %s is unusable after an earlier error (%s): %s; destroy it", op,
+                 who_.c_str(), resultName(code), original.c_str());
 }
 
 void Communicator::markFailed(spyrecclResult_t code, const std::string& message) {
@@ -298,8 +311,7 @@ void Communicator::markFailed(spyrecclResult_t code, const std::string& message)
   RankControl* me = control(rank_);
   me->failCode.store(code, std::memory_order_relaxed);
   uint32_t expected = transport::kStatusActive;
-  me->status.compare_exchange_strong(expected, transport::kStatusFailed,
-                                     std::memory_order_acq_rel);
+  me->status.compare_exchange_strong(expected, transport::kStatusFailed, std::memory_order_acq_rel);
   wakeAll();
   SPYRECCL_LOG(kInfo, who_.c_str(), "communicator failed: %s", message.c_str());
 }
@@ -344,9 +356,11 @@ const char* Communicator::lastError() const {
 std::string Communicator::dumpState() const {
   static const char* const kStates[] = {"running", "done", "failed"};
   int64_t now = nowNs();
-  std::string out = format("spyreccl state of %s (pid %d, segment %s): step %u, %s\n",
-                           who_.c_str(), static_cast<int>(::getpid()), segment_->name().c_str(),
-                           step_, resultName(failCode_.load(std::memory_order_acquire)));
+  // Any thread may dump: read our step from shared memory, not the owner's step_.
+  std::string out = format("spyreccl state of %s (pid %d, segment %s): step %u, %s\n", who_.c_str(),
+                           static_cast<int>(::getpid()), segment_->name().c_str(),
+                           control(rank_)->step.load(std::memory_order_relaxed),
+                           resultName(failCode_.load(std::memory_order_acquire)));
   {
     std::lock_guard<std::mutex> lock(mu_);
     int first = std::max(0, recordCount_ - kFlightRecords);
@@ -371,9 +385,9 @@ std::string Communicator::dumpState() const {
     uint32_t status = pc->status.load(std::memory_order_relaxed);
     bool dead = p != rank_ && watches_[p].dead();
     out += format("    rank %-4d pid %-8d step %-8u %-8s last announced seq %llu %s%s\n", p,
-                  pc->pid.load(std::memory_order_relaxed), step,
-                  status < 4 ? kStatus[status] : "?", static_cast<unsigned long long>(d.seq),
-                  algorithms::describe(d).c_str(), dead ? " [process exited]" : "");
+                  pc->pid.load(std::memory_order_relaxed), step, status < 4 ? kStatus[status] : "?",
+                  static_cast<unsigned long long>(d.seq), algorithms::describe(d).c_str(),
+                  dead ? " [process exited]" : "");
   }
   return out;
 }
@@ -409,7 +423,8 @@ spyrecclRedOp_t Communicator::createPreMulSum(double scalar, spyrecclDataType_t 
                      static_cast<int>(dtype));
   SPYRECCL_CHECK_ARG(isFloating(dtype), op,
                      "argument 'datatype' = %s: PreMulSum is defined for floating-point types "
-                     "only", kernels::dtypeName(dtype));
+                     "only",
+                     kernels::dtypeName(dtype));
   kernels::ReduceSpec spec;
   spec.dtype = dtype;
   spec.op = spyrecclSum;
@@ -434,11 +449,11 @@ void Communicator::destroyRedOp(int op) {
   int index = op - spyrecclNumOps;
   SPYRECCL_CHECK_ARG(index >= 0, api,
                      "argument 'op' = %d is a built-in reduce op; only handles from "
-                     "spyrecclRedOpCreatePreMulSum can be destroyed", op);
+                     "spyrecclRedOpCreatePreMulSum can be destroyed",
+                     op);
   std::lock_guard<std::mutex> lock(mu_);
   SPYRECCL_CHECK_ARG(index < kMaxPreMulSum && premul_[index].used, api,
-                     "argument 'op' = %d is not a live PreMulSum handle of %s", op,
-                     who_.c_str());
+                     "argument 'op' = %d is not a live PreMulSum handle of %s", op, who_.c_str());
   premul_[index].used = false;
 }
 

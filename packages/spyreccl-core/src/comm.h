@@ -42,8 +42,8 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
 
 class Communicator {
  public:
-  Communicator(int rank, int nranks, CommConfig config,
-               std::unique_ptr<transport::Segment> segment, std::vector<pid_t> pids);
+  Communicator(int rank, int nranks, CommConfig config, std::unique_ptr<transport::Segment> segment,
+               std::vector<pid_t> pids);
   virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -121,10 +121,10 @@ class Communicator {
 
   // ---- point-to-point bookkeeping (owned by algorithms/p2p.cc) ----------------------------
   struct PeerP2P {
-    uint64_t sendMsgs = 0;       // messages started to this peer
-    uint64_t recvMsgs = 0;       // messages started from this peer
-    uint32_t postedChunks = 0;   // shadow of mailbox(rank, peer)->posted
-    uint32_t consumedChunks = 0; // shadow of mailbox(peer, rank)->consumed
+    uint64_t sendMsgs = 0;        // messages started to this peer
+    uint64_t recvMsgs = 0;        // messages started from this peer
+    uint32_t postedChunks = 0;    // shadow of mailbox(rank, peer)->posted
+    uint32_t consumedChunks = 0;  // shadow of mailbox(peer, rank)->consumed
   };
   PeerP2P& p2p(int peer) { return p2p_[peer]; }
   const transport::PeerWatch& watch(int peer) const { return watches_[peer]; }

@@ -120,7 +120,10 @@ def make_batches(args: argparse.Namespace, device: torch.device) -> list[tuple[t
 
 
 def train(model: nn.Module, batches, lr: float, progress: Progress | None) -> list[float]:
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    # foreach=False: the TP model mixes DTensor (sharded projections) and plain parameters
+    # (layer norms), and torch's multi-tensor kernels refuse such mixed lists; on "spyre"
+    # SGD would otherwise pick them by default.
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, foreach=False)
     losses = []
     for step, (x, y) in enumerate(batches):
         t0 = time.perf_counter()
@@ -282,7 +285,7 @@ def main(argv: list[str]) -> int:
     say = print if rank == 0 else (lambda *a, **k: None)
     say(
         f"tp_train: {ws} ranks, device {device.type}, backend {backend} "
-        f"(default group: {dist.get_backend()})"
+        f"(default group: {dist.get_backend_config()})"
     )
 
     # Same initial weights everywhere; parallelize_module shards them over the mesh.
@@ -327,6 +330,7 @@ def main(argv: list[str]) -> int:
             print_table(rows, ws, backend)
 
     dist.barrier()
+    dist.destroy_process_group(gloo)
     dist.destroy_process_group()
     if failed:
         say("tp_train: FAILED (tensor-parallel result differs from the reference)", file=sys.stderr)

@@ -194,8 +194,15 @@ def _check_objects_and_errors(rank, world, device, seed):
     dist.broadcast_object_list(objects, src=0)
     assert objects == ["from-0", 0]
 
+    # A CPU tensor on the spyre-only group of init_process_group(): c10d finds no backend
+    # for it; a CPU tensor handed to the spyreccl backend itself gets our message.
+    with pytest.raises(RuntimeError, match="cpu"):
+        dist.all_reduce(torch.ones(3))
+    backend = dist.group.WORLD._get_backend(device)
     with pytest.raises(RuntimeError, match="spyreccl handles spyre tensors only"):
-        dist.all_reduce(torch.ones(3))  # CPU tensor on a spyre-only group
+        backend.allreduce([torch.ones(3)])
+    with pytest.raises(RuntimeError, match=r"dstRank' is 9, expected a rank of the group"):
+        backend.send([torch.ones(3, device=device)], 9, 0)
     with pytest.raises(RuntimeError, match=r"BAND is not supported for dtype torch\.float32"):
         dist.all_reduce(torch.ones(3, device=device), op=dist.ReduceOp.BAND)
     # The group is still usable after rejected calls.

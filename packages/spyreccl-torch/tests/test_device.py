@@ -66,14 +66,18 @@ def poisoned(shape: tuple[int, ...], dtype: torch.dtype = torch.float64, device=
     return torch.full(shape, torch.iinfo(dtype).max, dtype=dtype, device=device)
 
 
-def run_fresh(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Runs `code` in a fresh interpreter that imports spyreccl_torch from where this one did."""
+def run_fresh(
+    code: str, extra_path: tuple[Path, ...] = (), **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Runs `code` in a fresh interpreter that imports spyreccl_torch from where this one did
+    (after the directories in `extra_path`)."""
     import spyreccl_torch
 
-    package_parent = str(Path(spyreccl_torch.__file__).resolve().parents[1])
+    # absolute(), not resolve(): development overlays assemble the package from symlinks.
+    package_parent = str(Path(spyreccl_torch.__file__).absolute().parents[1])
     child_env = dict(os.environ)
     child_env["PYTHONPATH"] = os.pathsep.join(
-        [package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]
+        [*map(str, extra_path), package_parent, *filter(None, [os.environ.get("PYTHONPATH")])]
     )
     child_env.update(env)
     return subprocess.run(
@@ -604,13 +608,16 @@ def test_device_count_comes_from_the_environment():
 def test_malformed_device_count_is_rejected():
     result = run_fresh(
         """
-        from spyreccl_torch import device
         try:
+            # The package registers the device on import already.
+            from spyreccl_torch import device
+
             device.register()
         except ValueError as e:
             print("ValueError", e)
         """,
         SPYRECCL_SPYRE_DEVICE_COUNT="eight",
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
     )
     assert "ValueError SPYRECCL_SPYRE_DEVICE_COUNT='eight'" in assert_fresh_ok(result)
 
@@ -744,7 +751,9 @@ def test_steps_aside_when_privateuse1_is_already_claimed():
             from spyreccl_torch import device
             print(device.register(), device.register())
             print(hasattr(torch, "spyre"), torch._C._get_privateuse1_backend_name())
-            """
+            """,
+            # The other vendor claims PrivateUse1 before spyreccl_torch is imported.
+            TORCH_DEVICE_BACKEND_AUTOLOAD="0",
         )
     )
     assert out.split() == ["False", "False", "False", "othervendor"]
@@ -755,13 +764,13 @@ def test_steps_aside_when_torch_spyre_is_installed(tmp_path):
     (tmp_path / "torch_spyre" / "__init__.py").write_text("raise AssertionError('not imported')\n")
     out = assert_fresh_ok(
         run_fresh(
-            f"""
+            """
             import sys
-            sys.path.insert(0, {str(tmp_path)!r})
             import torch
             from spyreccl_torch import device
             print(device.register(), hasattr(torch, "spyre"), "torch_spyre" in sys.modules)
-            """
+            """,
+            extra_path=(tmp_path,),
         )
     )
     assert out.split() == ["False", "False", "False"]
@@ -778,7 +787,8 @@ def test_steps_aside_when_another_module_owns_torch_spyre():
             torch._register_device_module("spyre", vendor)
             from spyreccl_torch import device
             print(device.register(), torch.spyre is vendor)
-            """
+            """,
+            TORCH_DEVICE_BACKEND_AUTOLOAD="0",
         )
     )
     assert out.split() == ["False", "True"]

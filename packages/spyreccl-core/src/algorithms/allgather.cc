@@ -8,8 +8,8 @@
 namespace spyreccl::algorithms {
 namespace {
 
-void gatherImpl(Communicator& c, Kind kind, const void* sendbuff, void* recvbuff,
-                size_t sendcount, spyrecclDataType_t dtype, int root) {
+void gatherImpl(Communicator& c, Kind kind, const void* sendbuff, void* recvbuff, size_t sendcount,
+                spyrecclDataType_t dtype, int root) {
   OpScope scope(c, makeDescriptor(kind, dtype, sendcount, root));
   const int n = c.nranks();
   const int r = c.rank();

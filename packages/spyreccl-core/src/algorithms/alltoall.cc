@@ -19,8 +19,8 @@ struct Span {
 // Moves message p of `send` (sendSpan(p)) to every peer p and message q of every peer into
 // recvSpan(q), `nsteps` slices of `slot` bytes. The first step announces `desc` if given.
 template <class SendSpan, class RecvSpan>
-void transfer(Communicator& c, const uint8_t* send, uint8_t* recv, size_t nsteps,
-              SendSpan sendSpan, RecvSpan recvSpan, const transport::Descriptor* desc) {
+void transfer(Communicator& c, const uint8_t* send, uint8_t* recv, size_t nsteps, SendSpan sendSpan,
+              RecvSpan recvSpan, const transport::Descriptor* desc) {
   const int n = c.nranks();
   const int r = c.rank();
   const size_t slot = slotBytes(c);
@@ -31,7 +31,8 @@ void transfer(Communicator& c, const uint8_t* send, uint8_t* recv, size_t nsteps
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
       Span m = sendSpan(p);
-      if (m.len > off) std::memcpy(mine + p * slot, send + m.off + off, std::min(slot, m.len - off));
+      if (m.len > off)
+        std::memcpy(mine + p * slot, send + m.off + off, std::min(slot, m.len - off));
     }
     c.exchange(s, j == 0 ? desc : nullptr);
     for (int q = 0; q < n; ++q) {

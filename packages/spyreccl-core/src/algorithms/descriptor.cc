@@ -7,18 +7,30 @@ namespace spyreccl::algorithms {
 
 const char* kindName(uint32_t kind) {
   switch (static_cast<Kind>(kind)) {
-    case Kind::kNone: return "none";
-    case Kind::kAllReduce: return "allreduce";
-    case Kind::kReduce: return "reduce";
-    case Kind::kBroadcast: return "broadcast";
-    case Kind::kAllGather: return "allgather";
-    case Kind::kReduceScatter: return "reduce_scatter";
-    case Kind::kAllToAll: return "alltoall";
-    case Kind::kAllToAllv: return "alltoallv";
-    case Kind::kGather: return "gather";
-    case Kind::kScatter: return "scatter";
-    case Kind::kBarrier: return "barrier";
-    case Kind::kSplit: return "comm_split";
+    case Kind::kNone:
+      return "none";
+    case Kind::kAllReduce:
+      return "allreduce";
+    case Kind::kReduce:
+      return "reduce";
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kAllGather:
+      return "allgather";
+    case Kind::kReduceScatter:
+      return "reduce_scatter";
+    case Kind::kAllToAll:
+      return "alltoall";
+    case Kind::kAllToAllv:
+      return "alltoallv";
+    case Kind::kGather:
+      return "gather";
+    case Kind::kScatter:
+      return "scatter";
+    case Kind::kBarrier:
+      return "barrier";
+    case Kind::kSplit:
+      return "comm_split";
   }
   return "unknown";
 }
@@ -36,7 +48,8 @@ std::string describe(const transport::Descriptor& d) {
   if (kind == Kind::kNone) return s;
   if (kind == Kind::kBarrier || kind == Kind::kSplit) return s + "()";
   s += "(";
-  if (kind != Kind::kAllToAllv) s += format("count=%llu, ", static_cast<unsigned long long>(d.count));
+  if (kind != Kind::kAllToAllv)
+    s += format("count=%llu, ", static_cast<unsigned long long>(d.count));
   s += kernels::dtypeName(static_cast<spyrecclDataType_t>(d.dtype));
   if (d.redop >= 0) s += ", " + opLabel(d.redop);
   if (d.root >= 0) s += format(", root=%d", d.root);

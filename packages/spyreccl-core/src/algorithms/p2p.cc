@@ -55,8 +55,7 @@ bool canProgress(const P2POp& op) {
     uint32_t consumed = outbox(c, op.peer)->consumed.load(std::memory_order_acquire);
     return c.p2p(op.peer).postedChunks - consumed < 2 || rejected(op);
   }
-  return inbox(c, op.peer)->posted.load(std::memory_order_acquire) !=
-         c.p2p(op.peer).consumedChunks;
+  return inbox(c, op.peer)->posted.load(std::memory_order_acquire) != c.p2p(op.peer).consumedChunks;
 }
 
 bool trySend(P2POp& op) {
@@ -151,8 +150,8 @@ bool tryRecv(P2POp& op) {
 }  // namespace
 
 std::string P2POp::describe() const {
-  return format("%s(%s) %s rank %d", isSend ? "send" : "recv",
-                signature(count, dtype, tag).c_str(), isSend ? "to" : "from", peer);
+  return format("%s(%s) %s rank %d", isSend ? "send" : "recv", signature(count, dtype, tag).c_str(),
+                isSend ? "to" : "from", peer);
 }
 
 GroupState& threadGroup() {

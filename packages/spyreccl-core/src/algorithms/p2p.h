@@ -21,10 +21,10 @@ struct P2POp {
   uint8_t* recvBuf = nullptr;
 
   // progress
-  size_t done = 0;        // payload bytes transferred
-  bool started = false;   // first chunk handled (message number assigned)
+  size_t done = 0;       // payload bytes transferred
+  bool started = false;  // first chunk handled (message number assigned)
   bool finished = false;
-  uint64_t msgSeq = 0;    // per-pair message number
+  uint64_t msgSeq = 0;  // per-pair message number
 
   std::string describe() const;
 };

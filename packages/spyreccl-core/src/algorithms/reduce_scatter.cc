@@ -10,8 +10,8 @@ namespace spyreccl::algorithms {
 
 void reduceScatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t recvcount,
                    spyrecclDataType_t dtype, spyrecclRedOp_t op, const kernels::ReduceSpec& spec) {
-  OpScope scope(c, makeDescriptor(Kind::kReduceScatter, dtype, recvcount, -1,
-                                  static_cast<int>(op)));
+  OpScope scope(c,
+                makeDescriptor(Kind::kReduceScatter, dtype, recvcount, -1, static_cast<int>(op)));
   const int n = c.nranks();
   const int r = c.rank();
   const size_t esize = kernels::dtypeSize(dtype);

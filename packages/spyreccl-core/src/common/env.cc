@@ -24,14 +24,24 @@ size_t envBytes(const char* name, size_t fallback) {
   unsigned long long scale = 1;
   if (ok && *end != '\0') {
     switch (*end) {
-      case 'k': case 'K': scale = 1ULL << 10; break;
-      case 'm': case 'M': scale = 1ULL << 20; break;
-      case 'g': case 'G': scale = 1ULL << 30; break;
-      default: ok = false;
+      case 'k':
+      case 'K':
+        scale = 1ULL << 10;
+        break;
+      case 'm':
+      case 'M':
+        scale = 1ULL << 20;
+        break;
+      case 'g':
+      case 'G':
+        scale = 1ULL << 30;
+        break;
+      default:
+        ok = false;
     }
     if (ok) {
       ++end;
-      if (*end == 'i' || *end == 'I') ++end;                 // "KiB"
+      if (*end == 'i' || *end == 'I') ++end;  // "KiB"
       if (*end == 'b' || *end == 'B') ++end;
       ok = *end == '\0';
     }

@@ -47,24 +47,24 @@ std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 #define SPYRECCL_THROW(code, ...) ::spyreccl::throwError((code), __FILE__, __LINE__, __VA_ARGS__)
 
 // Argument validation: throws spyrecclInvalidArgument "<op>: <message>" unless `cond`.
-#define SPYRECCL_CHECK_ARG(cond, op, ...)                                  \
-  do {                                                                     \
+#define SPYRECCL_CHECK_ARG(cond, op, ...)                                          \
+  do {                                                                             \
     if (!(cond)) ::spyreccl::throwArgError((op), __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 
 // Runs a POSIX call that returns -1 (and sets errno) on failure; evaluates to its result.
-#define SPYRECCL_SYSCHECK(call, what)                                               \
-  ({                                                                                \
-    auto spyreccl_rc_ = (call);                                                     \
+#define SPYRECCL_SYSCHECK(call, what)                                                        \
+  ({                                                                                         \
+    auto spyreccl_rc_ = (call);                                                              \
     if (spyreccl_rc_ == -1) ::spyreccl::throwSystemError(errno, __FILE__, __LINE__, (what)); \
-    spyreccl_rc_;                                                                   \
+    spyreccl_rc_;                                                                            \
   })
 
 // Internal invariant; a failure is a bug in spyreccl.
-#define SPYRECCL_ASSERT(cond)                                                          \
-  do {                                                                                 \
-    if (!(cond))                                                                       \
-      ::spyreccl::throwError(spyrecclInternalError, __FILE__, __LINE__,                \
-                             "internal error: assertion '%s' failed at %s:%d", #cond,  \
-                             __FILE__, __LINE__);                                      \
+#define SPYRECCL_ASSERT(cond)                                                                   \
+  do {                                                                                          \
+    if (!(cond))                                                                                \
+      ::spyreccl::throwError(spyrecclInternalError, __FILE__, __LINE__,                         \
+                             "internal error: assertion '%s' failed at %s:%d", #cond, __FILE__, \
+                             __LINE__);                                                         \
   } while (0)

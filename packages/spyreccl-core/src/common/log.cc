@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <cstdarg>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace spyreccl {
@@ -17,8 +17,10 @@ LogLevel logLevel() {
     if (strcasecmp(v, "TRACE") == 0) return LogLevel::kTrace;
     if (strcasecmp(v, "INFO") == 0) return LogLevel::kInfo;
     if (strcasecmp(v, "WARN") == 0) return LogLevel::kWarn;
-    std::fprintf(stderr, "[spyreccl pid %d] WARN  SPYRECCL_DEBUG='%s' is not one of WARN, INFO, "
-                 "TRACE; logging stays off\n", static_cast<int>(getpid()), v);
+    std::fprintf(stderr,
+                 "[spyreccl pid %d] WARN  SPYRECCL_DEBUG='%s' is not one of WARN, INFO, "
+                 "TRACE; logging stays off\n",
+                 static_cast<int>(getpid()), v);
     return LogLevel::kNone;
   }();
   return level;
@@ -32,8 +34,8 @@ void logMessage(LogLevel level, const char* who, const char* fmt, ...) {
   std::vsnprintf(body, sizeof(body), fmt, ap);
   va_end(ap);
   // One fprintf per line so that lines of concurrent ranks do not interleave mid-line.
-  std::fprintf(stderr, "[spyreccl pid %d%s%s] %s %s\n", static_cast<int>(getpid()),
-               who ? " " : "", who ? who : "", kNames[static_cast<int>(level)], body);
+  std::fprintf(stderr, "[spyreccl pid %d%s%s] %s %s\n", static_cast<int>(getpid()), who ? " " : "",
+               who ? who : "", kNames[static_cast<int>(level)], body);
 }
 
 }  // namespace spyreccl

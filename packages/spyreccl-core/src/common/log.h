@@ -16,8 +16,8 @@ void logMessage(LogLevel level, const char* who, const char* fmt, ...)
 
 }  // namespace spyreccl
 
-#define SPYRECCL_LOG(level, who, ...)                                                   \
-  do {                                                                                  \
-    if (::spyreccl::logLevel() >= ::spyreccl::LogLevel::level)                          \
-      ::spyreccl::logMessage(::spyreccl::LogLevel::level, (who), __VA_ARGS__);          \
+#define SPYRECCL_LOG(level, who, ...)                                          \
+  do {                                                                         \
+    if (::spyreccl::logLevel() >= ::spyreccl::LogLevel::level)                 \
+      ::spyreccl::logMessage(::spyreccl::LogLevel::level, (who), __VA_ARGS__); \
   } while (0)

@@ -37,6 +37,12 @@
 
 #define SPYRECCL_ALWAYS_INLINE inline __attribute__((always_inline))
 
+#if defined(__clang__)
+#define SPYRECCL_COLD_PATH __attribute__((noinline))
+#else
+#define SPYRECCL_COLD_PATH __attribute__((noinline, optimize("no-tree-vectorize")))
+#endif
+
 namespace spyreccl::kernels {
 namespace {
 
@@ -274,17 +280,10 @@ struct Kernel {
     for (size_t i = 0; i < n; ++i) d[i] = out(Op::apply(acc[i], in(x[i])));
   }
 
-  // One block of `n` elements starting at `off`. Called with n == kBlock (a constant after
-  // inlining, which is what lets -O2 vectorise) and once with the remainder.
+  // Two or more sources, elements [off, off + n).
   SPYRECCL_ALWAYS_INLINE void block(S* d, const S* const* srcs, int nsrc, size_t off,
                                     size_t n) const {
-    if (nsrc == 1) {
-      if (d == srcs[0]) {
-        copyInPlace(d + off, n);
-      } else {
-        copy(d + off, srcs[0] + off, n);
-      }
-    } else if (nsrc == 2) {
+    if (nsrc == 2) {
       if (d == srcs[0]) {
         combine2InPlace(d + off, srcs[1] + off, n);
       } else {
@@ -299,20 +298,44 @@ struct Kernel {
     }
   }
 
+  // Any number of sources and any length <= kBlock: the tail of a call and the
+  // single-source case. Kept out of line, out of the per-ISA clones and unvectorised: it
+  // handles less than one block per call, and at -O3 its runtime-length loops would
+  // otherwise be versioned and vectorised into most of this file's code size.
+  SPYRECCL_COLD_PATH void anyLength(S* d, const S* const* srcs, int nsrc, size_t off,
+                                           size_t n) const {
+    if (nsrc == 1) {
+      if (d == srcs[0]) {
+        copyInPlace(d + off, n);
+      } else {
+        copy(d + off, srcs[0] + off, n);
+      }
+    } else {
+      block(d, srcs, nsrc, off, n);
+    }
+  }
+
   SPYRECCL_ALWAYS_INLINE void run(void* dst, const void* const* srcs_, int nsrc,
                                   size_t count) const {
     S* d = static_cast<S*>(dst);
     const S* const* srcs = reinterpret_cast<const S* const*>(srcs_);
-    if constexpr (Codec::kLossless && Pre::kIsIdentity && Post::kIsIdentity) {
-      // A single source with nothing to apply: a copy (or nothing, in place).
-      if (nsrc == 1) {
+    if (nsrc == 1) {
+      if constexpr (Codec::kLossless && Pre::kIsIdentity && Post::kIsIdentity) {
+        // Nothing to apply: a copy (or nothing at all, in place).
         if (d != srcs[0]) std::memcpy(d, srcs[0], count * sizeof(S));
         return;
       }
+      // A single source only happens for a communicator of one rank: not worth a clone.
+      for (size_t off = 0; off < count; off += kBlock) {
+        anyLength(d, srcs, 1, off, count - off < kBlock ? count - off : kBlock);
+      }
+      return;
     }
+    // Full blocks: the trip count is the constant kBlock once inlined, which is what lets
+    // even -O2 vectorise these loops.
     size_t off = 0;
     for (; off + kBlock <= count; off += kBlock) block(d, srcs, nsrc, off, kBlock);
-    if (off < count) block(d, srcs, nsrc, off, count - off);
+    if (off < count) anyLength(d, srcs, nsrc, off, count - off);
   }
 };
 

@@ -105,8 +105,8 @@ std::unique_ptr<spyrecclComm> bootstrap(int nranks, const UniqueIdData& id, int 
     seg->unlink();
     if (registered) {
       // Lets the ranks still waiting for the others fail fast (checkAttachedRanks).
-      layout.rank(seg->base(), rank)->status.store(transport::kStatusFailed,
-                                                   std::memory_order_release);
+      layout.rank(seg->base(), rank)
+          ->status.store(transport::kStatusFailed, std::memory_order_release);
     }
     throw;
   }

@@ -24,10 +24,20 @@ size_t parseBytes(const char* s) {
   char* end = nullptr;
   double v = std::strtod(s, &end);
   switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
+    case 'K':
+    case 'k':
+      v *= 1024;
+      break;
+    case 'M':
+    case 'm':
+      v *= 1024 * 1024;
+      break;
+    case 'G':
+    case 'g':
+      v *= 1024.0 * 1024 * 1024;
+      break;
+    default:
+      break;
   }
   return static_cast<size_t>(v);
 }
@@ -56,7 +66,8 @@ int runRank(int rank, int nranks, spyrecclUniqueId id, size_t minBytes, size_t m
       auto t0 = std::chrono::steady_clock::now();
       spyrecclResult_t rc =
           spyrecclAllReduce(in.data(), out.data(), count, spyrecclFloat32, spyrecclSum, comm);
-      us[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      us[i] =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       if (rc != spyrecclSuccess) {
         std::fprintf(stderr, "rank %d: %s\n", rank, spyrecclGetLastError(comm));
         return 1;

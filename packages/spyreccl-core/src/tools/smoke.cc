@@ -26,21 +26,21 @@ namespace {
 
 int gFailures = 0;
 
-#define EXPECT(cond, ...)                                                 \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
+#define EXPECT(cond, ...)                                                      \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       std::fprintf(stderr, "  FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                  \
-      std::fprintf(stderr, "\n");                                         \
-      return false;                                                       \
-    }                                                                     \
+      std::fprintf(stderr, __VA_ARGS__);                                       \
+      std::fprintf(stderr, "\n");                                              \
+      return false;                                                            \
+    }                                                                          \
   } while (0)
 
-#define CHECK_OK(call)                                                                      \
-  do {                                                                                      \
-    spyrecclResult_t rc_ = (call);                                                          \
-    EXPECT(rc_ == spyrecclSuccess, "%s -> %s: %s", #call, spyrecclGetErrorString(rc_),      \
-           spyrecclGetLastError(comm));                                                     \
+#define CHECK_OK(call)                                                                 \
+  do {                                                                                 \
+    spyrecclResult_t rc_ = (call);                                                     \
+    EXPECT(rc_ == spyrecclSuccess, "%s -> %s: %s", #call, spyrecclGetErrorString(rc_), \
+           spyrecclGetLastError(comm));                                                \
   } while (0)
 
 struct Rank {
@@ -68,8 +68,8 @@ bool segmentExists(const spyrecclUniqueId& id) {
 
 // Runs `body` on `nranks` forked processes sharing one fresh communicator. `expectExit`
 // lets a scenario declare ranks that die on purpose (exit code ignored).
-bool runRanks(const char* name, int nranks, const Body& body, const spyrecclConfig_t* config = nullptr,
-              int dyingRank = -1) {
+bool runRanks(const char* name, int nranks, const Body& body,
+              const spyrecclConfig_t* config = nullptr, int dyingRank = -1) {
   auto start = std::chrono::steady_clock::now();
   spyrecclUniqueId id;
   if (spyrecclGetUniqueId(&id) != spyrecclSuccess) {
@@ -140,8 +140,8 @@ bool allReduce(Rank& R) {
       float* recv = inPlace ? in.data() : out.data();
       CHECK_OK(spyrecclAllReduce(in.data(), recv, count, spyrecclFloat32, spyrecclSum, comm));
       for (size_t i = 0; i < count; ++i) {
-        EXPECT(recv[i] == static_cast<float>(ref[i]), "count %zu inplace %d i %zu: %f vs %f",
-               count, inPlace, i, recv[i], ref[i]);
+        EXPECT(recv[i] == static_cast<float>(ref[i]), "count %zu inplace %d i %zu: %f vs %f", count,
+               inPlace, i, recv[i], ref[i]);
       }
     }
   }
@@ -151,7 +151,8 @@ bool allReduce(Rank& R) {
   CHECK_OK(spyrecclAllReduce(a.data(), o.data(), a.size(), spyrecclInt32, spyrecclMax, comm));
   for (size_t i = 0; i < a.size(); ++i) {
     int32_t want = a[i];
-    for (int q = 0; q < R.nranks; ++q) want = std::max(want, static_cast<int32_t>(i) * (q + 1) - 500);
+    for (int q = 0; q < R.nranks; ++q)
+      want = std::max(want, static_cast<int32_t>(i) * (q + 1) - 500);
     EXPECT(o[i] == want, "max i %zu: %d vs %d", i, o[i], want);
   }
   CHECK_OK(spyrecclAllReduce(a.data(), o.data(), a.size(), spyrecclInt32, spyrecclAvg, comm));
@@ -190,7 +191,8 @@ bool reduceAndBroadcast(Rank& R) {
           EXPECT(out[i] == static_cast<float>(ref[i]), "reduce root %d i %zu", root, i);
         }
       }
-      std::vector<float> b = R.rank == root ? rankData(root, count, 200) : std::vector<float>(count, NAN);
+      std::vector<float> b =
+          R.rank == root ? rankData(root, count, 200) : std::vector<float>(count, NAN);
       CHECK_OK(spyrecclBroadcast(b.data(), b.data(), count, spyrecclFloat32, root, comm));
       auto ref = rankData(root, count, 200);
       EXPECT(b == ref, "broadcast root %d count %zu", root, count);
@@ -213,7 +215,8 @@ bool gathers(Rank& R) {
     // In place.
     std::vector<float> all2(count * n, NAN);
     std::copy(mine.begin(), mine.end(), all2.begin() + R.rank * count);
-    CHECK_OK(spyrecclAllGather(all2.data() + R.rank * count, all2.data(), count, spyrecclFloat32, comm));
+    CHECK_OK(
+        spyrecclAllGather(all2.data() + R.rank * count, all2.data(), count, spyrecclFloat32, comm));
     EXPECT(all2 == all, "allgather in place");
     // gather to the last rank, scatter back from it.
     const int root = n - 1;
@@ -226,13 +229,15 @@ bool gathers(Rank& R) {
     // reduce_scatter: block p of rank q's input is rankData(q, count*n)[p*count..].
     auto rsIn = rankData(R.rank, count * n, 400);
     std::vector<float> rsOut(count, NAN);
-    CHECK_OK(spyrecclReduceScatter(rsIn.data(), rsOut.data(), count, spyrecclFloat32, spyrecclSum, comm));
+    CHECK_OK(spyrecclReduceScatter(rsIn.data(), rsOut.data(), count, spyrecclFloat32, spyrecclSum,
+                                   comm));
     std::vector<double> ref(count, 0.0);
     for (int q = 0; q < n; ++q) {
       auto d = rankData(q, count * n, 400);
       for (size_t i = 0; i < count; ++i) ref[i] += d[R.rank * count + i];
     }
-    for (size_t i = 0; i < count; ++i) EXPECT(rsOut[i] == static_cast<float>(ref[i]), "rs i %zu", i);
+    for (size_t i = 0; i < count; ++i)
+      EXPECT(rsOut[i] == static_cast<float>(ref[i]), "rs i %zu", i);
     // reduce_scatter in place.
     CHECK_OK(spyrecclReduceScatter(rsIn.data(), rsIn.data() + R.rank * count, count,
                                    spyrecclFloat32, spyrecclSum, comm));
@@ -258,7 +263,9 @@ bool allToAll(Rank& R) {
     }
   }
   // alltoallv: rank r sends (r + 1) * (p + 1) * 1000 + p elements to p.
-  auto cnt = [](int src, int dst) { return static_cast<size_t>((src + 1) * (dst + 1) * 1000 + dst); };
+  auto cnt = [](int src, int dst) {
+    return static_cast<size_t>((src + 1) * (dst + 1) * 1000 + dst);
+  };
   std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
   size_t stot = 0, rtot = 0;
   for (int p = 0; p < n; ++p) {
@@ -283,8 +290,8 @@ bool allToAll(Rank& R) {
   }
   // Mismatched counts: every rank must report spyrecclMismatch.
   if (R.rank == 0) rc[n - 1] += 1;
-  spyrecclResult_t rcode = spyrecclAllToAllv(in.data(), sc.data(), sd.data(), out.data(),
-                                             rc.data(), rd.data(), spyrecclInt64, comm);
+  spyrecclResult_t rcode = spyrecclAllToAllv(in.data(), sc.data(), sd.data(), out.data(), rc.data(),
+                                             rd.data(), spyrecclInt64, comm);
   EXPECT(rcode == spyrecclMismatch, "alltoallv mismatch -> %s", spyrecclGetErrorString(rcode));
   return true;
 }
@@ -336,12 +343,13 @@ bool pointToPoint(Rank& R) {
   // Receive with the wrong count: mismatch on the receiver (and the sender).
   if (R.rank < 2) {
     std::vector<int32_t> v(10, 1);
-    spyrecclResult_t rc = R.rank == 0
-                              ? spyrecclSend(v.data(), 10, spyrecclInt32, 1, 3, comm)
-                              : spyrecclRecv(v.data(), 9, spyrecclInt32, 0, 3, comm);
-    if (R.rank == 1) EXPECT(rc == spyrecclMismatch, "recv mismatch -> %s", spyrecclGetErrorString(rc));
-    if (R.rank == 1) EXPECT(std::strstr(spyrecclGetLastError(comm), "count=10") != nullptr, "%s",
-                            spyrecclGetLastError(comm));
+    spyrecclResult_t rc = R.rank == 0 ? spyrecclSend(v.data(), 10, spyrecclInt32, 1, 3, comm)
+                                      : spyrecclRecv(v.data(), 9, spyrecclInt32, 0, 3, comm);
+    if (R.rank == 1)
+      EXPECT(rc == spyrecclMismatch, "recv mismatch -> %s", spyrecclGetErrorString(rc));
+    if (R.rank == 1)
+      EXPECT(std::strstr(spyrecclGetLastError(comm), "count=10") != nullptr, "%s",
+             spyrecclGetLastError(comm));
   }
   return true;
 }
@@ -357,7 +365,8 @@ bool mismatch(Rank& R) {
           : spyrecclAllReduce(v.data(), v.data(), 1000, spyrecclFloat32, spyrecclSum, comm);
   EXPECT(rc == spyrecclMismatch, "got %s", spyrecclGetErrorString(rc));
   const char* msg = spyrecclGetLastError(comm);
-  EXPECT(std::strstr(msg, "allreduce(count=1000, float32, sum)") && std::strstr(msg, "allgather(count=10, float32)"),
+  EXPECT(std::strstr(msg, "allreduce(count=1000, float32, sum)") &&
+             std::strstr(msg, "allgather(count=10, float32)"),
          "message: %s", msg);
   rc = spyrecclBarrier(comm);
   EXPECT(rc == spyrecclInvalidUsage, "after failure: %s", spyrecclGetErrorString(rc));
@@ -372,20 +381,23 @@ bool invalidArguments(Rank& R) {
   // Once every rank attached, the name is gone although the communicator lives on.
   EXPECT(!segmentExists(R.id), "segment name still present after init");
   float x[4] = {1, 2, 3, 4};
-  spyrecclResult_t rc = spyrecclAllReduce(x, x, 4, static_cast<spyrecclDataType_t>(42), spyrecclSum, comm);
+  spyrecclResult_t rc =
+      spyrecclAllReduce(x, x, 4, static_cast<spyrecclDataType_t>(42), spyrecclSum, comm);
   EXPECT(rc == spyrecclInvalidArgument, "dtype -> %d", rc);
   EXPECT(std::strstr(spyrecclGetLastError(comm), "argument 'datatype' = 42") != nullptr, "%s",
          spyrecclGetLastError(comm));
   rc = spyrecclBroadcast(x, x, 4, spyrecclFloat32, R.nranks + 2, comm);
   EXPECT(rc == spyrecclInvalidArgument, "root -> %d", rc);
-  EXPECT(std::strstr(spyrecclGetLastError(comm), "out of range") != nullptr, "%s", spyrecclGetLastError(comm));
+  EXPECT(std::strstr(spyrecclGetLastError(comm), "out of range") != nullptr, "%s",
+         spyrecclGetLastError(comm));
   rc = spyrecclAllReduce(x, x + 1, 3, spyrecclFloat32, spyrecclSum, comm);
   EXPECT(rc == spyrecclInvalidArgument, "overlap -> %d", rc);
   rc = spyrecclAllReduce(nullptr, x, 3, spyrecclFloat32, spyrecclSum, comm);
   EXPECT(rc == spyrecclInvalidArgument, "null -> %d", rc);
   rc = spyrecclAllReduce(x, x, 4, spyrecclFloat32, static_cast<spyrecclRedOp_t>(-3), comm);
   EXPECT(rc == spyrecclInvalidArgument, "op -3 -> %d", rc);
-  rc = spyrecclAllReduce(x, x, 4, spyrecclFloat32, static_cast<spyrecclRedOp_t>(spyrecclNumOps + 5), comm);
+  rc = spyrecclAllReduce(x, x, 4, spyrecclFloat32, static_cast<spyrecclRedOp_t>(spyrecclNumOps + 5),
+                         comm);
   EXPECT(rc == spyrecclInvalidArgument, "dead handle -> %d", rc);
   rc = spyrecclAllReduce(x, x, 4, spyrecclFloat32, spyrecclBand, comm);
   EXPECT(rc == spyrecclInvalidArgument, "band on float -> %d", rc);
@@ -400,10 +412,12 @@ bool timeout(Rank& R) {
   if (R.rank == 0) {
     auto t0 = std::chrono::steady_clock::now();
     spyrecclResult_t rc = spyrecclBarrier(comm);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     EXPECT(rc == spyrecclTimeout, "got %s", spyrecclGetErrorString(rc));
     EXPECT(ms >= 250 && ms < 2000, "timed out after %.0f ms", ms);
-    EXPECT(std::strstr(spyrecclGetLastError(comm), "rank(s) 1") != nullptr, "%s", spyrecclGetLastError(comm));
+    EXPECT(std::strstr(spyrecclGetLastError(comm), "rank(s) 1") != nullptr, "%s",
+           spyrecclGetLastError(comm));
   } else {
     usleep(900 * 1000);  // never calls the barrier
   }
@@ -419,9 +433,11 @@ bool abortFromThread(Rank& R) {
     });
     auto t0 = std::chrono::steady_clock::now();
     spyrecclResult_t rc = spyrecclBarrier(comm);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     t.join();
-    EXPECT(rc == spyrecclAborted, "got %s: %s", spyrecclGetErrorString(rc), spyrecclGetLastError(comm));
+    EXPECT(rc == spyrecclAborted, "got %s: %s", spyrecclGetErrorString(rc),
+           spyrecclGetLastError(comm));
     EXPECT(ms < 1000, "abort took %.0f ms", ms);
   } else {
     usleep(400 * 1000);
@@ -430,9 +446,11 @@ bool abortFromThread(Rank& R) {
     CHECK_OK(spyrecclBarrier(comm));
     auto t0 = std::chrono::steady_clock::now();
     spyrecclResult_t rc = spyrecclBarrier(comm);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     EXPECT(rc == spyrecclRemoteError, "got %s", spyrecclGetErrorString(rc));
-    EXPECT(std::strstr(spyrecclGetLastError(comm), "aborted") != nullptr, "%s", spyrecclGetLastError(comm));
+    EXPECT(std::strstr(spyrecclGetLastError(comm), "aborted") != nullptr, "%s",
+           spyrecclGetLastError(comm));
     EXPECT(ms < 500, "remote abort noticed after %.0f ms", ms);
   }
   return true;
@@ -447,10 +465,13 @@ bool killedPeer(Rank& R) {
   }
   auto t0 = std::chrono::steady_clock::now();
   std::vector<float> v(100000, 1.0f);
-  spyrecclResult_t rc = spyrecclAllReduce(v.data(), v.data(), v.size(), spyrecclFloat32, spyrecclSum, comm);
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  spyrecclResult_t rc =
+      spyrecclAllReduce(v.data(), v.data(), v.size(), spyrecclFloat32, spyrecclSum, comm);
+  double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT(rc == spyrecclRemoteError, "got %s", spyrecclGetErrorString(rc));
-  EXPECT(std::strstr(spyrecclGetLastError(comm), "died") != nullptr, "%s", spyrecclGetLastError(comm));
+  EXPECT(std::strstr(spyrecclGetLastError(comm), "died") != nullptr, "%s",
+         spyrecclGetLastError(comm));
   EXPECT(ms < 2100, "death noticed after %.0f ms", ms);
   return true;
 }
@@ -472,7 +493,8 @@ bool split(Rank& R) {
       if (q > R.rank) ++expectR;
       ++expectN;
     }
-    EXPECT(n == expectN && r == expectR, "split size %d rank %d, expected %d %d", n, r, expectN, expectR);
+    EXPECT(n == expectN && r == expectR, "split size %d rank %d, expected %d %d", n, r, expectN,
+           expectR);
     int32_t v = R.rank;
     CHECK_OK(spyrecclAllReduce(&v, &v, 1, spyrecclInt32, spyrecclSum, sub));
     int32_t want = 0;

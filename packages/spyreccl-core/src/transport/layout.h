@@ -44,8 +44,8 @@ struct alignas(kCacheLine) SegmentHeader {
 // What a rank announces for the collective it is running: every rank compares every
 // peer's descriptor with its own in the first step of each collective.
 struct Descriptor {
-  uint64_t seq;    // collective sequence number on this communicator (1, 2, ...)
-  uint32_t kind;   // algorithms::Kind
+  uint64_t seq;   // collective sequence number on this communicator (1, 2, ...)
+  uint32_t kind;  // algorithms::Kind
   int32_t dtype;
   uint64_t count;
   int32_t root;    // -1 when the collective has none
@@ -130,8 +130,8 @@ class Layout {
     return base + stagingOff_ + (2 * static_cast<size_t>(r) + (parity & 1)) * chunkBytes_;
   }
   MailboxControl* mailbox(uint8_t* base, int src, int dst) const {
-    return reinterpret_cast<MailboxControl*>(base + mailboxOff_ +
-                                             mailboxBytes_ * (static_cast<size_t>(src) * nranks_ + dst));
+    return reinterpret_cast<MailboxControl*>(
+        base + mailboxOff_ + mailboxBytes_ * (static_cast<size_t>(src) * nranks_ + dst));
   }
   ChunkHeader* slot(uint8_t* base, int src, int dst, uint32_t index) const {
     auto* mb = reinterpret_cast<uint8_t*>(mailbox(base, src, dst));

@@ -131,8 +131,9 @@ std::unique_ptr<Segment> Segment::attach(const std::string& name, const Layout& 
     }
     void* p = ::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
-      throwSystemError(errno, __FILE__, __LINE__,
-                       format("mmap(%s, %zu bytes)", name.c_str(), static_cast<size_t>(st.st_size)));
+      throwSystemError(
+          errno, __FILE__, __LINE__,
+          format("mmap(%s, %zu bytes)", name.c_str(), static_cast<size_t>(st.st_size)));
     }
     std::unique_ptr<Segment> seg(new Segment(name, static_cast<uint8_t*>(p), st.st_size));
     SegmentHeader* h = seg->header();
@@ -144,8 +145,8 @@ std::unique_ptr<Segment> Segment::attach(const std::string& name, const Layout& 
     };
     if (h->magic != kSegmentMagic) foreign(format("bad magic 0x%08x", h->magic));
     if (h->version != kSegmentVersion) {
-      foreign(format("layout version %u, this library speaks version %u", h->version,
-                     kSegmentVersion));
+      foreign(
+          format("layout version %u, this library speaks version %u", h->version, kSegmentVersion));
     }
     if (std::memcmp(h->nonce, nonce, sizeof(h->nonce)) != 0) foreign("nonce differs from the id");
     if (h->ownerUid != ::geteuid()) foreign(format("created by uid %u", h->ownerUid));

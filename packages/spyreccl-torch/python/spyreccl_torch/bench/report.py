@@ -61,8 +61,8 @@ def format_sweep_tables(rows: Sequence[dict], memcpy_gbps: float | None) -> str:
             head2 += f" {'median':>8} {'p10':>7} {'p90':>8} {'busbw':>6} {'%mcpy':>5} |"
         others = [lv for lv in levels if lv != "gloo"] if "gloo" in levels else []
         if others:
-            head1 += f" {'x gloo':^{8 * len(others)}}"
-            head2 += "".join(f" {lv[:7]:>7}" for lv in others)
+            head1 += f" {'x gloo':^{9 * len(others)}}"
+            head2 += "".join(f" {lv:>8}" for lv in others)
         title = f"# {op}  {dtype}  {nranks} rank{'s' if nranks > 1 else ''}"
         if memcpy_gbps:
             title += f"   (%mcpy: busbw / single-thread memcpy {memcpy_gbps:.2f} GB/s)"
@@ -82,7 +82,7 @@ def format_sweep_tables(rows: Sequence[dict], memcpy_gbps: float | None) -> str:
             for lv in others:
                 r = by.get((lv, size))
                 s = r.get("speedup_vs_gloo") if r else None
-                line += f" {_num(s, 6, 1)}x" if s is not None else f" {'-':>7}"
+                line += f" {_num(s, 7, 1)}x" if s is not None else f" {'-':>8}"
             out.append(line)
         out.append("")
     return "\n".join(out)
