@@ -211,11 +211,123 @@ def _check_objects_and_errors(rank, world, device, seed):
     assert t.cpu().tolist() == [float(world)] * 2
 
 
+def _check_rooted_and_lists(rank, world, device, seed):
+    root = 1 % world
+    # reduce PRODUCT to a root; the other ranks' tensors are left alone.
+    xs = _all(seed, world, (17,), torch.float64)
+    t = xs[rank].to(device)
+    dist.reduce(t, dst=root, op=dist.ReduceOp.PRODUCT)
+    _close(t, torch.stack(xs).prod(0) if rank == root else xs[rank], "reduce PRODUCT")
+
+    # gather / scatter (int32)
+    ys = _all(seed + 1, world, (6,), torch.int32)
+    slots = [_poisoned((6,), torch.int32, device) for _ in range(world)] if rank == root else None
+    dist.gather(ys[rank].to(device), slots, dst=root)
+    if rank == root:
+        for r in range(world):
+            assert torch.equal(slots[r].cpu(), ys[r]), f"gather block {r}"
+    zs = _all(seed + 2, world, (6,), torch.int32)
+    out = _poisoned((6,), torch.int32, device)
+    dist.scatter(out, [z.to(device) for z in zs] if rank == root else None, src=root)
+    assert torch.equal(out.cpu(), zs[rank]), "scatter"
+
+    # all_gather into a list of blocks of different sizes
+    sizes = [2 * r + 1 for r in range(world)]
+    blocks = [_data(seed + 3, r, (sizes[r],), torch.float32) for r in range(world)]
+    outs = [_poisoned((sizes[r],), torch.float32, device) for r in range(world)]
+    dist.all_gather(outs, blocks[rank].to(device))
+    for r in range(world):
+        _close(outs[r], blocks[r].double(), f"uneven all_gather block {r}")
+
+    # reduce_scatter from a list, BXOR on int64
+    contrib = [_all(seed + 4 + r, world, (5,), torch.int64) for r in range(world)]
+    out = _poisoned((5,), torch.int64, device)
+    dist.reduce_scatter(out, [c.to(device) for c in contrib[rank]], op=dist.ReduceOp.BXOR)
+    expected = contrib[0][rank].clone()
+    for r in range(1, world):
+        expected ^= contrib[r][rank]
+    assert torch.equal(out.cpu(), expected), "reduce_scatter BXOR"
+
+    # all_to_all with per-peer tensors of different sizes: rank r sends r + p + 1 values to p
+    send = [_data(seed + 5, rank * world + p, (rank + p + 1,), torch.float32) for p in range(world)]
+    recv = [_poisoned((p + rank + 1,), torch.float32, device) for p in range(world)]
+    dist.all_to_all(recv, [x.to(device) for x in send])
+    for p in range(world):
+        theirs = _data(seed + 5, p * world + rank, (p + rank + 1,), torch.float32)
+        _close(recv[p], theirs.double(), f"all_to_all from {p}")
+
+
+def _check_dtypes_and_coalescing(rank, world, device, seed):
+    # complex SUM, float8 SUM (float32 accumulation, exact for a few float8 values), bool MIN
+    cs = [
+        torch.complex(a, b)
+        for a, b in zip(
+            _all(seed, world, (9,), torch.float32), _all(seed + 1, world, (9,), torch.float32)
+        )
+    ]
+    t = cs[rank].to(device)
+    dist.all_reduce(t)
+    expected = torch.stack([c.to(torch.complex128) for c in cs]).sum(0)
+    torch.testing.assert_close(t.cpu().to(torch.complex128), expected, msg="complex SUM")
+    f8 = _all(seed + 2, world, (33,), torch.float8_e4m3fn)
+    t = f8[rank].to(device)
+    dist.all_reduce(t)
+    exact = torch.stack([f.double() for f in f8]).sum(0).to(torch.float8_e4m3fn)
+    assert torch.equal(t.cpu().view(torch.uint8), exact.view(torch.uint8)), "float8 SUM"
+    bs = _all(seed + 3, world, (40,), torch.bool)
+    t = bs[rank].to(device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    assert torch.equal(t.cpu(), torch.stack(bs).all(0)), "bool MIN (logical and)"
+    # uint16 has no core type: data movement carries it as bytes
+    u16 = (
+        torch.arange(7, dtype=torch.int32).to(torch.uint16).to(device)
+        if rank == 0
+        else (torch.zeros(7, dtype=torch.uint16, device=device))
+    )
+    dist.broadcast(u16, src=0)
+    assert u16.cpu().to(torch.int32).tolist() == list(range(7)), "uint16 broadcast"
+
+    # _coalescing_manager fast path: one Work for both all_reduces
+    xs = _all(seed + 4, world, (10,), torch.float32)
+    ys = _all(seed + 5, world, (3,), torch.float64)
+    a, b = xs[rank].to(device), ys[rank].to(device)
+    with dist._coalescing_manager(device=device, async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    _close(a, torch.stack([x.double() for x in xs]).sum(0), "coalesced all_reduce 0")
+    _close(b, torch.stack(ys).sum(0), "coalesced all_reduce 1")
+
+    # plain send/recv, and a receive from any source
+    if rank == 0:
+        for p in range(1, world):
+            dist.send(torch.full((5,), float(p), device=device), dst=p, tag=3)
+        got = torch.zeros(2, device=device)
+        senders = {dist.recv(got, tag=4) for _ in range(world - 1)}
+        assert senders == set(range(1, world)), senders
+    else:
+        t = torch.zeros(5, device=device)
+        dist.recv(t, src=0, tag=3)
+        assert t.cpu().tolist() == [float(rank)] * 5
+        dist.send(torch.ones(2, device=device), dst=0, tag=4)
+
+    # the profiler sees each collective under its name, with its sizes
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+    ) as prof:
+        dist.all_reduce(torch.ones(12, device=device))
+    names = {event.name for event in prof.events()}
+    assert "spyreccl:all_reduce" in names, sorted(names)
+    assert "record_param_comms" in names, sorted(names)
+
+
 _CHECKS = {
     "allreduce": _check_allreduce,
     "movement": _check_movement,
     "p2p_async": _check_p2p_and_async,
     "groups": _check_groups,
+    "rooted_lists": _check_rooted_and_lists,
+    "dtypes_coalescing": _check_dtypes_and_coalescing,
     "objects_errors": _check_objects_and_errors,
 }
 
@@ -262,3 +374,63 @@ def test_backend_end_to_end(world: int) -> None:
                 rank, report = errors.get()
                 reports.append(f"rank {rank}:\n{report}")
             pytest.fail(f"seed {seed}: {error}\n" + "\n".join(reports))
+
+
+def _failure_worker(rank: int, world: int, init_file: str, seed: int, errors) -> None:
+    """Rank 0 waits with a timeout on a collective that rank 1 never joins: the wait must
+    raise, abort the communicator, and rank 1 must then see a backend error promptly instead
+    of hanging. Then the same with an explicit abort() on a fresh group."""
+    import time
+
+    try:
+        device = torch.device("spyre", rank % torch.spyre.device_count())
+        dist.init_process_group(
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=60),
+        )
+        spare = dist.new_group(ranks=list(range(world)))
+        if rank == 0:
+            work = dist.all_reduce(torch.ones(4, device=device), async_op=True)
+            started = time.monotonic()
+            with pytest.raises(dist.DistBackendError, match="timed out after 500 ms"):
+                work.wait(timeout=datetime.timedelta(milliseconds=500))
+            assert time.monotonic() - started < 30
+            with pytest.raises(dist.DistBackendError):
+                work.wait()  # the aborted operation itself failed too
+            # abort() unblocks a queued operation on another group
+            work = dist.all_reduce(torch.ones(4, device=device), group=spare, async_op=True)
+            time.sleep(0.5)
+            spare._get_backend(device).abort()
+            with pytest.raises(dist.DistBackendError):
+                work.wait()
+        else:
+            time.sleep(2)
+            started = time.monotonic()
+            with pytest.raises(dist.DistBackendError):
+                dist.all_reduce(torch.ones(8, device=device))  # peer 0 aborted
+            assert time.monotonic() - started < 30
+            # Rank 0 contributed to its queued all_reduce before aborting, so the matching
+            # call may still complete here; the next one can only fail (not hang).
+            with pytest.raises(dist.DistBackendError):
+                for _ in range(2):
+                    dist.all_reduce(torch.ones(4, device=device), group=spare)
+    except BaseException:
+        errors.put((rank, traceback.format_exc()))
+        raise
+
+
+def test_wait_timeout_and_abort_fail_fast() -> None:
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        try:
+            mp.spawn(_failure_worker, args=(2, init_file, 0, errors), nprocs=2, join=True)
+        except Exception as error:
+            reports = []
+            while not errors.empty():
+                rank, report = errors.get()
+                reports.append(f"rank {rank}:\n{report}")
+            pytest.fail(f"{error}\n" + "\n".join(reports))

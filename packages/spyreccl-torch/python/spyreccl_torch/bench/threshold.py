@@ -73,7 +73,9 @@ def run_threshold(args: argparse.Namespace) -> int:
             rows.extend(level_rows)
 
     summary = {}
-    lines = [f"# core all_reduce {args.dtype}: median time (us) per {_VAR} value"]
+    lines = [f"# core all_reduce {args.dtype}: median time (us) per {_VAR} value",
+             "# (0 B: always two-phase; the core caps the value at its staging chunk, 1 MiB by "
+             "default, so 1 MiB means one-shot whenever allowed; default: variable unset)"]
     for n in args.nproc:
         head = f"{'size':>9} |" + "".join(f" {_label(v):>10}" for v in values) + " | fastest"
         lines += ["", f"## {n} ranks", head, "-" * len(head)]
@@ -92,7 +94,8 @@ def run_threshold(args: argparse.Namespace) -> int:
             summary[n] = x
             lines.append(
                 f"two-phase is at least as fast as one-shot from {format_bytes(x)} up"
-                if x is not None else "one-shot wins up to the largest size measured")
+                if x is not None else
+                "one-shot is faster than two-phase at the largest size measured: no crossover")
     text = "\n".join(lines)
     print(text)
     json_path = args.json or os.path.join("bench-results", f"threshold-{timestamp()}.json")
