@@ -14,6 +14,7 @@ import os
 import random
 import tempfile
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -125,6 +126,20 @@ def _check_movement(rank, world, device, seed):
     scatter_single(out, zs[rank].to(device))
     total = torch.stack([z.double() for z in zs]).sum(0)
     _close(out, total[rank * 11 : (rank + 1) * 11], "reduce_scatter_single")
+
+    # the deprecated spellings, and an in-place gather (input = own block of the output)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        flat = _poisoned((world * 5, 7), torch.float16, device)
+        dist.all_gather_into_tensor(flat, ys[rank].to(device))
+        _close(flat, torch.cat(ys).double(), "all_gather_into_tensor")
+        inplace = _poisoned((world * 5, 7), torch.float16, device)
+        inplace[rank * 5 : (rank + 1) * 5] = ys[rank].to(device)
+        dist.all_gather_into_tensor(inplace, inplace[rank * 5 : (rank + 1) * 5])
+        _close(inplace, torch.cat(ys).double(), "in-place all_gather_into_tensor")
+        out = _poisoned((11,), torch.float32, device)
+        dist.reduce_scatter_tensor(out, zs[rank].to(device), op=dist.ReduceOp.AVG)
+        _close(out, total[rank * 11 : (rank + 1) * 11] / world, "reduce_scatter_tensor AVG")
 
     # all_to_all_single with uneven splits: rank r sends (p + r + 1) rows to rank p
     rows_to = [p + rank + 1 for p in range(world)]
@@ -247,6 +262,22 @@ def _check_rooted_and_lists(rank, world, device, seed):
     for r in range(1, world):
         expected ^= contrib[r][rank]
     assert torch.equal(out.cpu(), expected), "reduce_scatter BXOR"
+
+    # all_gather_coalesced (deprecated API): one list per rank, one tensor per input
+    inputs = [
+        _data(seed + 6, rank, (3,), torch.float32),
+        _data(seed + 7, rank, (2, 2), torch.int16),
+    ]
+    lists = [
+        [_poisoned((3,), torch.float32, device), _poisoned((2, 2), torch.int16, device)]
+        for _ in range(world)
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_gather_coalesced(lists, [x.to(device) for x in inputs])
+    for r in range(world):
+        _close(lists[r][0], _data(seed + 6, r, (3,), torch.float32).double(), "coalesced 0")
+        assert torch.equal(lists[r][1].cpu(), _data(seed + 7, r, (2, 2), torch.int16))
 
     # all_to_all with per-peer tensors of different sizes: rank r sends r + p + 1 values to p
     send = [_data(seed + 5, rank * world + p, (rank + p + 1,), torch.float32) for p in range(world)]
@@ -411,11 +442,15 @@ def _failure_worker(rank: int, world: int, init_file: str, seed: int, errors) ->
             with pytest.raises(dist.DistBackendError):
                 dist.all_reduce(torch.ones(8, device=device))  # peer 0 aborted
             assert time.monotonic() - started < 30
+
             # Rank 0 contributed to its queued all_reduce before aborting, so the matching
             # call may still complete here; the next one can only fail (not hang).
-            with pytest.raises(dist.DistBackendError):
+            def two_all_reduces():
                 for _ in range(2):
                     dist.all_reduce(torch.ones(4, device=device), group=spare)
+
+            with pytest.raises(dist.DistBackendError):
+                two_all_reduces()
     except BaseException:
         errors.put((rank, traceback.format_exc()))
         raise

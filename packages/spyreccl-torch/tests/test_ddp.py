@@ -68,12 +68,26 @@ def _compare(ddp_model: nn.Module, reference: nn.Module, what: str, seed: int, g
         )
 
 
+def _group(device_type: str, kind: str):
+    """The process group DDP uses: the default group (what `DDP(model)` takes), or one made
+    with an explicit backend name."""
+    if kind == "default":
+        return None
+    return dist.new_group(backend="gloo" if device_type == "cpu" else "spyreccl")
+
+
 def _train(
-    device_type: str, seed: int, steps: int, bucket_cap_mb: float | None, accumulate: int
+    device_type: str,
+    seed: int,
+    steps: int,
+    bucket_cap_mb: float | None,
+    accumulate: int,
+    group_kind: str = "default",
 ) -> float:
     """`steps` optimizer steps; each step accumulates `accumulate` micro-batches, all but the
     last under no_sync (so only the last backward communicates)."""
     dev = _device(device_type)
+    group = _group(device_type, group_kind)
     ws, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(seed)
     model = _model()
@@ -84,7 +98,7 @@ def _train(
             for p in model.parameters():
                 p.add_(1.0)
     kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
-    ddp = DDP(model.to(dev), **kwargs)
+    ddp = DDP(model.to(dev), process_group=group, **kwargs)
     _compare(ddp, reference, "after the constructor's broadcast", seed, grads=False)
     if device_type != "cpu":
         served_by = ddp.process_group._get_backend(dev).name()
@@ -113,6 +127,8 @@ def _train(
         opt.step()
         opt_ref.step()
         _compare(ddp, reference, f"after step {step}", seed, grads=False)
+    if group is not None:
+        dist.destroy_process_group(group)
     return loss.item()
 
 
@@ -142,8 +158,11 @@ def seed() -> int:
     [(None, 1), (0.002, 1), (0.002, 3)],
     ids=["default-buckets", "tiny-buckets", "tiny-buckets-no_sync"],
 )
-def test_ddp_matches_single_process(rank_pool, seed, bucket_cap_mb, accumulate):
-    losses = rank_pool.run(_train, DEVICE, seed, 3, bucket_cap_mb, accumulate)
+@pytest.mark.parametrize("group_kind", ["default", "explicit"])
+def test_ddp_matches_single_process(rank_pool, seed, bucket_cap_mb, accumulate, group_kind):
+    # "default": DDP(model) on the group of a plain init_process_group(), the common case;
+    # "explicit": a group made with new_group(backend="spyreccl").
+    losses = rank_pool.run(_train, DEVICE, seed, 3, bucket_cap_mb, accumulate, group_kind)
     assert all(torch.isfinite(torch.tensor(losses))), losses
 
 

@@ -14,6 +14,8 @@ Modes:
     one rank per process, meant to be launched by torchrun (launches itself otherwise).
 ``ddp``
     DistributedDataParallel step time: spyre+spyreccl against CPU+gloo.
+``overhead``
+    per-call cost of each layer (core, device sync, backend, torch.distributed) at one rank.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .timing import LoopPolicy
 
 __all__ = ["build_parser", "main"]
 
-MODES = ("sweep", "threshold", "ibm", "ddp")
+MODES = ("sweep", "threshold", "ibm", "ddp", "overhead")
 
 
 def _int_list(text: str) -> list[int]:
@@ -90,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="PNG plot (default: the JSON path with .png); sweep and threshold")
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the one-off result check that precedes every timed case")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="bound on any collective wait and on a silent job, seconds")
 
@@ -167,7 +171,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
     sizes = sizes_from(args, 8, 256 << 20)
     configs = [SweepConfig(nranks=n, ops=args.ops, sizes=sizes, dtype=args.dtype,
                            levels=tuple(args.levels), policy=_policy(args),
-                           timeout_s=args.timeout) for n in args.nproc]
+                           timeout_s=args.timeout, check=not args.no_check)
+               for n in args.nproc]
     machine_at_start = describe_environment()
     memcpy = measure_memcpy()
     print(f"single-thread memcpy bandwidth: {memcpy.median_gbps:.2f} GB/s "
@@ -236,6 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .ibm import run_ibm
 
             return run_ibm(args)
+        if args.mode == "overhead":
+            from .overhead import run_overhead
+
+            return run_overhead(args)
         from .ddp import run_ddp
 
         return run_ddp(args)

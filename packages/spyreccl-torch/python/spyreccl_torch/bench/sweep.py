@@ -30,6 +30,7 @@ class SweepConfig:
     levels: tuple[str, ...] = ALL_LEVELS
     policy: LoopPolicy = field(default_factory=LoopPolicy)
     timeout_s: float = 300.0  # per collective wait (c10d / spyreccl timeout) and per stall
+    check: bool = True  # verify every case's result once before timing it (check.py)
     env: Mapping[str, str | None] = field(default_factory=dict)  # applied to every rank
 
     def __post_init__(self) -> None:
@@ -77,6 +78,7 @@ def _job_args(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> 
         "policy": {"target_s": cfg.policy.target_s, "min_iters": cfg.policy.min_iters,
                    "max_iters": cfg.policy.max_iters},
         "timeout_s": cfg.timeout_s,
+        "check": cfg.check,
     }
     if level == "core":
         import spyreccl_core

@@ -61,7 +61,8 @@ def run_threshold(args: argparse.Namespace) -> int:
             env = {_VAR: None if v is None else str(v)}
             configs.append((v, SweepConfig(nranks=n, ops=["all_reduce"], sizes=sizes,
                                            dtype=args.dtype, levels=("core",), policy=policy,
-                                           timeout_s=args.timeout, env=env)))
+                                           timeout_s=args.timeout, env=env,
+                                           check=not args.no_check)))
     plans = [plan_for(cfg) for _, cfg in configs]
     rows: list[dict] = []
     with progress_bar(sum(len(p) for p in plans), enabled=not args.no_progress) as bar:

@@ -14,69 +14,99 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from . import timing
+from . import check, timing
 from .torch_env import LEVELS, init_level, torch_dtype
 
 __all__ = ["run_rank"]
 
 
-def _make_step(dist: Any, torch: Any, case: dict, dtype: Any, device: Any, rank: int,
-               sync: Callable[[], None]) -> Callable[[], None] | None:
-    """A closure performing one operation of ``case`` then synchronising the device."""
-    op = case["op"]
-    if op == "barrier":
-        def barrier() -> None:
-            dist.barrier()
-            sync()
-        return barrier
+class _Case:
+    """Buffers and the one-operation closure (with device synchronisation) of a case."""
 
-    def buffer(elems: int) -> Any:
-        return torch.zeros(elems, dtype=dtype, device=device)
-
-    send = buffer(case["send_elems"])
-    recv = buffer(case["recv_elems"])
-    # torch 2.13 deprecates the *_tensor spellings (a FutureWarning on every call, which
-    # costs microseconds); the *_single functions are the same c10d operations.
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-    if op == "all_reduce":
-        # In place, as torch's API is; zeros keep the values (and their speed) constant.
-        def step() -> None:
-            dist.all_reduce(send)
-            sync()
-    elif op == "all_gather_into_tensor":
-        def step() -> None:
-            all_gather(recv, send)
-            sync()
-    elif op == "reduce_scatter_tensor":
-        def step() -> None:
-            reduce_scatter(recv, send)
-            sync()
-    elif op == "broadcast":
-        def step() -> None:
-            dist.broadcast(send, 0)
-            sync()
-    elif op == "all_to_all_single":
-        def step() -> None:
-            dist.all_to_all_single(recv, send)
-            sync()
-    elif op == "sendrecv":
-        if rank == 0:
-            def step() -> None:
-                dist.send(send, 1)
-                dist.recv(recv, 1)
+    def __init__(self, dist: Any, torch: Any, case: dict, dtype: Any, device: Any,
+                 rank: int, sync: Callable[[], None]) -> None:
+        self.op = op = case["op"]
+        self.send = self.recv = None
+        self.step: Callable[[], None] | None = None
+        if op == "barrier":
+            def barrier() -> None:
+                dist.barrier()
                 sync()
-        elif rank == 1:
+            self.step = barrier
+            return
+        send = self.send = torch.zeros(case["send_elems"], dtype=dtype, device=device)
+        recv = self.recv = torch.zeros(case["recv_elems"], dtype=dtype, device=device)
+        # torch 2.13 deprecates the *_tensor spellings (a FutureWarning on every call, which
+        # costs microseconds); the *_single functions are the same c10d operations.
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        reduce_scatter = (getattr(dist, "reduce_scatter_single", None)
+                          or dist.reduce_scatter_tensor)
+        if op == "all_reduce":
+            # In place, as torch's API is; zeros keep the values (and their speed) constant.
             def step() -> None:
-                dist.recv(recv, 0)
-                dist.send(send, 0)
+                dist.all_reduce(send)
                 sync()
+        elif op == "all_gather_into_tensor":
+            def step() -> None:
+                all_gather(recv, send)
+                sync()
+        elif op == "reduce_scatter_tensor":
+            def step() -> None:
+                reduce_scatter(recv, send)
+                sync()
+        elif op == "broadcast":
+            def step() -> None:
+                dist.broadcast(send, 0)
+                sync()
+        elif op == "all_to_all_single":
+            def step() -> None:
+                dist.all_to_all_single(recv, send)
+                sync()
+        elif op == "sendrecv":
+            if rank == 0:
+                def step() -> None:
+                    dist.send(send, 1)
+                    dist.recv(recv, 1)
+                    sync()
+            elif rank == 1:
+                def step() -> None:
+                    dist.recv(recv, 0)
+                    dist.send(send, 0)
+                    sync()
+            else:
+                return
         else:
-            return None
-    else:
-        raise ValueError(f"torch bench rank: unknown operation {op!r}")
-    return step
+            raise ValueError(f"torch bench rank: unknown operation {op!r}")
+        self.step = step
+
+
+def _check(torch: Any, c: _Case, case: dict, level: str, rank: int, nranks: int,
+           dtype: Any) -> None:
+    """Runs the case once on known inputs and raises if this rank's result is wrong."""
+    if c.send is None or c.step is None:
+        return
+    inputs = check.input_blocks(c.op, rank, nranks)
+    c.send.copy_(torch.tensor(inputs, dtype=dtype).repeat_interleave(
+        c.send.numel() // len(inputs)))
+    result = c.send if check.result_is_send(c.op, level) else c.recv
+    if result is not c.send:
+        result.fill_(check.POISON)
+    c.step()
+    expected = check.expected_blocks(c.op, rank, nranks)
+    if expected is not None:
+        got = result.cpu()
+        want = torch.tensor(expected, dtype=dtype).repeat_interleave(
+            got.numel() // len(expected))
+        if not torch.equal(got, want):
+            bad = (got != want).nonzero().flatten()
+            i = int(bad[0])
+            raise AssertionError(
+                f"{level} {c.op} of {case['nbytes']} B at {nranks} ranks: rank {rank} has "
+                f"{bad.numel()} wrong element(s) of {got.numel()}; first at index {i}: "
+                f"{got[i].item()!r}, expected {want[i].item()!r}"
+            )
+    c.send.zero_()
+    c.recv.zero_()
 
 
 def run_rank(args: dict) -> None:
@@ -107,17 +137,19 @@ def run_rank(args: dict) -> None:
             return float(probe.cpu()[0])
 
         for case in args["cases"]:
-            step = _make_step(dist, torch, case, dtype, env.device, rank, env.synchronize)
-            idle = step is None
+            c = _Case(dist, torch, case, dtype, env.device, rank, env.synchronize)
+            if args["check"]:
+                _check(torch, c, case, level, rank, nranks, dtype)
+            idle = c.step is None
             samples = timing.measure(
-                (lambda: None) if idle else step,
+                (lambda: None) if idle else c.step,
                 dist.barrier,
                 agree_max,
                 warmup=timing.warmup_iters(case["nbytes"]),
                 policy=policy,
             )
             conn.send(("case", case["index"], None if idle else samples))
-            del step
+            del c
         dist.destroy_process_group()
         conn.send(("done",))
     except BaseException:

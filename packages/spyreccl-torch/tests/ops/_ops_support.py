@@ -1,0 +1,378 @@
+"""Case matrices and per-rank checking loops shared by the per-operation test modules.
+
+Every module of this directory tests one c10d operation of the spyreccl backend in one
+module-scoped rank pool per world size (2 and 3). To keep the inter-process overhead low, a
+test sends a whole list of cases to the ranks in ONE `pool.run` call; each rank runs them in
+order (all ranks see the same list, so they issue the same collectives in the same order),
+checks its own results and returns the failures as text. Each case:
+
+- draws fresh inputs (the case seed derives from a base seed taken from `os.urandom`, or from
+  SPYRECCL_TEST_SEED to replay a failure) with `spyreccl_testing.inputs.random_tensor`; every
+  rank can rebuild every other rank's input from the seed, so the reference is computed
+  locally, without exchanging data;
+- poisons out-of-place outputs before the call (`poison_`);
+- compares with the float64 / exact reference of `spyreccl_testing.accuracy`, and - where gloo
+  supports the dtype and reduce op - with gloo's answer for the same inputs as CPU tensors (the
+  pools use "cpu:gloo,spyre:spyreccl", so the same ranks run both);
+- checks that inputs of out-of-place operations are left untouched.
+
+Only plain data (tuples, strings, ints, torch dtypes) travels to the ranks: the workers
+unpickle a task's arguments before they import the test module, so instances of classes
+defined in this directory would not unpickle there.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from spyreccl_testing import RankContext
+from spyreccl_testing.accuracy import assert_close_dtype, premul_sum
+from spyreccl_testing.inputs import random_tensor, rank_seed
+
+# -- the matrix ----------------------------------------------------------------------------
+
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+)
+FLOAT_DTYPES = frozenset(d for d in DTYPES if d.is_floating_point)
+INT_DTYPES = frozenset(d for d in DTYPES if not d.is_floating_point and d != torch.bool)
+
+REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL_SUM", "BAND", "BOR", "BXOR")
+
+# Staging area of the collectives and of send/recv in these pools: the core's minimum, so that
+# the large cases span many pipeline slots for every dtype (LARGE one-byte elements are 4 slots,
+# LARGE float64 elements 32) while staying cheap to generate and check on a 2-core machine.
+CHUNK_BYTES = 16 * 1024
+P2P_CHUNK_BYTES = 16 * 1024
+LARGE = 65_537
+
+# Element counts: empty, one element, odd, and larger than the staging chunk for every dtype.
+SIZES = (0, 1, 1001, LARGE)
+# Shapes with those counts for operations that take any shape: a 0-d tensor for the single
+# element, and a 3-d odd shape.
+SHAPES = ((0,), (), (7, 11, 13), (LARGE,))
+
+POOL_OPTIONS: dict[str, Any] = {
+    "backend": "cpu:gloo,spyre:spyreccl",
+    "set_device": True,
+    "env": {
+        "SPYRECCL_CHUNK_BYTES": str(CHUNK_BYTES),
+        "SPYRECCL_P2P_CHUNK_BYTES": str(P2P_CHUNK_BYTES),
+    },
+}
+# Apply with `pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)` in a test module.
+
+RUN_TIMEOUT = 300.0  # seconds for one batch of cases (the machine is shared and has 2 cores)
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_params(dtypes: Iterable[torch.dtype] = DTYPES) -> list:
+    return [pytest.param(d, id=dtype_id(d)) for d in dtypes]
+
+
+# -- what is valid where -------------------------------------------------------------------
+
+
+def reduction_valid(dtype: torch.dtype, op: str) -> bool:
+    """Whether spyreccl.h defines `op` for `dtype` (independently of what the backend does):
+    bitwise ops on integers and bool only, no average of booleans, PREMUL_SUM on floats."""
+    if op in ("BAND", "BOR", "BXOR"):
+        return dtype not in FLOAT_DTYPES
+    if op == "AVG":
+        return dtype != torch.bool
+    if op == "PREMUL_SUM":
+        return dtype in FLOAT_DTYPES
+    return True
+
+
+def rejection_pattern(dtype: torch.dtype, op: str) -> str:
+    """Regex of the backend's message for an invalid (dtype, op) pair."""
+    return rf"ReduceOp\.{op} is not supported for dtype {re.escape(str(dtype))}"
+
+
+# gloo (torch 2.13) has no kernels for these dtypes at all ("Invalid scalar type").
+_GLOO_UNSUPPORTED = frozenset({torch.int16, torch.float8_e4m3fn, torch.float8_e5m2})
+
+
+def gloo_moves(dtype: torch.dtype) -> bool:
+    return dtype not in _GLOO_UNSUPPORTED
+
+
+def gloo_reduces(dtype: torch.dtype, op: str) -> bool:
+    """Whether gloo computes (dtype, op): no PREMUL_SUM, no integer AVG, no float bitwise."""
+    if not gloo_moves(dtype) or op == "PREMUL_SUM" or not reduction_valid(dtype, op):
+        return False
+    return not (op == "AVG" and dtype not in FLOAT_DTYPES)
+
+
+def reduce_cases(
+    dtype: torch.dtype,
+    ops: Sequence[str] = REDUCE_OPS,
+    sizes: Sequence[Any] = SIZES,
+    async_modes: Sequence[bool] = (False, True),
+) -> list[tuple]:
+    """(dtype, op, size, async_op) for every combination; `size` is whatever the module's
+    check function takes (an element count or a shape).
+
+    One exception keeps the run time in budget: the reference of a 64-bit integer AVG sums in
+    Python integers (exact beyond 64 bits), ~10 us per element, so its large case runs in one
+    mode (synchronous) only.
+    """
+    cases = []
+    for op in ops:
+        for size in sizes:
+            for a in async_modes:
+                slow_reference = op == "AVG" and dtype == torch.int64 and numel(size) >= LARGE
+                if slow_reference and a != async_modes[0]:
+                    continue
+                cases.append((dtype, op, size, a))
+    return cases
+
+
+def numel(size: Any) -> int:
+    """Element count of a size given as a count, a shape, or a list of shapes (summed)."""
+    if isinstance(size, int):
+        return size
+    if size and all(isinstance(s, tuple | list) for s in size):
+        return sum(numel(s) for s in size)
+    total = 1
+    for extent in size:
+        total *= extent
+    return total
+
+
+# -- building blocks used inside the ranks --------------------------------------------------
+
+
+def case_seed(base_seed: int, index: int) -> int:
+    """Seed of case `index` of a batch (the same on every rank)."""
+    return (base_seed + (index + 1) * 0x632BE59BD9B4E019) % (1 << 63)
+
+
+def rank_inputs(
+    seed: int, shape: Any, dtype: torch.dtype, world_size: int, salt: int = 0
+) -> list[torch.Tensor]:
+    """Every rank's CPU input for a case (any rank can rebuild any other rank's data)."""
+    return [
+        random_tensor(shape, dtype, "cpu", rank_seed(seed + salt, r), nranks=world_size)
+        for r in range(world_size)
+    ]
+
+
+def premul_factor(seed: int) -> float:
+    """A PREMUL_SUM factor in [0.25, 2) for a case, reproducible from its seed."""
+    gen = torch.Generator().manual_seed(seed)
+    return 0.25 + 1.75 * float(torch.rand((), generator=gen, dtype=torch.float64))
+
+
+def dist_op(op: str, factor: float | None = None) -> Any:
+    if op == "PREMUL_SUM":
+        return dist._make_nccl_premul_sum(factor)
+    return getattr(dist.ReduceOp, op)
+
+
+def reference_op(op: str, factor: float | None = None) -> Any:
+    if op == "PREMUL_SUM":
+        return premul_sum(factor)
+    return op.lower()
+
+
+def device(ctx: RankContext) -> torch.device:
+    """The spyre device this rank's pool bound (set_device=True: spyre:<rank>)."""
+    return torch.device(ctx.device if ctx.device else "spyre")
+
+
+def issue(collective: Callable[..., Any], *args: Any, async_op: bool, **kwargs: Any) -> Any:
+    """Calls a torch.distributed collective synchronously or asynchronously; in the async
+    case waits on its Work and checks that it reports completion and success. Returns what
+    the collective returned (the Work, or None)."""
+    result = collective(*args, async_op=async_op, **kwargs)
+    if async_op:
+        assert result is not None, f"{collective.__name__}(async_op=True) returned no Work"
+        assert result.wait(), f"{collective.__name__}: Work.wait() returned False"
+        assert result.is_completed(), f"{collective.__name__}: Work not completed after wait()"
+        assert result.is_success(), f"{collective.__name__}: Work completed without success"
+    else:
+        assert result is None, (
+            f"{collective.__name__}(async_op=False) returned {result!r}, expected None"
+        )
+    return result
+
+
+def check_result(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    dtype: torch.dtype,
+    world_size: int,
+    seed: int,
+    what: str,
+    op: str | None = None,
+) -> None:
+    """Backend result vs the independent reference, with the dtype's default tolerance
+    (`op`: the reduce op that produced it, if any)."""
+    assert actual.device.type == "spyre", f"{what}: result moved to {actual.device}"
+    assert_close_dtype(
+        actual.cpu(),
+        expected,
+        dtype,
+        world_size,
+        seed=seed,
+        what=what,
+        **_accumulation_tolerance(dtype, op, world_size),
+    )
+
+
+def _accumulation_tolerance(dtype: torch.dtype, op: str | None, world_size: int) -> dict:
+    """PREMUL_SUM on bfloat16 needs an absolute term on top of the 2-ulp budget.
+
+    The backend accumulates sum_r(f * x_r) in float32, where the compiler may contract
+    `acc + f * x` into a fused multiply-add: when the terms cancel exactly (x_1 == -x_0, common
+    for 8-bit mantissas) the result is the rounding residue of one product (~1e-8, within
+    float32 accumulation error) instead of 0. bfloat16 has float32's exponent range and keeps
+    that residue, while the reference (exact, then rounded once) gives 0, whose ulp is
+    subnormal-tiny. float16 and float8 flush such residues to 0 when rounding.
+    """
+    if op != "PREMUL_SUM" or dtype != torch.bfloat16:
+        return {}
+    # |f * x_r| < 2 (f < 2, |x_r| < 1): float32 accumulation over n terms errs by at most
+    # n * 2 * 2**-24 in absolute terms; 2 ulps of bfloat16 relative otherwise.
+    return {"rtol": 2.0 * 2.0**-7, "atol": world_size * 2.0 * 2.0**-23}
+
+
+def check_gloo(
+    actual: torch.Tensor,
+    gloo: torch.Tensor,
+    dtype: torch.dtype,
+    world_size: int,
+    seed: int,
+    what: str,
+) -> None:
+    """Backend result vs gloo's on the same CPU inputs.
+
+    gloo reduces 16-bit floats in their own precision: every partial sum (magnitude up to
+    world_size for inputs in [-1, 1)) is rounded, so where the ranks' values cancel, gloo's
+    answer is off by up to (world_size - 1) roundings of a partial sum - many ulps of the small
+    result. The budget for 16-bit floats is therefore absolute at that scale; the precise check
+    is the one against the float64 reference.
+    """
+    tolerance: dict[str, float] = {}
+    if dtype in (torch.float16, torch.bfloat16):
+        eps = torch.finfo(dtype).eps
+        tolerance = {"rtol": 2.0 * eps, "atol": world_size * world_size * eps}
+    assert_close_dtype(
+        actual.cpu(), gloo, dtype, world_size, seed=seed, what=f"{what} vs gloo", **tolerance
+    )
+
+
+def check_exact(
+    actual: torch.Tensor, expected: torch.Tensor, seed: int, world_size: int, what: str
+) -> None:
+    """Data movement must be bit-exact: same dtype, shape and bytes as `expected` (a CPU
+    tensor). On a mismatch, assert_close_dtype explains it (elements, never-written poison);
+    a result that is merely close is still reported as not bit-exact."""
+    assert actual.device.type == "spyre", f"{what}: result moved to {actual.device}"
+    got = actual.detach().cpu().contiguous()
+    want = expected.contiguous()
+    if (
+        got.dtype == want.dtype
+        and got.shape == want.shape
+        and torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
+    ):
+        return
+    assert_close_dtype(got, want, want.dtype, world_size, seed=seed, what=what, ulps=0.0)
+    raise AssertionError(f"{what} (seed={seed}): values match but the bytes differ")
+
+
+def check_untouched(tensor: torch.Tensor, original: torch.Tensor, what: str) -> None:
+    """Bitwise equality (NaN-safe) of an input after an out-of-place operation."""
+    now = tensor.detach().cpu().contiguous()
+    assert now.shape == original.shape and now.dtype == original.dtype, (
+        f"{what}: changed to shape {tuple(now.shape)} / {now.dtype}"
+    )
+    if now.numel() == 0:
+        return
+    a = now.reshape(-1).view(torch.uint8)
+    b = original.contiguous().reshape(-1).view(torch.uint8)
+    if not torch.equal(a, b):
+        raise AssertionError(f"{what}: the operation modified a tensor it should only read")
+
+
+def expect_rejection(call: Callable[[], Any], pattern: str, what: str) -> None:
+    """`call` must raise on this rank with a message matching `pattern`."""
+    try:
+        call()
+    except (RuntimeError, ValueError, TypeError) as exc:
+        if not re.search(pattern, str(exc)):
+            raise AssertionError(
+                f"{what}: raised {type(exc).__name__} with an unexpected message (wanted "
+                f"/{pattern}/): {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from exc
+        return
+    raise AssertionError(f"{what}: expected a rejection matching /{pattern}/, but it ran")
+
+
+_MAX_REPORTED = 12
+
+
+def run_cases(
+    check: Callable[..., None], cases: Sequence[tuple], base_seed: int, ctx: RankContext
+) -> list[str]:
+    """Runs check(case, seed, ctx) for each case on this rank and returns one line per
+    failure (case, seed, message). Stops early once the group itself looks broken: every
+    later case would only repeat that error (or hang)."""
+    failures: list[str] = []
+    for index, case in enumerate(cases):
+        seed = case_seed(base_seed, index)
+        try:
+            check(case, seed, ctx)
+        except Exception as exc:
+            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            failures.append(f"rank {ctx.rank} case #{index} {_describe(case)} seed={seed}:\n{text}")
+            if _group_broken(text) or len(failures) >= _MAX_REPORTED:
+                failures.append(f"rank {ctx.rank}: stopped after case #{index} of {len(cases)}")
+                break
+    return failures
+
+
+def _group_broken(message: str) -> bool:
+    return any(
+        marker in message
+        for marker in ("spyrecclTimeout", "spyrecclRemoteError", "spyrecclMismatch", "aborted")
+    )
+
+
+def _describe(case: tuple) -> str:
+    return (
+        "(" + ", ".join(dtype_id(x) if isinstance(x, torch.dtype) else repr(x) for x in case) + ")"
+    )
+
+
+def assert_ranks_passed(results: Sequence[list[str]], base_seed: int, what: str) -> None:
+    """Raises one AssertionError listing every rank's failures (with the seed to replay)."""
+    lines = [line for per_rank in results for line in per_rank]
+    if lines:
+        raise AssertionError(
+            f"{what}: {len(lines)} failure(s); replay with SPYRECCL_TEST_SEED={base_seed}\n"
+            + "\n".join(lines)
+        )

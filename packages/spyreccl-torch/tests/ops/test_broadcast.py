@@ -1,0 +1,66 @@
+"""dist.broadcast: every dtype x size x sync/async x root. Non-root tensors are poisoned before
+the call and must be bit-exact copies of the root's afterwards; the root's tensor is only
+read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from _ops_support import (
+    DTYPES,
+    POOL_OPTIONS,
+    RUN_TIMEOUT,
+    SHAPES,
+    assert_ranks_passed,
+    check_exact,
+    check_untouched,
+    device,
+    dtype_id,
+    gloo_moves,
+    issue,
+    rank_inputs,
+    run_cases,
+)
+
+from spyreccl_testing.inputs import fresh_seed, poison_
+
+pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+
+
+def _check_broadcast(case, seed, ctx):
+    dtype, shape, async_op, root = case
+    world, rank = ctx.world_size, ctx.rank
+    inputs = rank_inputs(seed, shape, dtype, world)
+    if rank == root:
+        tensor = inputs[rank].to(device(ctx))
+    else:
+        tensor = poison_(torch.empty(shape, dtype=dtype, device=device(ctx)))
+    what = f"broadcast {dtype_id(dtype)} shape={shape} root={root} async_op={async_op}"
+    issue(dist.broadcast, tensor, src=root, async_op=async_op)
+    if rank == root:
+        check_untouched(tensor, inputs[root], f"{what}: root tensor")
+    else:
+        check_exact(tensor, inputs[root], seed, world, what)
+    if gloo_moves(dtype):
+        on_cpu = inputs[rank].clone() if rank == root else poison_(torch.empty(shape, dtype=dtype))
+        dist.broadcast(on_cpu, src=root)
+        check_exact(tensor, on_cpu, seed, world, f"{what} vs gloo")
+
+
+def run_broadcast(cases, base_seed, ctx):
+    return run_cases(_check_broadcast, cases, base_seed, ctx)
+
+
+def test_broadcast(rank_pool):
+    seed = fresh_seed()
+    world = rank_pool.world_size
+    cases = [
+        (dtype, shape, async_op, root)
+        for dtype in DTYPES
+        for shape in SHAPES
+        for async_op in (False, True)
+        for root in range(world)
+    ]
+    results = rank_pool.run(run_broadcast, cases, seed, timeout=RUN_TIMEOUT)
+    assert_ranks_passed(results, seed, "broadcast")
