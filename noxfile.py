@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -107,8 +108,22 @@ def _install_stack(session: nox.Session, torch_minor: str | None) -> None:
 
 def _pytest(session: nox.Session, test_dir: Path, *extra: str) -> None:
     if not test_dir.is_dir():
-        session.error(f"test directory {test_dir.relative_to(ROOT)} does not exist")
+        session.warn(f"test directory {test_dir.relative_to(ROOT)} does not exist")
+        raise nox.command.CommandFailed(f"missing {test_dir.relative_to(ROOT)}")
     session.run("python", "-m", "pytest", *PYTEST_STRICT, *extra, str(test_dir), *session.posargs)
+
+
+def _run_all(session: nox.Session, steps: dict[str, Callable[[], None]]) -> None:
+    """Runs every step even when an earlier one fails (so one CI run reports every failing
+    suite), then fails the session naming the failed steps."""
+    failed = []
+    for name, step in steps.items():
+        try:
+            step()
+        except nox.command.CommandFailed:
+            failed.append(name)
+    if failed:
+        session.error(f"failed: {', '.join(failed)}")
 
 
 def _ctest(
@@ -157,10 +172,15 @@ def _ctest(
 def tests(session: nox.Session, torch: str) -> None:
     """Full suite against torch==<torch>.*: testing plugin, core (Python + C++), torch package."""
     _install_stack(session, torch)
-    _pytest(session, TESTING / "tests")
-    _pytest(session, CORE / "tests" / "python")
-    _pytest(session, TORCH_PKG / "tests")
-    _ctest(session, CORE / "build" / "ctest")
+    _run_all(
+        session,
+        {
+            "spyreccl-testing tests": lambda: _pytest(session, TESTING / "tests"),
+            "spyreccl-core Python tests": lambda: _pytest(session, CORE / "tests" / "python"),
+            "spyreccl-torch tests": lambda: _pytest(session, TORCH_PKG / "tests"),
+            "spyreccl-core C++ tests": lambda: _ctest(session, CORE / "build" / "ctest"),
+        },
+    )
 
 
 @nox.session
@@ -173,8 +193,13 @@ def core_tests(session: nox.Session) -> None:
         "import importlib.util, sys; "
         "sys.exit('core_tests: torch is installed' if importlib.util.find_spec('torch') else 0)",
     )
-    _pytest(session, CORE / "tests" / "python")
-    _ctest(session, CORE / "build" / "ctest")
+    _run_all(
+        session,
+        {
+            "spyreccl-core Python tests": lambda: _pytest(session, CORE / "tests" / "python"),
+            "spyreccl-core C++ tests": lambda: _ctest(session, CORE / "build" / "ctest"),
+        },
+    )
 
 
 @nox.session
@@ -190,19 +215,14 @@ def lint(session: nox.Session) -> None:
     )
     if not sources:
         session.error("lint: found no C/C++ sources under packages/*/{src,include,tests/cpp}")
-    # Every linter runs even when an earlier one fails, so one run reports all findings.
-    failed = []
-    for command in (
-        ("ruff", "check", str(ROOT)),
-        ("ruff", "format", "--check", "--diff", str(ROOT)),
-        ("clang-format", "--dry-run", "-Werror", *sources),
-    ):
-        try:
-            session.run(*command)
-        except nox.command.CommandFailed:
-            failed.append(" ".join(command[:2]))
-    if failed:
-        session.error(f"lint failed: {', '.join(failed)}")
+    _run_all(
+        session,
+        {
+            "ruff check": lambda: session.run("ruff", "check", str(ROOT)),
+            "ruff format": lambda: session.run("ruff", "format", "--check", "--diff", str(ROOT)),
+            "clang-format": lambda: session.run("clang-format", "--dry-run", "-Werror", *sources),
+        },
+    )
 
 
 @nox.session(default=False)
@@ -210,23 +230,28 @@ def sanitize(session: nox.Session) -> None:
     """Core C++ tests built with -DSPYRECCL_SANITIZE=address and =thread, run with ctest."""
     session.install("cmake>=3.18", "ninja", "pybind11>=2.12")
     _native_build_env(session)
-    _ctest(
-        session,
-        CORE / "build" / "asan",
-        "-DSPYRECCL_SANITIZE=address",
-        "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
-        env={
-            "ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1:strict_string_checks=1",
-            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
-        },
-    )
-    _ctest(
-        session,
-        CORE / "build" / "tsan",
-        "-DSPYRECCL_SANITIZE=thread",
-        "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
-        env={"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"},
-    )
+    sanitizers = {
+        "AddressSanitizer": (
+            "address",
+            {
+                "ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1:strict_string_checks=1",
+                "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+            },
+        ),
+        "ThreadSanitizer": ("thread", {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}),
+    }
+
+    def build_and_run(kind: str, env: dict[str, str]) -> Callable[[], None]:
+        build_dir = CORE / "build" / {"address": "asan", "thread": "tsan"}[kind]
+        return lambda: _ctest(
+            session,
+            build_dir,
+            f"-DSPYRECCL_SANITIZE={kind}",
+            "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+            env=env,
+        )
+
+    _run_all(session, {name: build_and_run(*spec) for name, spec in sanitizers.items()})
 
 
 @nox.session(default=False)

@@ -190,8 +190,11 @@ void Communicator::waitPeerStep(int peer, uint32_t s) {
     if (missing.empty()) missing = "none";
     return format("rank(s) %s to reach step %u", missing.c_str(), s);
   };
+  auto behind = [this, s](int p) {
+    return static_cast<int32_t>(control(p)->step.load(std::memory_order_acquire) - s) < 0;
+  };
   transport::waitUntil(spin_, word, sleepers(), ready, [&](int64_t waited, bool full) {
-    checkWait(waited, full, nullptr, ready, describe);
+    checkWait(waited, full, nullptr, ready, describe, behind);
   });
 }
 
@@ -261,18 +264,23 @@ void Communicator::throwPeerFailure(int peer, const std::string& waitingFor) con
   const RankControl* pc = control(peer);
   uint32_t status = pc->status.load(std::memory_order_acquire);
   int pid = pc->pid.load(std::memory_order_relaxed);
+  // What the peer said about itself is more precise than its death: a rank that failed
+  // (e.g. timed out) and then exited is reported as failed.
+  const bool dead = watches_[peer].dead();
+  const char* exited = dead ? " and exited" : "";
   std::string what;
-  if (watches_[peer].dead()) {
-    what = format("rank %d (pid %d) died during %s", peer, pid, opLabel().c_str());
-  } else if (status == transport::kStatusDeparted) {
-    what = format("rank %d (pid %d) left the communicator (spyrecclCommDestroy) during %s", peer,
-                  pid, opLabel().c_str());
+  if (status == transport::kStatusDeparted) {
+    what = format("rank %d (pid %d) left the communicator (spyrecclCommDestroy)%s during %s", peer,
+                  pid, exited, opLabel().c_str());
   } else if (status == transport::kStatusAborted) {
-    what = format("rank %d (pid %d) aborted the communicator (spyrecclCommAbort) during %s", peer,
-                  pid, opLabel().c_str());
+    what = format("rank %d (pid %d) aborted the communicator (spyrecclCommAbort)%s during %s", peer,
+                  pid, exited, opLabel().c_str());
+  } else if (status == transport::kStatusFailed) {
+    what =
+        format("rank %d (pid %d) failed with %s%s during %s", peer, pid,
+               resultName(pc->failCode.load(std::memory_order_relaxed)), exited, opLabel().c_str());
   } else {
-    what = format("rank %d (pid %d) failed with %s during %s", peer, pid,
-                  resultName(pc->failCode.load(std::memory_order_relaxed)), opLabel().c_str());
+    what = format("rank %d (pid %d) died during %s", peer, pid, opLabel().c_str());
   }
   std::string msg =
       format("%s (%s was waiting for %s)", what.c_str(), who_.c_str(), waitingFor.c_str());
@@ -395,7 +403,8 @@ std::string Communicator::dumpState() const {
 std::string Communicator::withDump(const std::string& message) const {
   std::string dump = dumpState();
   if (auto dir = envString("SPYRECCL_DUMP_DIR")) {
-    std::string label = config_.name.empty() ? segment_->name().substr(1, 18) : config_.name;
+    // "/spyreccl-<hex>" -> the first 12 hex digits identify the communicator.
+    std::string label = config_.name.empty() ? segment_->name().substr(10, 12) : config_.name;
     std::replace(label.begin(), label.end(), '/', '_');
     std::string path = format("%s/spyreccl-%s-rank%d.txt", dir->c_str(), label.c_str(), rank_);
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -85,9 +85,9 @@ class Communicator {
   // liveness) about every 50 ms. `peers` lists the ranks whose failure dooms the wait
   // (empty: all). `ready` is re-evaluated before blaming a peer so that a peer that
   // published and then left is not reported. `waitingFor` names what is missing.
-  template <class Ready, class Describe>
+  template <class Ready, class Describe, class Awaited>
   void checkWait(int64_t waitedNs, bool full, const std::vector<int>* peers, Ready&& ready,
-                 Describe&& waitingFor);
+                 Describe&& waitingFor, Awaited&& awaited);
   void waitPeerStep(int peer, uint32_t s);
 
   // ---- failure state -----------------------------------------------------------------
@@ -182,22 +182,25 @@ class Communicator {
 
 // ---- template implementation -----------------------------------------------------------
 
-template <class Ready, class Describe>
+template <class Ready, class Describe, class Awaited>
 void Communicator::checkWait(int64_t waitedNs, bool full, const std::vector<int>* peers,
-                             Ready&& ready, Describe&& waitingFor) {
+                             Ready&& ready, Describe&& waitingFor, Awaited&& awaited) {
   if (abortRequested()) throwAborted(waitingFor());
   if (!full) return;
-  auto inspect = [&](int p) {
-    if (p == rank_) return;
+  // Blame the peers this wait is missing before bystanders that merely failed too.
+  auto inspect = [&](int p, bool awaitedPass) {
+    if (p == rank_ || awaited(p) != awaitedPass) return;
     uint32_t status = control(p)->status.load(std::memory_order_acquire);
     if ((status != transport::kStatusActive || watches_[p].dead()) && !ready()) {
       throwPeerFailure(p, waitingFor());
     }
   };
-  if (peers != nullptr) {
-    for (int p : *peers) inspect(p);
-  } else {
-    for (int p = 0; p < nranks_; ++p) inspect(p);
+  for (bool awaitedPass : {true, false}) {
+    if (peers != nullptr) {
+      for (int p : *peers) inspect(p, awaitedPass);
+    } else {
+      for (int p = 0; p < nranks_; ++p) inspect(p, awaitedPass);
+    }
   }
   if (waitedNs > timeoutMs() * kNsPerMs && !ready()) throwTimeout(waitedNs, waitingFor());
 }

@@ -185,8 +185,9 @@ def time_collectives(
     sizes: list[int], gloo, warmup: int, iters: int, device: torch.device
 ) -> list[tuple[str, int, float, float]]:
     """Median latency of each blocking collective, spyreccl (spyre tensors, default group)
-    against gloo (CPU tensors, `gloo` group), same sizes in the same run. Sizes are float32
-    elements per rank's input. Ranks line up on a barrier before every measurement."""
+    against gloo (CPU tensors, `gloo` group), same sizes in the same run. A size is the float32
+    element count of the full buffer (all_reduce buffer, all_gather output, reduce_scatter
+    input). Ranks line up on a gloo barrier before every measurement."""
     ws = dist.get_world_size()
     rows = []
     for numel in sizes:
@@ -217,13 +218,16 @@ def time_collectives(
 
 
 def print_table(rows: list[tuple[str, int, float, float]], ws: int, ours: str) -> None:
-    print(f"\ncollective timings, {ws} ranks, float32, median of the iterations (rank 0's clock)")
-    header = f"{'op':<15}{'bytes/rank':>12}{ours + ' µs':>14}{'gloo µs':>12}{'gloo/' + ours:>15}"
+    print(
+        f"\ncollective timings, {ws} ranks, float32, median µs of the iterations (rank 0's clock);"
+        "\nsize = the all_reduce buffer = the all_gather output = the reduce_scatter input"
+    )
+    header = f"{'op':<15}{'size':>12}{ours + ' µs':>14}{'gloo µs':>12}{'gloo/' + ours:>15}"
     print(header)
     print("-" * len(header))
-    for op, nbytes, ours, gloo in rows:
+    for op, nbytes, ours_us, gloo_us in rows:
         size = f"{nbytes // 1024} KiB" if nbytes < 1024 * 1024 else f"{nbytes // (1024 * 1024)} MiB"
-        print(f"{op:<15}{size:>12}{ours:>14.1f}{gloo:>12.1f}{gloo / ours:>14.2f}x")
+        print(f"{op:<15}{size:>12}{ours_us:>14.1f}{gloo_us:>12.1f}{gloo_us / ours_us:>14.2f}x")
 
 
 # ----------------------------------------------------------------------------------------
@@ -258,8 +262,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="1024,65536,1048576",
         help="comma-separated float32 element counts for the timing table",
     )
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--no-bench", action="store_true", help="skip the timing table")
     return p.parse_args(argv)
 
@@ -329,7 +333,9 @@ def main(argv: list[str]) -> int:
         if rank == 0:
             print_table(rows, ws, backend)
 
-    dist.barrier()
+    # Line up before tearing down (over gloo: a plain barrier() on the default group would
+    # have to guess its device).
+    dist.barrier(group=gloo)
     dist.destroy_process_group(gloo)
     dist.destroy_process_group()
     if failed:

@@ -153,6 +153,29 @@ def _all_reduce(device_type: str, seed: int) -> None:
     _check(out, _reference(inputs, "avg"), "all_reduce(avg, int64)", seed)
 
 
+def _all_reduce_dtypes(device_type: str, seed: int) -> None:
+    """SUM over the dtypes training uses. Inputs in [0.5, 2) make every partial sum exact in
+    float32, and spyreccl rounds 16-bit results once from a float32 accumulator, so the
+    float64 reference rounded to the dtype must match bit for bit."""
+    dev, ws, rank = _rank_device(device_type), dist.get_world_size(), dist.get_rank()
+    for i, dtype in enumerate(
+        (torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int8)
+    ):
+        inputs = _world_inputs(seed + i, (3, 37), dtype, ws)
+        if dtype == torch.int8:
+            inputs = [t.clamp(-40, 40) for t in inputs]  # no wrap-around at world size 3
+        expected = _reference(inputs, "sum").to(dtype)
+        out = C10D.wait_tensor(
+            C10D.all_reduce(inputs[rank].to(dev, copy=True), "sum", _world_name())
+        )
+        assert out.dtype == dtype, f"all_reduce returned {out.dtype} for {dtype}"
+        got = out.to("cpu")
+        assert torch.equal(got, expected), (
+            f"all_reduce(sum, {dtype}) (rank {rank}, seed {seed}): max diff "
+            f"{(got.double() - expected.double()).abs().max().item()}"
+        )
+
+
 def _all_reduce_coalesced(device_type: str, seed: int) -> None:
     dev, ws, rank = _rank_device(device_type), dist.get_world_size(), dist.get_rank()
     # Square shapes 0x0 .. 6x6 (the first member is empty), like the upstream test, plus an
@@ -482,6 +505,7 @@ def test_collectives_go_to_spyreccl(rank_pool):
     "case",
     [
         _all_reduce,
+        _all_reduce_dtypes,
         _all_reduce_coalesced,
         _all_gather,
         _all_gather_coalesced,

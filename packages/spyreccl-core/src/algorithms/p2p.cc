@@ -216,8 +216,9 @@ void runP2P(std::vector<P2POp>& ops) {
                            [&](int64_t waited, bool full) {
                              for (size_t i = 0; i < ops.size(); ++i) {
                                if (ops[i].finished) continue;
-                               ops[i].comm->checkWait(waited, full, &peerLists[i], ready,
-                                                      [&] { return ops[i].describe(); });
+                               ops[i].comm->checkWait(
+                                   waited, full, &peerLists[i], ready,
+                                   [&] { return ops[i].describe(); }, [](int) { return true; });
                              }
                            });
     }
@@ -249,9 +250,10 @@ int recvAnySource(Communicator& c, void* recv, size_t count, spyrecclDataType_t 
     auto ready = [&] { return probe() >= 0; };
     transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
                          [&](int64_t waited, bool full) {
-                           c.checkWait(waited, full, nullptr, ready, [&] {
-                             return format("a message with tag %d from any rank", tag);
-                           });
+                           c.checkWait(
+                               waited, full, nullptr, ready,
+                               [&] { return format("a message with tag %d from any rank", tag); },
+                               [](int) { return true; });
                          });
     source = probe();
   }

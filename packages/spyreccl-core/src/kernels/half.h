@@ -56,7 +56,7 @@ struct MiniFloat {
   static constexpr int kBias = (1 << (ExpBits - 1)) - 1;
   static constexpr uint32_t kMagMask = (1u << (ExpBits + ManBits)) - 1;
   static constexpr uint32_t kSignBit = 1u << (ExpBits + ManBits);
-  static constexpr int kShift = 23 - ManBits;  // float32 mantissa bits dropped
+  static constexpr int kShift = 23 - ManBits;                  // float32 mantissa bits dropped
   static constexpr int kSignShift = 31 - (ExpBits + ManBits);  // narrow sign -> bit 31
   // Encoded magnitude of the smallest normal number (exponent field 1).
   static constexpr uint32_t kMinNormal = 1u << ManBits;
@@ -95,9 +95,8 @@ SPYRECCL_CONVERT_INLINE float miniToFloat(uint32_t v) {
   // Normal numbers: move the fields into place and re-bias the exponent.
   uint32_t r = (mag << F::kShift) + (uint32_t(127 - F::kBias) << 23);
   // inf/NaN (Ieee) keep their mantissa payload under an all-ones float32 exponent.
-  const uint32_t special = F::kSpecial == F::kMagMask
-                               ? 0x7fc00000u
-                               : ((mag << F::kShift) | 0x7f800000u);
+  const uint32_t special =
+      F::kSpecial == F::kMagMask ? 0x7fc00000u : ((mag << F::kShift) | 0x7f800000u);
   r = detail::select(mag >= F::kSpecial, special, r);
   // Subnormals and zero: the integer mantissa times the subnormal ulp (exact in float32).
   const float sub = float(int32_t(mag)) * bitsFloat(F::kSubnormalUlpF32);
@@ -136,13 +135,21 @@ using Float8e5m2Format = detail::MiniFloat<5, 2, true>;
 using Float8e4m3fnFormat = detail::MiniFloat<4, 3, false>;
 
 SPYRECCL_CONVERT_INLINE float halfToFloat(uint16_t h) { return miniToFloat<Float16Format>(h); }
-SPYRECCL_CONVERT_INLINE uint16_t floatToHalf(float f) { return uint16_t(floatToMini<Float16Format>(f)); }
+SPYRECCL_CONVERT_INLINE uint16_t floatToHalf(float f) {
+  return uint16_t(floatToMini<Float16Format>(f));
+}
 
 SPYRECCL_CONVERT_INLINE float e5m2ToFloat(uint8_t v) { return miniToFloat<Float8e5m2Format>(v); }
-SPYRECCL_CONVERT_INLINE uint8_t floatToE5m2(float f) { return uint8_t(floatToMini<Float8e5m2Format>(f)); }
+SPYRECCL_CONVERT_INLINE uint8_t floatToE5m2(float f) {
+  return uint8_t(floatToMini<Float8e5m2Format>(f));
+}
 
-SPYRECCL_CONVERT_INLINE float e4m3fnToFloat(uint8_t v) { return miniToFloat<Float8e4m3fnFormat>(v); }
-SPYRECCL_CONVERT_INLINE uint8_t floatToE4m3fn(float f) { return uint8_t(floatToMini<Float8e4m3fnFormat>(f)); }
+SPYRECCL_CONVERT_INLINE float e4m3fnToFloat(uint8_t v) {
+  return miniToFloat<Float8e4m3fnFormat>(v);
+}
+SPYRECCL_CONVERT_INLINE uint8_t floatToE4m3fn(float f) {
+  return uint8_t(floatToMini<Float8e4m3fnFormat>(f));
+}
 
 // bfloat16 is the upper half of a float32: widening is a shift.
 SPYRECCL_CONVERT_INLINE float bf16ToFloat(uint16_t h) { return bitsFloat(uint32_t(h) << 16); }

@@ -38,9 +38,9 @@
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define SPYRECCL_KERNEL_CLONES                                                          \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) \
-  SPYRECCL_NO_FP_CONTRACT
+#define SPYRECCL_KERNEL_CLONES \
+  __attribute__((              \
+      target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) SPYRECCL_NO_FP_CONTRACT
 #else
 #define SPYRECCL_KERNEL_CLONES SPYRECCL_NO_FP_CONTRACT
 #endif
@@ -277,12 +277,11 @@ struct Kernel {
     for (size_t i = 0; i < n; ++i) d[i] = out(Op::apply(in(d[i]), in(y[i])));
   }
   // Accumulator steps for three or more sources.
-  SPYRECCL_ALWAYS_INLINE void start(A* __restrict acc, const S* __restrict x,
-                                    const S* __restrict y, size_t n) const {
+  SPYRECCL_ALWAYS_INLINE void start(A* __restrict acc, const S* __restrict x, const S* __restrict y,
+                                    size_t n) const {
     for (size_t i = 0; i < n; ++i) acc[i] = Op::apply(in(x[i]), in(y[i]));
   }
-  SPYRECCL_ALWAYS_INLINE void accumulate(A* __restrict acc, const S* __restrict x,
-                                         size_t n) const {
+  SPYRECCL_ALWAYS_INLINE void accumulate(A* __restrict acc, const S* __restrict x, size_t n) const {
     for (size_t i = 0; i < n; ++i) acc[i] = Op::apply(acc[i], in(x[i]));
   }
   SPYRECCL_ALWAYS_INLINE void finish(S* __restrict d, const A* __restrict acc,
@@ -313,7 +312,7 @@ struct Kernel {
   // handles less than one block per call, and at -O3 its runtime-length loops would
   // otherwise be versioned and vectorised into most of this file's code size.
   SPYRECCL_COLD_PATH void anyLength(S* d, const S* const* srcs, int nsrc, size_t off,
-                                           size_t n) const {
+                                    size_t n) const {
     if (nsrc == 1) {
       if (d == srcs[0]) {
         copyInPlace(d + off, n);
@@ -488,10 +487,10 @@ using EntryFn = void (*)(const ReduceSpec&, void*, const void* const*, int, size
 // the default build; cloning them too would triple their share of the code size (float8's
 // widening conversions alone would be a third of this file's object code) and its compile
 // time for little gain in a memory-bound loop.
-#define SPYRECCL_DEFINE_ENTRY(attrs, name, body)                                          \
-  attrs void name(const ReduceSpec& spec, void* dst, const void* const* srcs, int nsrc,    \
-                  size_t count) {                                                         \
-    body(spec, dst, srcs, nsrc, count);                                                   \
+#define SPYRECCL_DEFINE_ENTRY(attrs, name, body)                                        \
+  attrs void name(const ReduceSpec& spec, void* dst, const void* const* srcs, int nsrc, \
+                  size_t count) {                                                       \
+    body(spec, dst, srcs, nsrc, count);                                                 \
   }
 #define SPYRECCL_NO_ATTRS
 
@@ -515,9 +514,9 @@ SPYRECCL_DEFINE_ENTRY(SPYRECCL_KERNEL_CLONES, reduceBfloat16, reduceFloating<Bfl
 
 // Indexed by spyrecclDataType_t.
 constexpr EntryFn kEntries[spyrecclNumTypes] = {
-    reduceInt8,    reduceUint8,    reduceInt32,      reduceUint32,     reduceInt64,
-    reduceUint64,  reduceFloat16,  reduceFloat32,    reduceFloat64,    reduceBfloat16,
-    reduceFloat8e4m3, reduceFloat8e5m2, reduceInt16, reduceBool,
+    reduceInt8,       reduceUint8,      reduceInt32,   reduceUint32,  reduceInt64,
+    reduceUint64,     reduceFloat16,    reduceFloat32, reduceFloat64, reduceBfloat16,
+    reduceFloat8e4m3, reduceFloat8e5m2, reduceInt16,   reduceBool,
 };
 
 bool validDtype(spyrecclDataType_t dtype) {
@@ -553,36 +552,60 @@ size_t dtypeSize(spyrecclDataType_t dtype) {
 
 const char* dtypeName(spyrecclDataType_t dtype) {
   switch (dtype) {
-    case spyrecclInt8: return "int8";
-    case spyrecclUint8: return "uint8";
-    case spyrecclInt32: return "int32";
-    case spyrecclUint32: return "uint32";
-    case spyrecclInt64: return "int64";
-    case spyrecclUint64: return "uint64";
-    case spyrecclFloat16: return "float16";
-    case spyrecclFloat32: return "float32";
-    case spyrecclFloat64: return "float64";
-    case spyrecclBfloat16: return "bfloat16";
-    case spyrecclFloat8e4m3: return "float8_e4m3fn";
-    case spyrecclFloat8e5m2: return "float8_e5m2";
-    case spyrecclInt16: return "int16";
-    case spyrecclBool: return "bool";
-    default: return "invalid";
+    case spyrecclInt8:
+      return "int8";
+    case spyrecclUint8:
+      return "uint8";
+    case spyrecclInt32:
+      return "int32";
+    case spyrecclUint32:
+      return "uint32";
+    case spyrecclInt64:
+      return "int64";
+    case spyrecclUint64:
+      return "uint64";
+    case spyrecclFloat16:
+      return "float16";
+    case spyrecclFloat32:
+      return "float32";
+    case spyrecclFloat64:
+      return "float64";
+    case spyrecclBfloat16:
+      return "bfloat16";
+    case spyrecclFloat8e4m3:
+      return "float8_e4m3fn";
+    case spyrecclFloat8e5m2:
+      return "float8_e5m2";
+    case spyrecclInt16:
+      return "int16";
+    case spyrecclBool:
+      return "bool";
+    default:
+      return "invalid";
   }
 }
 
 const char* opName(spyrecclRedOp_t op, bool premul) {
   if (premul) return "premul_sum";
   switch (op) {
-    case spyrecclSum: return "sum";
-    case spyrecclProd: return "prod";
-    case spyrecclMax: return "max";
-    case spyrecclMin: return "min";
-    case spyrecclAvg: return "avg";
-    case spyrecclBand: return "band";
-    case spyrecclBor: return "bor";
-    case spyrecclBxor: return "bxor";
-    default: return "invalid";
+    case spyrecclSum:
+      return "sum";
+    case spyrecclProd:
+      return "prod";
+    case spyrecclMax:
+      return "max";
+    case spyrecclMin:
+      return "min";
+    case spyrecclAvg:
+      return "avg";
+    case spyrecclBand:
+      return "band";
+    case spyrecclBor:
+      return "bor";
+    case spyrecclBxor:
+      return "bxor";
+    default:
+      return "invalid";
   }
 }
 

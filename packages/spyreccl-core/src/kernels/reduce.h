@@ -18,7 +18,7 @@ struct ReduceSpec {
   spyrecclRedOp_t op = spyrecclSum;  // one of spyrecclSum .. spyrecclBxor
   bool premul = false;               // multiply every source by `scalar` before summing
   double scalar = 1.0;
-  int avgDivisor = 1;                // AVG divides the combined value by this (nranks)
+  int avgDivisor = 1;  // AVG divides the combined value by this (nranks)
 };
 
 // Bytes per element of `dtype`; 0 for an invalid value.

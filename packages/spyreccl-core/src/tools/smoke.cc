@@ -416,8 +416,25 @@ bool timeout(Rank& R) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     EXPECT(rc == spyrecclTimeout, "got %s", spyrecclGetErrorString(rc));
     EXPECT(ms >= 250 && ms < 2000, "timed out after %.0f ms", ms);
-    EXPECT(std::strstr(spyrecclGetLastError(comm), "rank(s) 1") != nullptr, "%s",
-           spyrecclGetLastError(comm));
+    const char* msg = spyrecclGetLastError(comm);
+    EXPECT(std::strstr(msg, "rank(s) 1") != nullptr, "%s", msg);
+    EXPECT(std::strstr(msg, "spyreccl state of rank 0/2 'smoke-timeout'") != nullptr,
+           "no state dump in: %s", msg);
+    // SPYRECCL_DUMP_DIR (set by main) received the same text.
+    std::string path =
+        std::string(std::getenv("SPYRECCL_DUMP_DIR")) + "/spyreccl-smoke-timeout-rank0.txt";
+    FILE* f = std::fopen(path.c_str(), "r");
+    EXPECT(f != nullptr, "no dump file %s", path.c_str());
+    char line[256] = {};
+    bool read = std::fgets(line, sizeof(line), f) != nullptr;
+    std::fclose(f);
+    std::remove(path.c_str());
+    EXPECT(read && std::strstr(line, "timed out"), "dump: %s", line);
+    // DumpState from another thread while this one is idle.
+    char buf[4096] = {};
+    std::thread t([&] { spyrecclCommDumpState(comm, buf, sizeof(buf)); });
+    t.join();
+    EXPECT(std::strstr(buf, "barrier()") != nullptr, "dump: %s", buf);
   } else {
     usleep(900 * 1000);  // never calls the barrier
   }
@@ -527,7 +544,12 @@ int main(int argc, char** argv) {
   runRanks("invalid arguments", 2, invalidArguments);
   spyrecclConfig_t fast = SPYRECCL_CONFIG_INITIALIZER;
   fast.timeoutMs = 300;
-  runRanks("timeout", 2, timeout, &fast);
+  fast.name = "smoke-timeout";
+  char dumpDir[] = "/tmp/spyreccl-smoke-XXXXXX";
+  if (mkdtemp(dumpDir) != nullptr) setenv("SPYRECCL_DUMP_DIR", dumpDir, 1);
+  runRanks("timeout (+ state dump file)", 2, timeout, &fast);
+  unsetenv("SPYRECCL_DUMP_DIR");
+  rmdir(dumpDir);
   runRanks("abort from another thread", 2, abortFromThread);
   runRanks("killed peer", 3, killedPeer, nullptr, 1);
   runRanks("comm split", 4, split);

@@ -239,3 +239,48 @@ def test_launcher_reports_results_and_failures(tmp_path, behaviour):
         assert cases == [0, 1, 2]
         # script ranks must not inherit torch (the core level is measured without it)
         assert not any(m[1]["torch_loaded"] for _, m in seen if m[0] == "ready")
+
+
+def _simulate(op, inputs, nranks, unit):
+    """Reference semantics (float64 numpy) of each op given every rank's input buffer."""
+    if op in ("all_reduce",):
+        return [np.sum(inputs, axis=0) for _ in range(nranks)]
+    if op == "reduce_scatter_tensor":
+        total = np.sum(inputs, axis=0)
+        return [total[r * unit:(r + 1) * unit] for r in range(nranks)]
+    if op == "all_gather_into_tensor":
+        return [np.concatenate(inputs) for _ in range(nranks)]
+    if op == "broadcast":
+        return [inputs[0].copy() for _ in range(nranks)]
+    if op == "all_to_all_single":
+        return [np.concatenate([inputs[q][r * unit:(r + 1) * unit] for q in range(nranks)])
+                for r in range(nranks)]
+    if op == "sendrecv":
+        return [inputs[1], inputs[0]] + [None] * (nranks - 2)
+    raise AssertionError(op)
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+@pytest.mark.parametrize("op", [o for o in ops.op_names() if o != "barrier"])
+def test_check_expectations_match_reference_semantics(op, nranks):
+    from spyreccl_torch.bench import check
+
+    unit = random.randint(1, 7)
+    lay = ops.layout(op, unit * 4 * (1 if op in ("all_reduce", "broadcast", "sendrecv")
+                                    else nranks), 4, nranks)
+    inputs = []
+    for r in range(nranks):
+        blocks = check.input_blocks(op, r, nranks)
+        inputs.append(np.repeat(np.asarray(blocks, dtype=np.float64),
+                                lay.send_elems // len(blocks)))
+    results = _simulate(op, inputs, nranks, lay.unit)
+    for r in range(nranks):
+        expected = check.expected_blocks(op, r, nranks)
+        if results[r] is None:
+            assert expected is None
+            continue
+        want = np.repeat(np.asarray(expected, dtype=np.float64),
+                         results[r].size // len(expected))
+        np.testing.assert_array_equal(results[r], want)
+        assert check.POISON not in want  # a skipped write can never look right
+        assert max(expected) <= 127  # exact in int8 and in bfloat16's 8-bit mantissa

@@ -205,18 +205,21 @@ def device(ctx: RankContext) -> torch.device:
 
 def issue(collective: Callable[..., Any], *args: Any, async_op: bool, **kwargs: Any) -> Any:
     """Calls a torch.distributed collective synchronously or asynchronously; in the async
-    case waits on its Work and checks that it reports completion and success. Returns what
-    the collective returned (the Work, or None)."""
+    case waits on what it returned (a Work, or a Future for the deprecated coalesced APIs)
+    and checks that it reports successful completion. Returns that object (or None)."""
+    name = getattr(collective, "__name__", repr(collective))
     result = collective(*args, async_op=async_op, **kwargs)
-    if async_op:
-        assert result is not None, f"{collective.__name__}(async_op=True) returned no Work"
-        assert result.wait(), f"{collective.__name__}: Work.wait() returned False"
-        assert result.is_completed(), f"{collective.__name__}: Work not completed after wait()"
-        assert result.is_success(), f"{collective.__name__}: Work completed without success"
-    else:
-        assert result is None, (
-            f"{collective.__name__}(async_op=False) returned {result!r}, expected None"
-        )
+    if not async_op:
+        assert result is None, f"{name}(async_op=False) returned {result!r}, expected None"
+        return None
+    assert result is not None, f"{name}(async_op=True) returned nothing to wait on"
+    if isinstance(result, torch._C.Future):
+        result.wait()
+        assert result.done(), f"{name}: Future not done after wait()"
+        return result
+    assert result.wait(), f"{name}: Work.wait() returned False"
+    assert result.is_completed(), f"{name}: Work not completed after wait()"
+    assert result.is_success(), f"{name}: Work completed without success"
     return result
 
 

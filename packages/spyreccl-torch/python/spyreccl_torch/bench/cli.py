@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from .launcher import BenchError
-from .machine import describe_environment, timestamp
+from .machine import command_line, describe_environment, timestamp
 from .ops import op_names
 from .plan import DTYPES, parse_size, pow2_sizes
 from .timing import LoopPolicy
@@ -200,7 +200,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     document = {
         "schema": "spyreccl-bench/1",
         "mode": "sweep",
-        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(args),
         "timestamp": timestamp(),
         "machine": machine_at_start,
         "loadavg_at_end": list(os.getloadavg()),
@@ -230,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if forwarded and "RANK" in os.environ:
             argv = list(argv) + json.loads(forwarded)
     args = build_parser().parse_args(argv)
+    args.argv = list(argv)  # recorded in the result documents, forwarded by --mode ibm
     try:
         if args.mode == "sweep":
             return _run_sweep(args)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import sys
 import tempfile
 import time
 import traceback
@@ -24,7 +23,7 @@ import warnings
 from typing import Any
 
 from .launcher import RankJob
-from .machine import describe_environment, timestamp
+from .machine import command_line, describe_environment, timestamp
 from .report import write_json
 from .stats import combine_ranks, summarize
 
@@ -159,7 +158,7 @@ def run_ddp(args: argparse.Namespace) -> int:
     write_json(path, {
         "schema": "spyreccl-bench/1",
         "mode": "ddp",
-        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(args),
         "timestamp": timestamp(),
         "machine": describe_environment(),
         "config": {"nproc": args.nproc, "model": args.model, "batch_size": args.batch_size,

@@ -34,7 +34,7 @@ import sys
 import time
 import warnings
 
-from .machine import describe_environment, timestamp
+from .machine import command_line, describe_environment, timestamp
 from .plan import DTYPES
 from .report import write_json
 
@@ -78,7 +78,7 @@ def _self_launch(args: argparse.Namespace) -> int:
             f"{os.path.splitext(json_path)[0]}-n{n}.json"
         # Our options travel in the environment: torchrun's parser would otherwise claim
         # any of them that abbreviates one of its own (--nproc, --max, ...).
-        forwarded = _strip_option(sys.argv[1:], ("--nproc", "--json")) + ["--json", path]
+        forwarded = _strip_option(args.argv, ("--nproc", "--json")) + ["--json", path]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={n}", "-m", "spyreccl_torch.bench"]
         print("launching:", " ".join(cmd), "with", " ".join(forwarded), flush=True)
@@ -202,7 +202,7 @@ def _run_rank(args: argparse.Namespace) -> int:
         write_json(path, {
             "schema": "spyreccl-bench/1",
             "mode": "ibm",
-            "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+            "command": command_line(args),
             "timestamp": timestamp(),
             "machine": describe_environment(),
             "config": {"nproc": world, "dtype": args.dtype, "levels": levels,

@@ -9,12 +9,17 @@ import socket
 import sys
 from typing import Any
 
-__all__ = ["describe_environment", "timestamp"]
+__all__ = ["command_line", "describe_environment", "timestamp"]
 
 
 def timestamp() -> str:
     """Local time, sortable and file-name safe: 20250101-120000."""
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def command_line(args: Any) -> str:
+    """The command as typed (program name and the arguments main() parsed)."""
+    return " ".join([os.path.basename(sys.argv[0]) or "spyreccl-bench", *args.argv])
 
 
 def _cpu_model() -> str:

@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
 
-from .machine import describe_environment, timestamp
+from .machine import command_line, describe_environment, timestamp
 from .report import write_json
 
 __all__ = ["run_overhead"]
@@ -106,7 +105,7 @@ def run_overhead(args: argparse.Namespace) -> int:
     write_json(path, {
         "schema": "spyreccl-bench/1",
         "mode": "overhead",
-        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(args),
         "timestamp": timestamp(),
         "machine": describe_environment(),
         "results": rows,

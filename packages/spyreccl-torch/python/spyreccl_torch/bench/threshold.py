@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-from .machine import describe_environment, timestamp
+from .machine import command_line, describe_environment, timestamp
 from .memcpy import measure_memcpy
 from .report import format_bytes, write_json
 from .sweep import SweepConfig, plan_for, progress_bar, run_level
@@ -103,7 +102,7 @@ def run_threshold(args: argparse.Namespace) -> int:
     write_json(json_path, {
         "schema": "spyreccl-bench/1",
         "mode": "threshold",
-        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(args),
         "timestamp": timestamp(),
         "machine": describe_environment(),
         "memcpy": memcpy.to_dict(),

@@ -1,0 +1,387 @@
+// Communicator lifecycle and failure paths.
+//
+//   lifecycle.*  barrier semantics, split, queries
+//   errors.*     mismatch detection, timeouts, abort from another thread, a SIGKILLed rank,
+//                invalid arguments (and that the communicator survives them)
+//
+// The harness checks after every test that no /dev/shm/spyreccl-* segment was left.
+#include <signal.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data.h"
+#include "multiproc.h"
+
+namespace {
+
+using namespace spyreccl_test;
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+void registerRanks(const std::string& name, int ws, std::function<void(RankContext&)> body,
+                   std::function<void(RunOptions&)> tweak = nullptr) {
+  registerTest(name, [=] {
+    RunOptions opts;
+    opts.nranks = ws;
+    opts.label = name;
+    if (tweak) tweak(opts);
+    runRanks(opts, body);
+  });
+}
+
+// A small successful allreduce (sum of ranks) proving that `comm` still works.
+void expectUsable(RankContext& ctx, const char* after) {
+  int64_t v = ctx.rank + 1;
+  int64_t sum = 0;
+  if (!SPY_CHECK_OK(spyrecclAllReduce(&v, &sum, 1, spyrecclInt64, spyrecclSum, ctx.comm),
+                    ctx.comm)) {
+    return;
+  }
+  const int64_t n = ctx.nranks;
+  SPY_CHECK(sum == n * (n + 1) / 2, "allreduce after %s: got %lld, expected %lld", after,
+            (long long)sum, (long long)(n * (n + 1) / 2));
+}
+
+// ---------------------------------------------------------------------------------------
+// lifecycle
+// ---------------------------------------------------------------------------------------
+
+// Nobody leaves a barrier before the last rank entered it. Ranks enter staggered; the entry
+// times (CLOCK_MONOTONIC is shared by the processes of a machine) are exchanged afterwards.
+void barrierBody(RankContext& ctx) {
+  for (int round = 0; round < 3; ++round) {
+    sleepMs(20 * ((ctx.rank + round) % ctx.nranks));
+    const int64_t entered = monotonicNs();
+    SPY_REQUIRE_OK(spyrecclBarrier(ctx.comm), ctx.comm);
+    const int64_t left = monotonicNs();
+    std::vector<int64_t> all(size_t(ctx.nranks));
+    SPY_REQUIRE_OK(spyrecclAllGather(&entered, all.data(), 1, spyrecclInt64, ctx.comm),
+                   ctx.comm);
+    for (int r = 0; r < ctx.nranks; ++r) {
+      SPY_CHECK(left >= all[size_t(r)],
+                "round %d: left the barrier %lld ns before rank %d entered it", round,
+                (long long)(all[size_t(r)] - left), r);
+    }
+  }
+}
+
+void queryBody(RankContext& ctx) {
+  int count = -1, rank = -1, version = 0;
+  SPY_CHECK_OK(spyrecclCommCount(ctx.comm, &count), ctx.comm);
+  SPY_CHECK_OK(spyrecclCommUserRank(ctx.comm, &rank), ctx.comm);
+  SPY_CHECK_OK(spyrecclGetVersion(&version), nullptr);
+  SPY_CHECK(count == ctx.nranks, "spyrecclCommCount = %d, expected %d", count, ctx.nranks);
+  SPY_CHECK(rank == ctx.rank, "spyrecclCommUserRank = %d, expected %d", rank, ctx.rank);
+  SPY_CHECK(version == SPYRECCL_VERSION_CODE, "spyrecclGetVersion = %d, expected %d", version,
+            SPYRECCL_VERSION_CODE);
+  spyrecclResult_t async = spyrecclInternalError;
+  SPY_CHECK_OK(spyrecclCommGetAsyncError(ctx.comm, &async), ctx.comm);
+  SPY_CHECK(async == spyrecclSuccess, "async error of a healthy communicator: %s",
+            spyrecclGetErrorString(async));
+  SPY_CHECK_OK(spyrecclCommSetTimeout(ctx.comm, 20000), ctx.comm);
+  SPY_REQUIRE_OK(spyrecclBarrier(ctx.comm), ctx.comm);
+  char dump[8192];
+  SPY_CHECK_OK(spyrecclCommDumpState(ctx.comm, dump, sizeof dump), ctx.comm);
+  SPY_CHECK(std::strlen(dump) > 0, "spyrecclCommDumpState wrote nothing");
+  for (int r = 0; r < 2; ++r) {
+    SPY_CHECK(std::string(spyrecclGetErrorString(spyrecclResult_t(r))).size() > 0,
+              "empty error string for %d", r);
+  }
+}
+
+// Colors by parity, keys reversing the order; the last rank of an even world opts out.
+void splitBody(RankContext& ctx) {
+  const int n = ctx.nranks;
+  const bool optOut = n % 2 == 0 && ctx.rank == n - 1;
+  const int color = optOut ? SPYRECCL_SPLIT_NOCOLOR : ctx.rank % 2;
+  const int key = -ctx.rank;
+  spyrecclComm_t sub = nullptr;
+  SPY_REQUIRE_OK(spyrecclCommSplit(ctx.comm, color, key, &sub, nullptr), ctx.comm);
+  if (optOut) {
+    SPY_CHECK(sub == nullptr, "SPYRECCL_SPLIT_NOCOLOR must give a NULL communicator");
+  } else {
+    SPY_REQUIRE(sub != nullptr, "spyrecclCommSplit returned a NULL communicator");
+    // Members of my color, in the new order: by key (= -old rank), i.e. old rank descending.
+    std::vector<int> members;
+    for (int r = n - 1; r >= 0; --r) {
+      if (r % 2 == color && !(n % 2 == 0 && r == n - 1)) members.push_back(r);
+    }
+    int subCount = -1, subRank = -1;
+    SPY_CHECK_OK(spyrecclCommCount(sub, &subCount), sub);
+    SPY_CHECK_OK(spyrecclCommUserRank(sub, &subRank), sub);
+    SPY_CHECK(subCount == int(members.size()), "split size %d, expected %zu", subCount,
+              members.size());
+    int expectedRank = -1;
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (members[i] == ctx.rank) expectedRank = int(i);
+    }
+    SPY_CHECK(subRank == expectedRank, "split rank %d, expected %d", subRank, expectedRank);
+    // Gather the old ranks in new rank order through the child communicator.
+    int32_t mine = ctx.rank;
+    std::vector<int32_t> gathered(members.size(), -1);
+    if (SPY_CHECK_OK(spyrecclAllGather(&mine, gathered.data(), 1, spyrecclInt32, sub), sub)) {
+      for (size_t i = 0; i < members.size(); ++i) {
+        SPY_CHECK(gathered[i] == members[i], "child rank %zu is old rank %d, expected %d", i,
+                  gathered[i], members[i]);
+      }
+    }
+    SPY_CHECK_OK(spyrecclCommDestroy(sub), nullptr);
+  }
+  // The parent is still usable afterwards.
+  expectUsable(ctx, "spyrecclCommSplit");
+}
+
+// ---------------------------------------------------------------------------------------
+// errors: mismatches
+// ---------------------------------------------------------------------------------------
+
+// Rank `odd` calls something different; every rank must get spyrecclMismatch and the
+// communicator is unusable afterwards (spyrecclInvalidUsage).
+void mismatchBody(RankContext& ctx, const std::string& variant) {
+  const int odd = ctx.nranks - 1;
+  const bool me = ctx.rank == odd;
+  std::vector<float> send(64, 1.0f), recv(64 * size_t(ctx.nranks));
+  spyrecclResult_t rc;
+  if (variant == "count") {
+    rc = spyrecclAllReduce(send.data(), recv.data(), me ? 63 : 64, spyrecclFloat32, spyrecclSum,
+                           ctx.comm);
+  } else if (variant == "op") {
+    rc = spyrecclAllReduce(send.data(), recv.data(), 64, spyrecclFloat32,
+                           me ? spyrecclMax : spyrecclSum, ctx.comm);
+  } else if (variant == "dtype") {
+    rc = spyrecclAllReduce(send.data(), recv.data(), 64, me ? spyrecclInt32 : spyrecclFloat32,
+                           spyrecclSum, ctx.comm);
+  } else if (variant == "root") {
+    rc = spyrecclBroadcast(send.data(), recv.data(), 64, spyrecclFloat32, me ? 1 : 0, ctx.comm);
+  } else {  // "collective"
+    rc = me ? spyrecclAllGather(send.data(), recv.data(), 64, spyrecclFloat32, ctx.comm)
+            : spyrecclAllReduce(send.data(), recv.data(), 64, spyrecclFloat32, spyrecclSum,
+                                ctx.comm);
+  }
+  const std::string msg = spyrecclGetLastError(ctx.comm);
+  SPY_CHECK(rc == spyrecclMismatch, "%s mismatch: got %s (\"%s\"), expected spyrecclMismatch",
+            variant.c_str(), spyrecclGetErrorString(rc), msg.c_str());
+  SPY_CHECK(contains(msg, "rank " + std::to_string(odd)),
+            "the mismatch message should name rank %d: \"%s\"", odd, msg.c_str());
+  spyrecclResult_t async = spyrecclSuccess;
+  SPY_CHECK_OK(spyrecclCommGetAsyncError(ctx.comm, &async), ctx.comm);
+  SPY_CHECK(async == spyrecclMismatch, "async error after a mismatch: %s",
+            spyrecclGetErrorString(async));
+  SPY_CHECK_RC(spyrecclBarrier(ctx.comm), spyrecclInvalidUsage, ctx.comm);
+}
+
+// ---------------------------------------------------------------------------------------
+// errors: timeouts, abort, a dead peer
+// ---------------------------------------------------------------------------------------
+
+// Rank 1 does not take part in rank 0's allreduce: rank 0 times out after ~timeoutMs.
+// Rank 1 then finds rank 0 failed and gets spyrecclRemoteError instead of waiting.
+void timeoutBody(RankContext& ctx) {
+  float x = 1.0f;
+  if (ctx.rank == 0) {
+    const int64_t start = monotonicNs();
+    SPY_CHECK_RC(spyrecclAllReduce(&x, &x, 1, spyrecclFloat32, spyrecclSum, ctx.comm),
+                 spyrecclTimeout, ctx.comm);
+    const int64_t ms = (monotonicNs() - start) / 1000000;
+    SPY_CHECK(ms >= ctx.config.timeoutMs - 20 && ms < ctx.config.timeoutMs + 3000,
+              "timed out after %lld ms with timeoutMs = %lld", (long long)ms,
+              (long long)ctx.config.timeoutMs);
+  } else {
+    sleepMs(ctx.config.timeoutMs + 500);
+    const int64_t start = monotonicNs();
+    SPY_CHECK_RC(spyrecclAllReduce(&x, &x, 1, spyrecclFloat32, spyrecclSum, ctx.comm),
+                 spyrecclRemoteError, ctx.comm);
+    const int64_t ms = (monotonicNs() - start) / 1000000;
+    SPY_CHECK(ms < 2000, "a failed peer was noticed only after %lld ms", (long long)ms);
+  }
+}
+
+// Only rank 0 calls spyrecclCommInitRank: it must give up after timeoutMs and remove the
+// segment it created.
+void initTimeoutBody(RankContext& ctx) {
+  if (ctx.rank != 0) return;
+  spyrecclConfig_t config = ctx.config;
+  config.timeoutMs = 300;
+  spyrecclComm_t comm = reinterpret_cast<spyrecclComm_t>(&config);  // must be reset to NULL
+  const int64_t start = monotonicNs();
+  SPY_CHECK_RC(spyrecclCommInitRank(&comm, ctx.nranks, ctx.id, 0, &config), spyrecclTimeout,
+               nullptr);
+  const int64_t ms = (monotonicNs() - start) / 1000000;
+  SPY_CHECK(comm == nullptr, "*comm must be NULL after a failed spyrecclCommInitRank");
+  SPY_CHECK(ms >= 250 && ms < 5000, "init timed out after %lld ms with timeoutMs = 300",
+            (long long)ms);
+  const std::string msg = spyrecclGetLastError(nullptr);
+  SPY_CHECK(contains(msg, "1"), "the init timeout message should name the missing rank 1: \"%s\"",
+            msg.c_str());
+}
+
+// A thread aborts rank 0's communicator while the main thread waits in an allreduce that
+// rank 1 never joins: the allreduce returns spyrecclAborted, and rank 1's later call
+// reports rank 0's abort as spyrecclRemoteError.
+void abortBody(RankContext& ctx) {
+  float x = 1.0f;
+  if (ctx.rank == 0) {
+    std::atomic<int64_t> abortedAt{0};
+    std::thread aborter([&] {
+      sleepMs(200);
+      abortedAt = monotonicNs();
+      SPY_CHECK_OK(spyrecclCommAbort(ctx.comm), nullptr);
+    });
+    SPY_CHECK_RC(spyrecclAllReduce(&x, &x, 1, spyrecclFloat32, spyrecclSum, ctx.comm),
+                 spyrecclAborted, ctx.comm);
+    const int64_t returned = monotonicNs();
+    aborter.join();
+    SPY_CHECK(abortedAt != 0 && returned - abortedAt < 2000000000ll,
+              "the aborted allreduce returned %lld ms after spyrecclCommAbort",
+              (long long)((returned - abortedAt) / 1000000));
+    SPY_CHECK_OK(spyrecclCommAbort(ctx.comm), nullptr);  // idempotent
+  } else {
+    sleepMs(700);
+    SPY_CHECK_RC(spyrecclAllReduce(&x, &x, 1, spyrecclFloat32, spyrecclSum, ctx.comm),
+                 spyrecclRemoteError, ctx.comm);
+  }
+}
+
+// The last rank SIGKILLs itself after a successful collective; the survivors, blocked in
+// the next one, get spyrecclRemoteError naming it within 2 s (the timeout is 30 s).
+void killedRankBody(RankContext& ctx) {
+  expectUsable(ctx, "initialisation");
+  const int victim = ctx.nranks - 1;
+  if (ctx.rank == victim) {
+    sleepMs(100);  // let the survivors block first
+    ::raise(SIGKILL);
+  }
+  std::vector<float> x(1000, 1.0f);
+  const int64_t start = monotonicNs();
+  SPY_CHECK_RC(spyrecclAllReduce(x.data(), x.data(), x.size(), spyrecclFloat32, spyrecclSum,
+                                 ctx.comm),
+               spyrecclRemoteError, ctx.comm);
+  const int64_t ms = (monotonicNs() - start) / 1000000;
+  SPY_CHECK(ms < 2100, "the death of rank %d was reported after %lld ms", victim, (long long)ms);
+  const std::string msg = spyrecclGetLastError(ctx.comm);
+  SPY_CHECK(contains(msg, "rank " + std::to_string(victim)),
+            "the message should name the dead rank %d: \"%s\"", victim, msg.c_str());
+}
+
+// ---------------------------------------------------------------------------------------
+// errors: invalid arguments
+// ---------------------------------------------------------------------------------------
+
+// `call` must fail with spyrecclInvalidArgument and a last error that mentions `argument`.
+#define EXPECT_INVALID(call, comm, argument)                                               \
+  do {                                                                                     \
+    if (SPY_CHECK_RC(call, spyrecclInvalidArgument, comm)) {                               \
+      const std::string msg_ = spyrecclGetLastError(comm);                                 \
+      SPY_CHECK(contains(msg_, argument), "%s: message should name '%s': \"%s\"", #call,    \
+                argument, msg_.c_str());                                                   \
+    }                                                                                      \
+  } while (0)
+
+void invalidArgumentsBody(RankContext& ctx) {
+  spyrecclComm_t comm = ctx.comm;
+  const int n = ctx.nranks;
+  std::vector<float> a(16, 1.0f), b(16 * size_t(n), 0.0f);
+  std::vector<int32_t> ia(16, 1), ib(16, 0);
+  const auto badType = static_cast<spyrecclDataType_t>(99);
+  const auto badOp = static_cast<spyrecclRedOp_t>(12345);
+
+  // Library-level calls.
+  EXPECT_INVALID(spyrecclGetVersion(nullptr), nullptr, "version");
+  EXPECT_INVALID(spyrecclGetUniqueId(nullptr), nullptr, "uniqueId");
+  EXPECT_INVALID(spyrecclAllReduce(a.data(), b.data(), 16, spyrecclFloat32, spyrecclSum, nullptr),
+                 nullptr, "comm");
+  {
+    spyrecclComm_t other = nullptr;
+    EXPECT_INVALID(spyrecclCommInitRank(&other, 0, ctx.id, 0, &ctx.config), nullptr, "nranks");
+    EXPECT_INVALID(spyrecclCommInitRank(&other, n, ctx.id, n, &ctx.config), nullptr, "rank");
+    EXPECT_INVALID(spyrecclCommInitRank(nullptr, n, ctx.id, 0, &ctx.config), nullptr, "comm");
+  }
+
+  // Data type, reduce op and their combinations.
+  EXPECT_INVALID(spyrecclAllReduce(a.data(), b.data(), 16, badType, spyrecclSum, comm), comm,
+                 "datatype");
+  EXPECT_INVALID(spyrecclAllReduce(a.data(), b.data(), 16, spyrecclFloat32, badOp, comm), comm,
+                 "op");
+  EXPECT_INVALID(spyrecclAllReduce(a.data(), b.data(), 16, spyrecclFloat32, spyrecclBand, comm),
+                 comm, "band");
+  EXPECT_INVALID(spyrecclAllReduce(ia.data(), ib.data(), 16, spyrecclBool, spyrecclAvg, comm),
+                 comm, "avg");
+  {
+    spyrecclRedOp_t op;
+    EXPECT_INVALID(spyrecclRedOpCreatePreMulSum(&op, 2.0, spyrecclInt32, comm), comm, "int32");
+    EXPECT_INVALID(spyrecclRedOpCreatePreMulSum(nullptr, 2.0, spyrecclFloat32, comm), comm, "op");
+    // A handle is valid for its data type only.
+    if (SPY_CHECK_OK(spyrecclRedOpCreatePreMulSum(&op, 2.0, spyrecclFloat32, comm), comm)) {
+      EXPECT_INVALID(spyrecclAllReduce(a.data(), b.data(), 16, spyrecclFloat64, op, comm), comm,
+                     "float");
+      SPY_CHECK_OK(spyrecclRedOpDestroy(op, comm), comm);
+      EXPECT_INVALID(spyrecclAllReduce(a.data(), b.data(), 16, spyrecclFloat32, op, comm), comm,
+                     "op");
+    }
+  }
+
+  // Roots, peers, buffers.
+  EXPECT_INVALID(spyrecclReduce(a.data(), b.data(), 16, spyrecclFloat32, spyrecclSum, n, comm),
+                 comm, "root");
+  EXPECT_INVALID(spyrecclBroadcast(a.data(), b.data(), 16, spyrecclFloat32, -1, comm), comm,
+                 "root");
+  EXPECT_INVALID(spyrecclAllReduce(nullptr, b.data(), 16, spyrecclFloat32, spyrecclSum, comm),
+                 comm, "sendbuff");
+  EXPECT_INVALID(spyrecclAllReduce(a.data(), nullptr, 16, spyrecclFloat32, spyrecclSum, comm),
+                 comm, "recvbuff");
+  // Overlapping but not in place.
+  EXPECT_INVALID(spyrecclAllReduce(b.data(), b.data() + 1, 8, spyrecclFloat32, spyrecclSum, comm),
+                 comm, "recvbuff");
+  EXPECT_INVALID(spyrecclSend(a.data(), 16, spyrecclFloat32, ctx.rank, 0, comm), comm, "peer");
+  EXPECT_INVALID(spyrecclRecv(a.data(), 16, spyrecclFloat32, n, 0, comm), comm, "peer");
+  EXPECT_INVALID(spyrecclSend(nullptr, 16, spyrecclFloat32, (ctx.rank + 1) % n, 0, comm), comm,
+                 "sendbuff");
+  EXPECT_INVALID(spyrecclCommSetTimeout(comm, 0), comm, "timeoutMs");
+  EXPECT_INVALID(spyrecclCommCount(comm, nullptr), comm, "count");
+
+  // None of this communicated or broke the communicator.
+  spyrecclResult_t async = spyrecclInternalError;
+  SPY_CHECK_OK(spyrecclCommGetAsyncError(comm, &async), comm);
+  SPY_CHECK(async == spyrecclSuccess, "async error after invalid arguments: %s",
+            spyrecclGetErrorString(async));
+  expectUsable(ctx, "invalid arguments");
+}
+
+// ---------------------------------------------------------------------------------------
+// Registration
+// ---------------------------------------------------------------------------------------
+
+[[maybe_unused]] const bool registered = [] {
+  for (int ws : {2, 3, 4}) {
+    registerRanks(format("lifecycle.barrier/ws%d", ws), ws, barrierBody);
+    registerRanks(format("lifecycle.split/ws%d", ws), ws, splitBody);
+  }
+  registerRanks("lifecycle.queries/ws3", 3, queryBody);
+
+  for (const char* variant : {"count", "op", "dtype", "root", "collective"}) {
+    const std::string v = variant;
+    for (int ws : {2, 3}) {
+      registerRanks(format("errors.mismatch_%s/ws%d", variant, ws), ws,
+                    [v](RankContext& ctx) { mismatchBody(ctx, v); });
+    }
+  }
+  registerRanks("errors.timeout/ws2", 2, timeoutBody,
+                [](RunOptions& o) { o.config.timeoutMs = 400; });
+  registerRanks("errors.init_timeout/ws2", 2, initTimeoutBody,
+                [](RunOptions& o) { o.initComm = false; });
+  registerRanks("errors.abort/ws2", 2, abortBody);
+  for (int ws : {2, 3}) {
+    registerRanks(format("errors.killed_rank/ws%d", ws), ws, killedRankBody,
+                  [ws](RunOptions& o) { o.mayDie = {ws - 1}; });
+  }
+  registerRanks("errors.invalid_arguments/ws2", 2, invalidArgumentsBody);
+  registerRanks("errors.invalid_arguments/ws3", 3, invalidArgumentsBody);
+  return true;
+}();
+
+}  // namespace

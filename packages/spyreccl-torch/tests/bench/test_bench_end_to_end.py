@@ -1,0 +1,81 @@
+"""End-to-end runs of spyreccl-bench with real rank processes (tiny sizes, short loops).
+
+They check the harness (launching, result checks, aggregation, documents), not speed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spyreccl_torch.bench.cli import main
+
+_FAST = ["--time-per-size", "0.005", "--min-iters", "3", "--max-iters", "50", "--no-progress"]
+
+
+def _load(path):
+    return json.loads(path.read_text())
+
+
+def test_sweep_all_levels_odd_world_size(tmp_path, capsys):
+    out = tmp_path / "sweep.json"
+    rc = main(["--nproc", "3", "--min", "4", "--max", "4K", "--factor", "32", "--json",
+               str(out), *_FAST])
+    assert rc == 0
+    doc = _load(out)
+    rows = doc["results"]
+    assert doc["mode"] == "sweep" and doc["memcpy"]["median_gbps"] > 0
+    sizes_by = {}
+    for r in rows:
+        sizes_by.setdefault((r["level"], r["op"]), []).append(r["bytes"])
+        t = r["time_us"]
+        assert 0 < t["min_us"] <= t["p10_us"] <= t["median_us"] <= t["p90_us"] <= t["max_us"]
+        assert r["nranks"] == 3 and t["iters"] >= 3
+    for level in ("core", "spyreccl", "gloo"):
+        assert sizes_by[(level, "barrier")] == [0]
+        # 4 B all-gather at 3 ranks rounds up to one float per rank (12 B); 128 B -> 120 B
+        assert sizes_by[(level, "all_gather_into_tensor")] == [12, 120, 4092]
+        assert sizes_by[(level, "all_reduce")] == [4, 128, 4096]
+        assert sizes_by[(level, "sendrecv")] == [4, 128, 4096]
+    spy = [r for r in rows if r["level"] == "spyreccl"]
+    assert all(r["speedup_vs_gloo"] > 0 for r in spy)
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+    text = capsys.readouterr().out
+    assert "# all_to_all_single  float32  3 ranks" in text
+
+
+def test_threshold_mode(tmp_path):
+    out = tmp_path / "th.json"
+    rc = main(["--mode", "threshold", "--nproc", "2", "--min", "1K", "--max", "64K",
+               "--factor", "8", "--json", str(out), "--no-plot", *_FAST])
+    assert rc == 0
+    doc = _load(out)
+    values = {r["oneshot_max"] for r in doc["results"]}
+    assert values == {0, 1 << 20, None}
+    assert {r["bytes"] for r in doc["results"]} == {1024, 8192, 65536}
+
+
+@pytest.mark.parametrize("level", ["spyreccl", "gloo"])
+def test_ddp_mode(tmp_path, level):
+    out = tmp_path / "ddp.json"
+    rc = main(["--mode", "ddp", "--levels", level, "--steps", "3", "--warmup-steps", "1",
+               "--batch-size", "4", "--json", str(out)])
+    assert rc == 0
+    (row,) = _load(out)["results"]
+    assert row["level"] == level and row["ddp_step_ms"]["median"] > 0
+    assert row["params"] > 1_000_000
+
+
+def test_ibm_mode_self_launches_under_torchrun(tmp_path):
+    out = tmp_path / "ibm.json"
+    rc = main(["--mode", "ibm", "--max-mb", "0.13", "--ibm-ops", "allreduce,reducescatter",
+               "--json", str(out)])
+    assert rc == 0
+    rows = _load(out)["results"]
+    assert {(r["level"], r["op"]) for r in rows} == {
+        (lv, op) for lv in ("spyreccl", "gloo") for op in ("allreduce", "reducescatter")}
+    for r in rows:
+        assert r["size_mb"] in (0.1, 0.125)
+        assert r["tmin_us"] <= r["tavg_us"] <= r["tmax_us"] * (1 + 1e-9)
+        assert r["minbw_gbps"] <= r["avgbw_gbps"] <= r["maxbw_gbps"]

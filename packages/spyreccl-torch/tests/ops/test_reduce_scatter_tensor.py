@@ -1,0 +1,145 @@
+"""Reduce-scatters between single tensors: dist.reduce_scatter_tensor (concatenated and
+stacked input layouts), dist.reduce_scatter_single (new in torch 2.13), the in-place form
+(the output is this rank's slice of the input) and the coalesced form (several
+reduce_scatter_tensor calls in a _coalescing_manager become one
+reduce_scatter_tensor_coalesced). The concatenated form runs the whole dtype x op matrix;
+the other forms run it for SUM, MAX and PREMUL_SUM (rejected on integers)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+from _ops_support import (
+    LARGE,
+    POOL_OPTIONS,
+    REDUCE_OPS,
+    RUN_TIMEOUT,
+    assert_ranks_passed,
+    check_gloo,
+    check_result,
+    check_untouched,
+    device,
+    dist_op,
+    dtype_id,
+    dtype_params,
+    expect_rejection,
+    gloo_reduces,
+    issue,
+    premul_factor,
+    rank_inputs,
+    reduce_cases,
+    reduction_valid,
+    reference_op,
+    rejection_pattern,
+    run_cases,
+)
+
+from spyreccl_testing.accuracy import reference_reduce
+from spyreccl_testing.inputs import fresh_seed, poison_
+
+pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+
+_SHAPES = ((0,), (1,), (7, 11, 13), (LARGE,))
+_SECONDARY_OPS = ("SUM", "MAX", "PREMUL_SUM")
+
+
+def _reduce_scatter_tensor(output, tensor, **kwargs):
+    # Deprecated in torch 2.13 in favour of reduce_scatter_single; still widely called.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return dist.reduce_scatter_tensor(output, tensor, **kwargs)
+
+
+def _input_shape(kind, shape, world):
+    if kind == "stacked":
+        return (world, *shape)
+    return (world * shape[0], *shape[1:])
+
+
+def _block(kind, full, rank, shape):
+    """Rank `rank`'s block of an input in the layout of `kind`."""
+    if kind == "stacked":
+        return full[rank]
+    return full.narrow(0, rank * shape[0], shape[0])
+
+
+def _check(case, seed, ctx):
+    kind, dtype, op, shape, async_op = case
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    factor = premul_factor(seed) if op == "PREMUL_SUM" else None
+    what = f"reduce_scatter ({kind}) {op} {dtype_id(dtype)} shape={shape} async_op={async_op}"
+    if kind == "coalesced":
+        _check_coalesced(dtype, op, factor, shape, async_op, seed, ctx, what)
+        return
+    inputs = rank_inputs(seed, _input_shape(kind, shape, world), dtype, world)
+    tensor = inputs[rank].to(dev)
+    if kind == "in_place":
+        output = _block(kind, tensor, rank, shape)
+    else:
+        output = poison_(torch.empty(shape, dtype=dtype, device=dev))
+    scatter = dist.reduce_scatter_single if kind == "single" else _reduce_scatter_tensor
+    if not reduction_valid(dtype, op):
+        expect_rejection(
+            lambda: scatter(output, tensor, op=dist_op(op, factor), async_op=async_op),
+            rejection_pattern(dtype, op),
+            what,
+        )
+        return
+    issue(scatter, output, tensor, op=dist_op(op, factor), async_op=async_op)
+    if kind != "in_place":
+        check_untouched(tensor, inputs[rank], f"{what}: input")
+    expected = reference_reduce(
+        [_block(kind, x, rank, shape) for x in inputs], reference_op(op, factor), dtype
+    )
+    check_result(output, expected, dtype, world, seed, what, op)
+    # gloo takes the concatenated layout only.
+    if kind != "stacked" and gloo_reduces(dtype, op):
+        on_cpu = poison_(torch.empty(shape, dtype=dtype))
+        _reduce_scatter_tensor(on_cpu, inputs[rank].clone(), op=dist_op(op))
+        check_gloo(output, on_cpu, dtype, world, seed, what)
+
+
+def _check_coalesced(dtype, op, factor, shape, async_op, seed, ctx, what):
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    shapes = [shape, (3, 5), (0,)]
+    inputs = [
+        rank_inputs(seed, _input_shape("concat", s, world), dtype, world, salt=i)
+        for i, s in enumerate(shapes)
+    ]
+    tensors = [per_rank[rank].to(dev) for per_rank in inputs]
+    outputs = [poison_(torch.empty(s, dtype=dtype, device=dev)) for s in shapes]
+
+    def run():
+        with dist._coalescing_manager(device=dev, async_ops=async_op) as manager:
+            for output, tensor in zip(outputs, tensors):
+                _reduce_scatter_tensor(output, tensor, op=dist_op(op, factor))
+        if async_op:
+            manager.wait()
+
+    if not reduction_valid(dtype, op):
+        expect_rejection(run, rejection_pattern(dtype, op), what)
+        return
+    run()
+    for i, s in enumerate(shapes):
+        check_untouched(tensors[i], inputs[i][rank], f"{what}: input {i}")
+        expected = reference_reduce(
+            [_block("concat", x, rank, s) for x in inputs[i]], reference_op(op, factor), dtype
+        )
+        check_result(outputs[i], expected, dtype, world, seed, f"{what}: output {i}", op)
+
+
+def run_reduce_scatter_tensor(cases, base_seed, ctx):
+    return run_cases(_check, cases, base_seed, ctx)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_reduce_scatter_tensor(rank_pool, dtype):
+    seed = fresh_seed()
+    cases = [("concat", *c) for c in reduce_cases(dtype, REDUCE_OPS, _SHAPES)]
+    for kind in ("stacked", "single", "in_place", "coalesced"):
+        cases += [(kind, *c) for c in reduce_cases(dtype, _SECONDARY_OPS, _SHAPES)]
+    results = rank_pool.run(run_reduce_scatter_tensor, cases, seed, timeout=RUN_TIMEOUT)
+    assert_ranks_passed(results, seed, f"reduce_scatter into tensor {dtype_id(dtype)}")
