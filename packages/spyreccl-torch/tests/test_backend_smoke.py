@@ -263,13 +263,13 @@ def _check_rooted_and_lists(rank, world, device, seed):
         expected ^= contrib[r][rank]
     assert torch.equal(out.cpu(), expected), "reduce_scatter BXOR"
 
-    # all_gather_coalesced (deprecated API): one list per rank, one tensor per input
+    # all_gather_coalesced (deprecated API; one dtype): one list per rank, one tensor per input
     inputs = [
         _data(seed + 6, rank, (3,), torch.float32),
-        _data(seed + 7, rank, (2, 2), torch.int16),
+        _data(seed + 7, rank, (2, 2), torch.float32),
     ]
     lists = [
-        [_poisoned((3,), torch.float32, device), _poisoned((2, 2), torch.int16, device)]
+        [_poisoned((3,), torch.float32, device), _poisoned((2, 2), torch.float32, device)]
         for _ in range(world)
     ]
     with warnings.catch_warnings():
@@ -277,7 +277,7 @@ def _check_rooted_and_lists(rank, world, device, seed):
         dist.all_gather_coalesced(lists, [x.to(device) for x in inputs])
     for r in range(world):
         _close(lists[r][0], _data(seed + 6, r, (3,), torch.float32).double(), "coalesced 0")
-        assert torch.equal(lists[r][1].cpu(), _data(seed + 7, r, (2, 2), torch.int16))
+        assert torch.equal(lists[r][1].cpu(), _data(seed + 7, r, (2, 2), torch.float32))
 
     # all_to_all with per-peer tensors of different sizes: rank r sends r + p + 1 values to p
     send = [_data(seed + 5, rank * world + p, (rank + p + 1,), torch.float32) for p in range(world)]

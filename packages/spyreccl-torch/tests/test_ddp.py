@@ -137,11 +137,14 @@ def _bucket_count(device_type: str, bucket_cap_mb: float) -> int:
     c10d::allreduce_ dispatcher events, whichever backend serves them)."""
     dev = _device(device_type)
     torch.manual_seed(0)
-    ddp = DDP(_model().to(dev), bucket_cap_mb=bucket_cap_mb)
+    # An explicit group: this case is about bucketing, not about the default group.
+    group = _group(device_type, "explicit")
+    ddp = DDP(_model().to(dev), process_group=group, bucket_cap_mb=bucket_cap_mb)
     x = torch.randn(PER_RANK, IN, device=dev)
     ddp(x).sum().backward()  # the first iteration may rebuild buckets
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         ddp(x).sum().backward()
+    dist.destroy_process_group(group)
     return [e.name for e in prof.events()].count("c10d::allreduce_")
 
 

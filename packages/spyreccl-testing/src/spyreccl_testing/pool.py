@@ -176,6 +176,7 @@ class RankPool:
         _live_pools.discard(self)
 
     def _ensure_started(self) -> None:
+        __tracebackhide__ = True
         if self._closed:
             raise RuntimeError(f"{self!r}: the pool is closed")
         if self._start_error is not None:
@@ -193,6 +194,7 @@ class RankPool:
         self._spawn()
 
     def _spawn(self) -> None:
+        __tracebackhide__ = True
         self.generation += 1
         self._shared_dir = tempfile.mkdtemp(prefix=f"spyreccl-testing-ws{self.world_size}-")
         port = _procutil.free_tcp_port()
@@ -319,6 +321,7 @@ class RankPool:
         failing rank's traceback (stalled ranks get a stack dump). If every rank called
         pytest.skip, the test is skipped.
         """
+        __tracebackhide__ = True  # pytest: the failure is the ranks' tracebacks, not this frame
         ref = FunctionRef.from_callable(fn)
         try:
             payload = pickle.dumps((ref, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
@@ -456,6 +459,7 @@ class RankPool:
         return replies, failures, pending
 
     def _fail(self, headline: str, failures: dict[int, RankFailure], stalled: set[int]) -> None:
+        __tracebackhide__ = True
         logs = self._teardown(graceful=False, dump_stacks=set(stalled))
         enriched = {
             rank: RankFailure(f.rank, f.kind, f.exc_type, f.detail, logs.get(rank, ""))

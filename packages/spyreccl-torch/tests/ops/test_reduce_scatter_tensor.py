@@ -3,7 +3,8 @@ stacked input layouts), dist.reduce_scatter_single (new in torch 2.13), the in-p
 (the output is this rank's slice of the input) and the coalesced form (several
 reduce_scatter_tensor calls in a _coalescing_manager become one
 reduce_scatter_tensor_coalesced). The concatenated form runs the whole dtype x op matrix;
-the other forms run it for SUM, MAX and PREMUL_SUM (rejected on integers)."""
+the other forms run it for SUM, MAX and PREMUL_SUM (rejected on integers, except in the
+coalesced form, see below)."""
 
 from __future__ import annotations
 
@@ -112,17 +113,11 @@ def _check_coalesced(dtype, op, factor, shape, async_op, seed, ctx, what):
     tensors = [per_rank[rank].to(dev) for per_rank in inputs]
     outputs = [poison_(torch.empty(s, dtype=dtype, device=dev)) for s in shapes]
 
-    def run():
-        with dist._coalescing_manager(device=dev, async_ops=async_op) as manager:
-            for output, tensor in zip(outputs, tensors):
-                _reduce_scatter_tensor(output, tensor, op=dist_op(op, factor))
-        if async_op:
-            manager.wait()
-
-    if not reduction_valid(dtype, op):
-        expect_rejection(run, rejection_pattern(dtype, op), what)
-        return
-    run()
+    with dist._coalescing_manager(device=dev, async_ops=async_op) as manager:
+        for output, tensor in zip(outputs, tensors):
+            _reduce_scatter_tensor(output, tensor, op=dist_op(op, factor))
+    if async_op:
+        manager.wait()
     for i, s in enumerate(shapes):
         check_untouched(tensors[i], inputs[i][rank], f"{what}: input {i}")
         expected = reference_reduce(
@@ -139,7 +134,13 @@ def run_reduce_scatter_tensor(cases, base_seed, ctx):
 def test_reduce_scatter_tensor(rank_pool, dtype):
     seed = fresh_seed()
     cases = [("concat", *c) for c in reduce_cases(dtype, REDUCE_OPS, _SHAPES)]
-    for kind in ("stacked", "single", "in_place", "coalesced"):
+    for kind in ("stacked", "single", "in_place"):
         cases += [(kind, *c) for c in reduce_cases(dtype, _SECONDARY_OPS, _SHAPES)]
+    # Only valid ops inside the coalescing manager: torch's _coalescing_manager has no
+    # try/finally, so an operation rejected inside it leaves the batch open on the group
+    # (torch's bookkeeping and the backend's), and every later collective of the group is
+    # swallowed into that batch.
+    valid = [op for op in _SECONDARY_OPS if reduction_valid(dtype, op)]
+    cases += [("coalesced", *c) for c in reduce_cases(dtype, valid, _SHAPES)]
     results = rank_pool.run(run_reduce_scatter_tensor, cases, seed, timeout=RUN_TIMEOUT)
     assert_ranks_passed(results, seed, f"reduce_scatter into tensor {dtype_id(dtype)}")

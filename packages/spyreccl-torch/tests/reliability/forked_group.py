@@ -65,8 +65,8 @@ class RankContext:
         return False
 
     def touch(self, name: str) -> None:
-        with open(os.path.join(self.directory, name), "w"):
-            pass
+        # Explicit mode: security scenarios run under umask 0.
+        os.close(os.open(os.path.join(self.directory, name), os.O_CREAT | os.O_WRONLY, 0o600))
 
 
 @dataclass
@@ -103,9 +103,7 @@ def _child_main(
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.environ.update(env)
-    os.environ.update(
-        {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)}
-    )
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})
     code = 0
     try:
         import torch.distributed as dist
@@ -286,7 +284,5 @@ def results(outcomes: list[RankOutcome]) -> list[Any]:
     """The per-rank return values; raises with every failing rank's story otherwise."""
     bad = [o for o in outcomes if o.exitcode != 0 or o.error]
     if bad:
-        raise AssertionError(
-            "forked ranks failed:\n" + "\n".join(o.describe() for o in bad)
-        )
+        raise AssertionError("forked ranks failed:\n" + "\n".join(o.describe() for o in bad))
     return [o.result for o in outcomes]

@@ -81,3 +81,12 @@ def world_writable(paths: list[str]) -> list[str]:
                 ):
                     found.append(f"{path} (mode {stat.S_IMODE(st.st_mode):o})")
     return found
+
+
+def read_dumps(directory: str) -> dict[str, str]:
+    """The state dumps spyreccl wrote to `directory` (SPYRECCL_DUMP_DIR), by file name."""
+    dumps = {}
+    for name in os.listdir(directory):
+        with open(os.path.join(directory, name), errors="replace") as f:
+            dumps[name] = f.read()
+    return dumps

@@ -122,7 +122,9 @@ EXPECTED = {
 
 def _healthy(seed: int, rank: int, world: int) -> str | None:
     """A correct all_reduce on fresh data; returns a description of what is wrong, if any."""
-    inputs = [random_tensor(33, torch.int64, seed=rank_seed(seed, r), nranks=world) for r in range(world)]
+    inputs = [
+        random_tensor(33, torch.int64, seed=rank_seed(seed, r), nranks=world) for r in range(world)
+    ]
     x = inputs[rank].to(S)
     try:
         dist.all_reduce(x)
@@ -248,7 +250,10 @@ def test_group_intact_after_all_bad_calls(bad_input_reports):
 def rank_valid_layouts(ctx, seed: int):
     world, rank = ctx.world_size, ctx.rank
     n = 7
-    inputs = [random_tensor((n, 2), torch.float32, seed=rank_seed(seed, r), nranks=world) for r in range(world)]
+    inputs = [
+        random_tensor((n, 2), torch.float32, seed=rank_seed(seed, r), nranks=world)
+        for r in range(world)
+    ]
     checks = {}
     # Non-contiguous input (a column) and output (every other element).
     col = inputs[rank].to(S)[:, 1]
@@ -258,7 +263,10 @@ def rank_valid_layouts(ctx, seed: int):
     checks["strided_all_gather"] = torch.equal(out.cpu(), torch.cat([t[:, 1] for t in inputs]))
     checks["strided_gaps_untouched"] = bool(poisoned_mask(storage[1::2].cpu()).all())
     # all_to_all with the same tensor as input and output: the backend snapshots the input.
-    blocks = [random_tensor(n * world, torch.float32, seed=rank_seed(seed + 1, r), nranks=world) for r in range(world)]
+    blocks = [
+        random_tensor(n * world, torch.float32, seed=rank_seed(seed + 1, r), nranks=world)
+        for r in range(world)
+    ]
     buf = blocks[rank].to(S)
     dist.all_to_all_single(buf, buf)
     expected = torch.cat([blocks[src][rank * n : (rank + 1) * n] for src in range(world)])
@@ -267,7 +275,9 @@ def rank_valid_layouts(ctx, seed: int):
     gathered = _poisoned(n * world)
     gathered[rank * n : (rank + 1) * n] = inputs[rank][:, 0].to(S)
     dist.all_gather_single(gathered, gathered[rank * n : (rank + 1) * n])
-    checks["in_place_all_gather"] = torch.equal(gathered.cpu(), torch.cat([t[:, 0] for t in inputs]))
+    checks["in_place_all_gather"] = torch.equal(
+        gathered.cpu(), torch.cat([t[:, 0] for t in inputs])
+    )
     return checks
 
 
@@ -306,9 +316,7 @@ def core_bad_arguments():
         out["oversized_count"] = _core_error(solo.all_to_all_v, buf, [9], recv, [9])
         out["huge_count"] = _core_error(solo.all_to_all_v, buf, [2**62], recv, [2**62])
         out["overflowing_count"] = _core_error(solo.all_to_all_v, buf, [2**64 + 1], recv, [1])
-        out["huge_displacement"] = _core_error(
-            solo.all_to_all_v, buf, [1], recv, [1], [2**62], [0]
-        )
+        out["huge_displacement"] = _core_error(solo.all_to_all_v, buf, [1], recv, [1], [2**62], [0])
         solo.all_reduce(buf)  # still healthy
         out["solo_healthy"] = solo.async_error().name
 
@@ -349,7 +357,8 @@ def core_reports(launcher):
 
 
 @pytest.mark.parametrize(
-    "case", ["negative_count", "oversized_count", "huge_count", "overflowing_count", "huge_displacement"]
+    "case",
+    ["negative_count", "oversized_count", "huge_count", "overflowing_count", "huge_displacement"],
 )
 def test_core_counts_are_validated(core_reports, case):
     kind, message, _ = core_reports[case]

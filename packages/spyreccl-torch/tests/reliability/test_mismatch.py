@@ -156,7 +156,8 @@ def rank_detail(ctx, seed: int):
     backend = dist.group.WORLD._get_backend(torch.device("spyre"))
     world, rank = ctx.world_size, ctx.rank
     inputs = [
-        random_tensor(33, torch.float32, seed=rank_seed(seed, r), nranks=world) for r in range(world)
+        random_tensor(33, torch.float32, seed=rank_seed(seed, r), nranks=world)
+        for r in range(world)
     ]
     x = inputs[rank].to("spyre")
     dist.all_reduce(x)

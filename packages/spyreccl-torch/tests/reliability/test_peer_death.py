@@ -13,7 +13,6 @@ is set, so every survivor also writes its state dump.
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import time
@@ -22,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from forked_group import ForkedGroup
-from process_hygiene import new_segments, shm_segments
+from process_hygiene import new_segments, read_dumps, shm_segments
 
 WORLD_SIZE = 3
 VICTIM = 1
@@ -134,7 +133,7 @@ def kill_scenario(op: str, numel: int, dump_dir: str, seed: int):
         "killed_at": killed_at,
         "outcomes": [vars(o) for o in outcomes],
         "leaked": new_segments(before),
-        "dumps": {name: open(os.path.join(dump_dir, name)).read() for name in os.listdir(dump_dir)},
+        "dumps": read_dumps(dump_dir),
     }
 
 
@@ -186,7 +185,9 @@ def test_survivors_report_the_dead_rank_promptly(launcher, tmp_path, op, numel):
         # The flight-recorder-like dump travels in the message ...
         assert "last 16 collectives" in message or "collectives on this rank" in message, message
         # ... and was written to SPYRECCL_DUMP_DIR.
-        dumps = [text for name, text in report["dumps"].items() if name.endswith(f"-rank{rank}.txt")]
+        dumps = [
+            text for name, text in report["dumps"].items() if name.endswith(f"-rank{rank}.txt")
+        ]
         assert dumps, f"no dump of rank {rank} in SPYRECCL_DUMP_DIR: {sorted(report['dumps'])}"
         # The core's part of the message (all but the backend's first line) and its dump.
         assert message.splitlines()[1] in dumps[0] and "[process exited]" in dumps[0], dumps[0]

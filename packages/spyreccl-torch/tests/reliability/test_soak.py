@@ -6,8 +6,9 @@ elements, across the one-shot/pipelined thresholds) and dtypes over the world gr
 Every result is checked against a float64 (or exact integer) reference of all ranks'
 inputs, which each rank rebuilds from the shared seed. Open fds, threads, RSS and /dev/shm
 mappings are measured before and after (after a warm-up that lets allocator caches and
-progress threads settle) and must be steady; /dev/shm must hold nothing of ours afterwards. A second scenario creates and destroys many
-process groups in a loop and checks the same footprint.
+progress threads settle) and must be steady; /dev/shm must hold nothing of ours afterwards.
+A second scenario creates and destroys many process groups in a loop and checks the same
+footprint.
 """
 
 from __future__ import annotations
@@ -86,7 +87,11 @@ def _one_collective(rng: random.Random, group, members: list[int], rank: int, wh
         assert_close_dtype(out.cpu(), expected, dtype, size, seed=seed, what=label)
     elif kind == "broadcast":
         xs = inputs(n)
-        x = xs[me].to("spyre") if me == root else poison_(torch.empty(n, dtype=dtype, device="spyre"))
+        x = (
+            xs[me].to("spyre")
+            if me == root
+            else poison_(torch.empty(n, dtype=dtype, device="spyre"))
+        )
         dist.broadcast(x, src=members[root], group=group)
         assert torch.equal(x.cpu(), xs[root]), label
     elif kind == "all_to_all":
@@ -144,8 +149,16 @@ def rank_soak(ctx, seed: int, main_ops: int, thread_ops: int):
         threads = [
             threading.Thread(
                 target=guarded,
-                args=(_stream, seeds[i + 1], count[1], threaded[i], everyone, rank, f"thread {i}",
-                      counts[i + 1]),
+                args=(
+                    _stream,
+                    seeds[i + 1],
+                    count[1],
+                    threaded[i],
+                    everyone,
+                    rank,
+                    f"thread {i}",
+                    counts[i + 1],
+                ),
             )
             for i in range(2)
         ]

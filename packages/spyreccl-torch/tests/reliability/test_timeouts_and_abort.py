@@ -12,7 +12,7 @@ dump must also be written to SPYRECCL_DUMP_DIR.
 from __future__ import annotations
 
 import datetime
-import os
+import functools
 import threading
 import time
 
@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from forked_group import ForkedGroup, results
+from process_hygiene import read_dumps
 
 SLACK_S = 1.5  # scheduling allowance on a loaded 2-core machine
 COUNT = 1001
@@ -80,20 +81,20 @@ def _rank0_lonely_all_reduce(ctx):
     return report
 
 
-def _rank0_set_timeout_then_lonely(ctx, new_timeout_s):
+def _rank0_set_timeout_then_lonely(new_timeout_s, ctx):
     _backend().set_timeout(datetime.timedelta(seconds=new_timeout_s))
     report = _rank0_lonely_all_reduce(ctx)
     report["options_timeout"] = _backend().options.timeout.total_seconds()
     return report
 
 
-def _rank0_work_wait_timeout(ctx, wait_s):
+def _rank0_work_wait_timeout(wait_s, ctx):
     x = torch.ones(COUNT, device="spyre")
     work = dist.all_reduce(x, async_op=True)
     return _describe(*_timed_call(lambda: work.wait(timeout=datetime.timedelta(seconds=wait_s))))
 
 
-def _rank0_abort_from_thread(ctx, how, delay_s):
+def _rank0_abort_from_thread(how, delay_s, ctx):
     x = torch.ones(COUNT, device="spyre")
     backend = _backend()
     abort = {
@@ -113,27 +114,16 @@ def _rank0_abort_from_thread(ctx, how, delay_s):
     return report
 
 
-def _scenario(body, *args, pg_timeout, dump_dir, world_size=2):
+def _scenario(body, *args, pg_timeout, dump_dir):
+    # The children are forked, so the bound body reaches them without pickling.
     outcomes = ForkedGroup(
-        world_size,
+        2,
         _absent_peer,
-        body if not args else _Bound(body, args),
+        functools.partial(body, *args) if args else body,
         pg_timeout=pg_timeout,
         env={"SPYRECCL_DUMP_DIR": dump_dir},
     ).finish(timeout=90.0)
-    reports = results(outcomes)
-    dumps = {name: open(os.path.join(dump_dir, name)).read() for name in os.listdir(dump_dir)}
-    return reports, dumps
-
-
-class _Bound:
-    """A picklable-free partial: the forked children inherit it, nothing is pickled."""
-
-    def __init__(self, fn, args):
-        self.fn, self.args = fn, args
-
-    def __call__(self, ctx):
-        return self.fn(ctx, *self.args)
+    return results(outcomes), read_dumps(dump_dir)
 
 
 def timeout_scenario(pg_timeout, dump_dir):
@@ -186,9 +176,7 @@ def test_group_timeout_from_init_process_group(launcher, tmp_path):
 def test_backend_set_timeout_is_honoured(launcher, tmp_path):
     # The group was created with a 60 s timeout; set_timeout(0.5 s) must bound the next wait.
     new_timeout_s = 0.5
-    (reports, _) = launcher.run(set_timeout_scenario, new_timeout_s, str(tmp_path), timeout=120)[
-        0
-    ]
+    (reports, _) = launcher.run(set_timeout_scenario, new_timeout_s, str(tmp_path), timeout=120)[0]
     rank0 = reports[0]
     assert rank0["options_timeout"] == pytest.approx(new_timeout_s)
     assert "spyrecclTimeout" in rank0["message"], rank0

@@ -165,7 +165,13 @@ def _policy(args: argparse.Namespace) -> LoopPolicy:
 
 def _run_sweep(args: argparse.Namespace) -> int:
     from .memcpy import measure_memcpy
-    from .report import format_scaling_table, format_sweep_tables, plot_sweep, write_json
+    from .report import (
+        format_markdown,
+        format_scaling_table,
+        format_sweep_tables,
+        plot_sweep,
+        write_json,
+    )
     from .sweep import SweepConfig, add_ratios, plan_for, progress_bar, run_level
 
     sizes = sizes_from(args, 8, 256 << 20)
@@ -211,7 +217,11 @@ def _run_sweep(args: argparse.Namespace) -> int:
         "results": rows,
     }
     write_json(json_path, document)
-    print(f"results: {json_path}")
+    md_path = os.path.splitext(json_path)[0] + ".md"
+    with open(md_path, "w") as f:
+        f.write(f"Command: `{document['command']}`\n\n")
+        f.write(format_markdown(rows, memcpy.median_gbps))
+    print(f"results: {json_path} (tables in Markdown: {md_path})")
     plot = _plot_path(args, json_path)
     if plot:
         machine = document["machine"]

@@ -9,6 +9,7 @@ from typing import Any
 
 __all__ = [
     "format_bytes",
+    "format_markdown",
     "format_scaling_table",
     "format_sweep_tables",
     "plot_sweep",
@@ -119,6 +120,47 @@ def format_scaling_table(rows: Sequence[dict]) -> str:
                     line += f" {_num(r['time_us']['median_us'], 9)} {bw} |"
                 out.append(line)
     out.append("")
+    return "\n".join(out)
+
+
+def format_markdown(rows: Sequence[dict], memcpy_gbps: float | None) -> str:
+    """The sweep as Markdown tables (one per world size and operation), for the docs."""
+    levels = _levels_in(rows)
+    out: list[str] = []
+    keys = []
+    for r in rows:
+        k = (r["nranks"], r["op"], r["dtype"])
+        if k not in keys:
+            keys.append(k)
+    for nranks, op, dtype in keys:
+        sel = [r for r in rows if (r["nranks"], r["op"], r["dtype"]) == (nranks, op, dtype)]
+        by = {(r["level"], r["bytes"]): r for r in sel}
+        head = ["size"]
+        for lv in levels:
+            head += [f"{lv} µs (p10-p90)"] + ([f"{lv} busbw GB/s"] if op != "barrier" else [])
+        others = [lv for lv in levels if lv != "gloo"] if "gloo" in levels else []
+        head += [f"{lv} x gloo" for lv in others]
+        out += [f"**{op}**, {dtype}, {nranks} ranks", "",
+                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for size in sorted({r["bytes"] for r in sel}):
+            cells = [format_bytes(size) if op != "barrier" else "-"]
+            for lv in levels:
+                r = by.get((lv, size))
+                if r is None:
+                    cells += ["-"] * (2 if op != "barrier" else 1)
+                    continue
+                t = r["time_us"]
+                cells.append(f"{t['median_us']:.1f} ({t['p10_us']:.1f}-{t['p90_us']:.1f})")
+                if op != "barrier":
+                    bw = r["busbw_gbps"]
+                    frac = f" ({100 * bw / memcpy_gbps:.0f}%)" if memcpy_gbps else ""
+                    cells.append(f"{bw:.3f}{frac}" if bw < 0.1 else f"{bw:.2f}{frac}")
+            for lv in others:
+                r = by.get((lv, size))
+                s = r.get("speedup_vs_gloo") if r else None
+                cells.append(f"{s:.1f}x" if s else "-")
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
     return "\n".join(out)
 
 

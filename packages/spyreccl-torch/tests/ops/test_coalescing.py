@@ -1,0 +1,153 @@
+"""Coalescing: torch.distributed._coalescing_manager around several all_reduces (one
+allreduce_coalesced), around mixed operations (the backend's startCoalescing/endCoalescing
+batch: one Work for everything), and batched point-to-point (batch_isend_irecv with
+messages to and from every peer at once, mixed dtypes and sizes beyond the staging area)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+from _ops_support import (
+    LARGE,
+    POOL_OPTIONS,
+    RUN_TIMEOUT,
+    assert_ranks_passed,
+    check_exact,
+    check_result,
+    device,
+    dtype_id,
+    rank_inputs,
+    run_cases,
+)
+
+from spyreccl_testing.accuracy import reference_reduce
+from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
+
+pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+
+# (dtype, shape) of the tensors reduced in one coalesced all_reduce: mixed sizes, an empty one.
+_ALL_REDUCE_SET = [
+    (torch.float32, (1001,)),
+    (torch.float32, (0,)),
+    (torch.float32, (LARGE,)),
+    (torch.float32, (3, 5)),
+]
+
+
+def _check_all_reduce_coalesced(case, seed, ctx):
+    _, op, async_op = case
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    inputs = [rank_inputs(seed, s, d, world, salt=i) for i, (d, s) in enumerate(_ALL_REDUCE_SET)]
+    tensors = [per_rank[rank].to(dev) for per_rank in inputs]
+    with dist._coalescing_manager(device=dev, async_ops=async_op) as manager:
+        for tensor in tensors:
+            dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
+    if async_op:
+        manager.wait()
+    for i, (tensor, per_rank) in enumerate(zip(tensors, inputs)):
+        what = f"coalesced all_reduce {op} async={async_op} tensor {i}"
+        expected = reference_reduce(per_rank, op.lower(), tensor.dtype)
+        check_result(tensor, expected, tensor.dtype, world, seed, what, op)
+
+
+def _check_mixed(case, seed, ctx):
+    """all_reduce, broadcast and all_gather_into_tensor of different dtypes in one batch."""
+    _, _, async_op = case
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    sums = rank_inputs(seed, (777,), torch.bfloat16, world, salt=1)
+    bcast = rank_inputs(seed, (LARGE,), torch.int32, world, salt=2)
+    gath = rank_inputs(seed, (129,), torch.float64, world, salt=3)
+    reduced = sums[rank].to(dev)
+    broadcast = (
+        bcast[0].to(dev)
+        if rank == 0
+        else poison_(torch.empty(LARGE, dtype=torch.int32, device=dev))
+    )
+    gathered = poison_(torch.empty(world * 129, dtype=torch.float64, device=dev))
+    with dist._coalescing_manager(device=dev, async_ops=async_op) as manager:
+        dist.all_reduce(reduced)
+        dist.broadcast(broadcast, src=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            dist.all_gather_into_tensor(gathered, gath[rank].to(dev))
+    if async_op:
+        manager.wait()
+    what = f"mixed coalesced batch async={async_op}"
+    check_result(
+        reduced,
+        reference_reduce(sums, "sum", torch.bfloat16),
+        torch.bfloat16,
+        world,
+        seed,
+        f"{what}: all_reduce",
+    )
+    check_exact(broadcast, bcast[0], seed, world, f"{what}: broadcast")
+    check_exact(gathered, torch.cat(gath), seed, world, f"{what}: all_gather_into_tensor")
+
+
+# (dtype, numel) of the message to each peer in the all-pairs batch; sizes depend on the pair.
+_P2P_DTYPES = (torch.float16, torch.int64, torch.bool, torch.float8_e4m3fn)
+
+
+def _pair_message(seed, sender, receiver, world):
+    dtype = _P2P_DTYPES[(sender + receiver) % len(_P2P_DTYPES)]
+    numel = (LARGE if (sender + 2 * receiver) % 3 == 0 else 1001) + sender
+    return random_tensor(numel, dtype, "cpu", rank_seed(seed + receiver, sender), nranks=world)
+
+
+def _check_all_pairs(case, seed, ctx):
+    """One batch_isend_irecv with a send to and a receive from every other rank, posted in
+    an order that deadlocks if the batch were not progressed as a whole (receives first on
+    odd ranks, sends first on even ones)."""
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    sends, recvs, received = [], [], []
+    for peer in range(world):
+        if peer == rank:
+            continue
+        sends.append(dist.P2POp(dist.isend, _pair_message(seed, rank, peer, world).to(dev), peer))
+        like = _pair_message(seed, peer, rank, world)
+        out = poison_(torch.empty_like(like, device=dev))
+        recvs.append(dist.P2POp(dist.irecv, out, peer))
+        received.append((peer, out, like))
+    ops = recvs + sends if rank % 2 else sends + recvs
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    for peer, out, like in received:
+        what = f"all-pairs batch {dtype_id(like.dtype)} numel={like.numel()} from {peer}"
+        check_exact(out, like, seed, world, what)
+
+
+_CHECKS = {
+    "all_reduce": _check_all_reduce_coalesced,
+    "mixed": _check_mixed,
+    "p2p": _check_all_pairs,
+}
+
+
+def _check(case, seed, ctx):
+    _CHECKS[case[0]](case, seed, ctx)
+
+
+def run_coalescing(cases, base_seed, ctx):
+    return run_cases(_check, cases, base_seed, ctx)
+
+
+def test_coalescing_manager_all_reduce(rank_pool):
+    seed = fresh_seed()
+    cases = [("all_reduce", op, a) for op in ("SUM", "AVG", "MAX") for a in (False, True)]
+    assert_ranks_passed(rank_pool.run(run_coalescing, cases, seed, timeout=RUN_TIMEOUT), seed, "")
+
+
+def test_coalescing_manager_mixed_operations(rank_pool):
+    seed = fresh_seed()
+    cases = [("mixed", None, a) for a in (False, True, False)]
+    assert_ranks_passed(rank_pool.run(run_coalescing, cases, seed, timeout=RUN_TIMEOUT), seed, "")
+
+
+def test_batched_point_to_point_all_pairs(rank_pool):
+    seed = fresh_seed()
+    cases = [("p2p", None, None)] * 3
+    assert_ranks_passed(rank_pool.run(run_coalescing, cases, seed, timeout=RUN_TIMEOUT), seed, "")

@@ -1,0 +1,175 @@
+"""Point-to-point: dist.send/recv between every ordered pair of ranks, isend/irecv, receives
+from any source, batch_isend_irecv rings (one and two directions) and in-order tags, for every
+dtype and sizes from empty to many staging chunks. Received tensors are poisoned first and must
+be bit-exact; sent tensors are only read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from _ops_support import (
+    DTYPES,
+    LARGE,
+    POOL_OPTIONS,
+    RUN_TIMEOUT,
+    SIZES,
+    assert_ranks_passed,
+    check_exact,
+    check_untouched,
+    device,
+    dtype_id,
+    run_cases,
+)
+
+from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
+
+pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+
+
+def _message(seed, size, dtype, sender, receiver, world):
+    """What `sender` sends to `receiver` in a case (any rank can rebuild it)."""
+    return random_tensor(size, dtype, "cpu", rank_seed(seed + receiver, sender), nranks=world)
+
+
+def _check_pairs(case, seed, ctx):
+    """Blocking send/recv (or isend/irecv) for every ordered pair, one pair at a time."""
+    kind, dtype, size = case
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    for src in range(world):
+        for dst in range(world):
+            if src == dst or rank not in (src, dst):
+                continue
+            what = f"{kind} {dtype_id(dtype)} size={size} {src}->{dst}"
+            tag = 7 * src + dst
+            message = _message(seed, size, dtype, src, dst, world)
+            if rank == src:
+                tensor = message.to(dev)
+                if kind == "send/recv":
+                    dist.send(tensor, dst=dst, tag=tag)
+                else:
+                    work = dist.isend(tensor, dst=dst, tag=tag)
+                    work.wait()
+                    assert work.is_completed(), f"{what}: isend Work not completed after wait"
+                check_untouched(tensor, message, f"{what}: sent tensor")
+            else:
+                tensor = poison_(torch.empty(size, dtype=dtype, device=dev))
+                if kind == "send/recv":
+                    sender = dist.recv(tensor, src=src, tag=tag)
+                    assert sender == src, f"{what}: recv returned sender {sender}"
+                else:
+                    work = dist.irecv(tensor, src=src, tag=tag)
+                    work.wait()
+                check_exact(tensor, message, seed, world, what)
+
+
+def _check_any_source(case, seed, ctx):
+    """Rank 0 receives one message from every other rank, in whatever order they arrive."""
+    _, dtype, size = case
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    if rank != 0:
+        dist.send(_message(seed, size, dtype, rank, 0, world).to(dev), dst=0, tag=5)
+        return
+    seen = []
+    for _ in range(world - 1):
+        tensor = poison_(torch.empty(size, dtype=dtype, device=dev))
+        sender = dist.recv(tensor, tag=5)  # src=None: any source
+        assert 0 < sender < world, f"recv from any source returned sender {sender}"
+        what = f"recv any source {dtype_id(dtype)} size={size} from {sender}"
+        check_exact(tensor, _message(seed, size, dtype, sender, 0, world), seed, world, what)
+        seen.append(sender)
+    assert sorted(seen) == list(range(1, world)), f"senders seen: {seen}"
+
+
+def _check_ring(case, seed, ctx):
+    """batch_isend_irecv: every rank sends to its right neighbour and receives from its left
+    one ("ring"), or additionally the other way round in the same batch ("both")."""
+    kind, dtype, size = case
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    peers = [(right, left)] if kind == "ring" else [(right, left), (left, right)]
+    ops, received = [], []
+    for direction, (to, frm) in enumerate(peers):
+        sent = _message(seed + 1000 * direction, size, dtype, rank, to, world)
+        tensor = sent.to(dev)
+        out = poison_(torch.empty(size, dtype=dtype, device=dev))
+        ops += [dist.P2POp(dist.isend, tensor, to), dist.P2POp(dist.irecv, out, frm)]
+        received.append((out, frm, direction, tensor, sent))
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    for out, frm, direction, tensor, sent in received:
+        what = f"batch_isend_irecv ({kind}) {dtype_id(dtype)} size={size} from {frm}"
+        check_untouched(tensor, sent, f"{what}: sent tensor")
+        expected = _message(seed + 1000 * direction, size, dtype, frm, rank, world)
+        check_exact(out, expected, seed, world, what)
+
+
+def _check_tags(case, seed, ctx):
+    """Several messages with different tags between rank 0 and rank 1, received in order."""
+    _, dtype, size = case
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    tags = (0, 3, 1 << 20)
+    if rank == 0:
+        works = [
+            dist.isend(_message(seed + t, size, dtype, 0, 1, world).to(dev), dst=1, tag=t)
+            for t in tags
+        ]
+        for work in works:
+            work.wait()
+    elif rank == 1:
+        for t in tags:
+            tensor = poison_(torch.empty(size, dtype=dtype, device=dev))
+            dist.recv(tensor, src=0, tag=t)
+            what = f"tagged recv {dtype_id(dtype)} size={size} tag={t}"
+            check_exact(tensor, _message(seed + t, size, dtype, 0, 1, world), seed, world, what)
+
+
+_CHECKS = {
+    "send/recv": _check_pairs,
+    "isend/irecv": _check_pairs,
+    "any source": _check_any_source,
+    "ring": _check_ring,
+    "both": _check_ring,
+    "tags": _check_tags,
+}
+
+
+def _check(case, seed, ctx):
+    _CHECKS[case[0]](case, seed, ctx)
+
+
+def run_p2p(cases, base_seed, ctx):
+    return run_cases(_check, cases, base_seed, ctx)
+
+
+@pytest.mark.parametrize("kind", list(_CHECKS))
+def test_point_to_point(rank_pool, kind):
+    seed = fresh_seed()
+    cases = [(kind, dtype, size) for dtype in DTYPES for size in SIZES]
+    results = rank_pool.run(run_p2p, cases, seed, timeout=RUN_TIMEOUT)
+    assert_ranks_passed(results, seed, kind)
+
+
+def run_unbatched_ring(base_seed, ctx):
+    """isend to the right neighbour, then irecv from the left one, outside any batch, with a
+    message far beyond the point-to-point staging area: the usual pipeline-parallel exchange.
+    gloo and NCCL complete it; a backend that runs the isend to completion before starting the
+    irecv deadlocks (every rank waits for its right neighbour to receive)."""
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    size = LARGE
+    sent = _message(base_seed, size, torch.float32, rank, right, world)
+    out = poison_(torch.empty(size, dtype=torch.float32, device=dev))
+    send_work = dist.isend(sent.to(dev), dst=right)
+    recv_work = dist.irecv(out, src=left)
+    send_work.wait()
+    recv_work.wait()
+    expected = _message(base_seed, size, torch.float32, left, rank, world)
+    check_exact(out, expected, base_seed, world, "unbatched isend/irecv ring")
+    return []
+
+
+def test_unbatched_isend_irecv_ring(rank_pool):
+    seed = fresh_seed()
+    results = rank_pool.run(run_unbatched_ring, seed, timeout=60)
+    assert_ranks_passed(results, seed, "unbatched isend/irecv ring")
