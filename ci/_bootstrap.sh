@@ -23,15 +23,31 @@ _nox_version() {
   "$CI_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nox"))' 2>/dev/null || true
 }
 
-if [ "$(_nox_version)" != "$NOX_VERSION" ]; then
-  echo "ci: installing nox $NOX_VERSION into $CI_VENV"
+_make_venv() {
+  rm -rf "$CI_VENV"
   mkdir -p "$(dirname "$CI_VENV")"
-  if ! "$PYTHON" -m venv --clear "$CI_VENV" 2>/dev/null; then
+  if ! "$PYTHON" -m venv "$CI_VENV"; then
     # Debian's python3 without python3-venv: fall back to virtualenv from pip.
+    echo "ci: '$PYTHON -m venv' failed; trying virtualenv" >&2
+    rm -rf "$CI_VENV"
     "$PYTHON" -m pip install --user --quiet virtualenv
-    "$PYTHON" -m virtualenv --clear "$CI_VENV"
+    "$PYTHON" -m virtualenv "$CI_VENV"
   fi
   "$CI_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "nox==$NOX_VERSION"
+}
+
+if [ "$(_nox_version)" != "$NOX_VERSION" ]; then
+  echo "ci: installing nox $NOX_VERSION into $CI_VENV"
+  _make_venv
+  # A half-built venv (interrupted run, full disk) must not be trusted: check, retry once.
+  if [ "$(_nox_version)" != "$NOX_VERSION" ]; then
+    echo "ci: nox is not importable from $CI_VENV; rebuilding it" >&2
+    _make_venv
+  fi
+  if [ "$(_nox_version)" != "$NOX_VERSION" ]; then
+    echo "ci: could not install nox $NOX_VERSION into $CI_VENV" >&2
+    exit 2
+  fi
 fi
 
 NOX="$CI_VENV/bin/nox"

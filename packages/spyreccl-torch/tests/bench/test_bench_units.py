@@ -284,3 +284,10 @@ def test_check_expectations_match_reference_semantics(op, nranks):
         np.testing.assert_array_equal(results[r], want)
         assert check.POISON not in want  # a skipped write can never look right
         assert max(expected) <= 127  # exact in int8 and in bfloat16's 8-bit mantissa
+
+
+def test_loop_policy_caps_very_slow_cases():
+    p = timing.LoopPolicy(target_s=0.2, min_iters=10, max_iters=100, max_case_s=2.0)
+    assert p.iterations(0.1) == 10  # 1 s for min_iters: within the cap
+    assert p.iterations(0.5) == 5  # 10 x 0.5 s would exceed 2 s: the floor of 5 applies
+    assert p.iterations(0.25) == 8  # 2 s / 0.25 s

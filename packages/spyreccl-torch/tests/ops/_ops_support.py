@@ -16,9 +16,8 @@ checks its own results and returns the failures as text. Each case:
   pools use "cpu:gloo,spyre:spyreccl", so the same ranks run both);
 - checks that inputs of out-of-place operations are left untouched.
 
-Only plain data (tuples, strings, ints, torch dtypes) travels to the ranks: the workers
-unpickle a task's arguments before they import the test module, so instances of classes
-defined in this directory would not unpickle there.
+Cases are plain tuples (dtypes, strings, ints, shapes): they are pickled to the ranks in one
+message per batch.
 """
 
 from __future__ import annotations

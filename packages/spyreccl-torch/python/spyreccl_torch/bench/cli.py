@@ -158,9 +158,9 @@ def sizes_from(args: argparse.Namespace, default_min: int, default_max: int) -> 
     return pow2_sizes(lo, hi, args.factor)
 
 
-def _policy(args: argparse.Namespace) -> LoopPolicy:
+def policy_from(args: argparse.Namespace) -> LoopPolicy:
     return LoopPolicy(target_s=args.time_per_size, min_iters=args.min_iters,
-                      max_iters=args.max_iters)
+                      max_iters=args.max_iters, max_case_s=max(2.0, 10 * args.time_per_size))
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
@@ -176,7 +176,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
     sizes = sizes_from(args, 8, 256 << 20)
     configs = [SweepConfig(nranks=n, ops=args.ops, sizes=sizes, dtype=args.dtype,
-                           levels=tuple(args.levels), policy=_policy(args),
+                           levels=tuple(args.levels), policy=policy_from(args),
                            timeout_s=args.timeout, check=not args.no_check)
                for n in args.nproc]
     machine_at_start = describe_environment()
@@ -212,7 +212,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         "loadavg_at_end": list(os.getloadavg()),
         "ranks": ranks_info,
         "config": {"nproc": args.nproc, "dtype": args.dtype, "levels": args.levels,
-                   "ops": args.ops, "sizes": sizes, "policy": vars(_policy(args))},
+                   "ops": args.ops, "sizes": sizes, "policy": vars(policy_from(args))},
         "memcpy": memcpy.to_dict(),
         "results": rows,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -75,8 +76,7 @@ def _job_args(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> 
         "nranks": cfg.nranks,
         "dtype": cfg.dtype,
         "cases": [c.to_dict() for c in cases],
-        "policy": {"target_s": cfg.policy.target_s, "min_iters": cfg.policy.min_iters,
-                   "max_iters": cfg.policy.max_iters},
+        "policy": dataclasses.asdict(cfg.policy),
         "timeout_s": cfg.timeout_s,
         "check": cfg.check,
     }

@@ -21,7 +21,6 @@ from .machine import command_line, describe_environment, timestamp
 from .memcpy import measure_memcpy
 from .report import format_bytes, write_json
 from .sweep import SweepConfig, plan_for, progress_bar, run_level
-from .timing import LoopPolicy
 
 __all__ = ["crossover", "run_threshold"]
 
@@ -51,8 +50,9 @@ def run_threshold(args: argparse.Namespace) -> int:
 
     sizes = sizes_from(args, _DEFAULT_MIN, _DEFAULT_MAX)
     values: list[int | None] = list(args.oneshot_values or [0, 1 << 20]) + [None]
-    policy = LoopPolicy(target_s=args.time_per_size, min_iters=args.min_iters,
-                        max_iters=args.max_iters)
+    from .cli import policy_from
+
+    policy = policy_from(args)
     memcpy = measure_memcpy()
     configs = []
     for n in args.nproc:

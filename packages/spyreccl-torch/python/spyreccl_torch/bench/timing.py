@@ -29,6 +29,9 @@ __all__ = ["LoopPolicy", "measure", "warmup_iters"]
 # Number of timed batches (each preceded by a barrier) a case is split into at most.
 _MAX_BATCHES = 20
 
+# Fewest timed iterations of a case, whatever its cost (see LoopPolicy.max_case_s).
+_FLOOR_ITERS = 5
+
 # Iterations a sample loop needs before the per-iteration estimate is trusted.
 _ESTIMATE_SKIP = 1
 
@@ -55,8 +58,11 @@ class LoopPolicy:
     """How long a (level, op, size) case runs."""
 
     target_s: float = 0.2  # wall time of the timed iterations per case
-    min_iters: int = 10  # at least this many samples (p10/p90 need a handful)
+    min_iters: int = 10  # at least this many samples (p10/p90 need a handful) ...
     max_iters: int = 2000  # bound on samples per case (memory, total run time)
+    # ... unless min_iters calls would take longer than this: very large messages on a slow
+    # backend (gloo, 256 MiB) then get fewer, but at least _FLOOR_ITERS, samples.
+    max_case_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.target_s > 0:
@@ -71,7 +77,10 @@ class LoopPolicy:
         """Timed iterations for a call that takes about ``estimate_s`` seconds."""
         if estimate_s <= 0 or not math.isfinite(estimate_s):
             return self.max_iters
-        return max(self.min_iters, min(self.max_iters, int(self.target_s / estimate_s)))
+        floor = self.min_iters
+        if estimate_s * floor > self.max_case_s:
+            floor = max(min(_FLOOR_ITERS, self.min_iters), int(self.max_case_s / estimate_s))
+        return max(floor, min(self.max_iters, int(self.target_s / estimate_s)))
 
 
 def measure(
