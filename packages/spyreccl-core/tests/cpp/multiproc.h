@@ -194,29 +194,53 @@ inline std::set<std::string> listShmSegments() {
   return names;
 }
 
-// True when some live process maps or holds /dev/shm/<name> open. Other jobs on this
+// True when some live process maps /dev/shm/<name> or holds it open. Other jobs on this
 // machine create segments too; a segment that nobody holds any more is a leak for sure,
 // whoever made it, while one that is held belongs to a communicator that is still
 // bootstrapping (its name disappears once every rank attached).
 inline bool segmentHeldByAnyProcess(const std::string& name) {
-  const std::string needle = "/dev/shm/" + name;
+  const std::string path = "/dev/shm/" + name;
   DIR* proc = opendir("/proc");
   if (!proc) return true;  // cannot tell: do not accuse anyone
   bool held = false;
-  while (dirent* e = readdir(proc)) {
+  while (!held) {
+    dirent* e = readdir(proc);
+    if (!e) break;
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    std::ifstream maps(std::string("/proc/") + e->d_name + "/maps");
+    const std::string pidDir = std::string("/proc/") + e->d_name;
+    std::ifstream maps(pidDir + "/maps");
     std::string line;
-    while (std::getline(maps, line)) {
-      if (line.find(needle) != std::string::npos) {
-        held = true;
-        break;
+    while (!held && std::getline(maps, line)) held = line.find(path) != std::string::npos;
+    // Between shm_open and mmap the creator holds only a descriptor.
+    if (DIR* fds = opendir((pidDir + "/fd").c_str())) {
+      while (!held) {
+        dirent* f = readdir(fds);
+        if (!f) break;
+        char target[512];
+        const ssize_t n =
+            readlink((pidDir + "/fd/" + f->d_name).c_str(), target, sizeof target - 1);
+        if (n > 0) {
+          target[n] = '\0';
+          held = path == target;
+        }
       }
+      closedir(fds);
     }
-    if (held) break;
   }
   closedir(proc);
   return held;
+}
+
+// A leaked segment: it exists and nobody holds it, still after a grace period that lets a
+// bootstrapping communicator of another job finish (its name is unlinked then).
+inline bool segmentLeaked(const std::string& name) {
+  const std::string path = "/dev/shm/" + name;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    if (access(path.c_str(), F_OK) != 0) return false;
+    if (segmentHeldByAnyProcess(name)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return access(path.c_str(), F_OK) == 0 && !segmentHeldByAnyProcess(name);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -465,8 +489,7 @@ inline bool runRanks(const RunOptions& opts, const Body& body) {
   }
   for (const std::string& name : listShmSegments()) {
     if (shmBefore.count(name) || name == own) continue;
-    // A segment of another job that is still bootstrapping is held by its creator.
-    if (!segmentHeldByAnyProcess(name)) {
+    if (segmentLeaked(name)) {
       fail("segment /dev/shm/" + name + " appeared during the test and is held by no process");
     }
   }

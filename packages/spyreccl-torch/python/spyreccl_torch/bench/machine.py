@@ -19,7 +19,10 @@ def timestamp() -> str:
 
 def command_line(args: Any) -> str:
     """The command as typed (program name and the arguments main() parsed)."""
-    return " ".join([os.path.basename(sys.argv[0]) or "spyreccl-bench", *args.argv])
+    program = os.path.basename(sys.argv[0])
+    if program in ("__main__.py", "-m", "-c", ""):
+        program = "python -m spyreccl_torch.bench"
+    return " ".join([program, *args.argv])
 
 
 def _cpu_model() -> str:
