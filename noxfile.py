@@ -110,7 +110,16 @@ def _pytest(session: nox.Session, test_dir: Path, *extra: str) -> None:
     if not test_dir.is_dir():
         session.warn(f"test directory {test_dir.relative_to(ROOT)} does not exist")
         raise nox.command.CommandFailed(f"missing {test_dir.relative_to(ROOT)}")
-    session.run("python", "-m", "pytest", *PYTEST_STRICT, *extra, str(test_dir), *session.posargs)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *PYTEST_STRICT,
+        "--durations=10",
+        *extra,
+        str(test_dir),
+        *session.posargs,
+    )
 
 
 def _run_all(session: nox.Session, steps: dict[str, Callable[[], None]]) -> None:

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstddef>
 #include <cstring>
 
@@ -405,9 +406,12 @@ std::string Communicator::withDump(const std::string& message) const {
   if (auto dir = envString("SPYRECCL_DUMP_DIR")) {
     // "/spyreccl-<hex>" -> the first 12 hex digits identify the communicator.
     std::string label = config_.name.empty() ? segment_->name().substr(10, 12) : config_.name;
-    std::replace(label.begin(), label.end(), '/', '_');
+    // The label may come from user input: keep the file name to a safe alphabet.
+    for (char& ch : label) {
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+    }
     std::string path = format("%s/spyreccl-%s-rank%d.txt", dir->c_str(), label.c_str(), rank_);
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd >= 0) {
       std::string text = message + "\n" + dump;
       ssize_t ignored = ::write(fd, text.data(), text.size());

@@ -106,6 +106,11 @@ def return_unpicklable():
     return threading.Lock()
 
 
+def assert_rank_is_zero(ctx):
+    observed = ctx.rank * 7
+    assert observed == 0
+
+
 def worker_pid():
     return os.getpid()
 
@@ -281,6 +286,14 @@ def test_start_failure_reports_the_init_traceback(make_pool):
     with pytest.raises(RankError, match="not retrying"):
         pool.run(describe_rank)
     assert time.monotonic() - start < 1.0
+
+
+def test_asserts_in_rank_functions_report_their_values(make_pool):
+    pool = make_pool(2, distributed=False)
+    with pytest.raises(RankError) as info:
+        pool.run(assert_rank_is_zero)
+    assert set(info.value.failures) == {1}
+    assert "assert 7 == 0" in info.value.failures[1].detail  # pytest's assertion rewriting
 
 
 def test_torch_free_pool_never_imports_torch(make_pool):

@@ -220,6 +220,8 @@ def _check_objects_and_errors(rank, world, device, seed):
         backend.send([torch.ones(3, device=device)], 9, 0)
     with pytest.raises(RuntimeError, match=r"BAND is not supported for dtype torch\.float32"):
         dist.all_reduce(torch.ones(3, device=device), op=dist.ReduceOp.BAND)
+    with pytest.raises(RuntimeError, match=r"'tensors\[0\]' has internally overlapping memory"):
+        dist.all_reduce(torch.zeros(1, device=device).expand(4))
     # The group is still usable after rejected calls.
     t = torch.ones(2, device=device)
     dist.all_reduce(t)

@@ -19,8 +19,6 @@ void gatherImpl(Communicator& c, Kind kind, const void* sendbuff, void* recvbuff
   const size_t nsteps = std::max<size_t>(1, ceilDiv(bytes, chunk));
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
-  // In place (send == recv + rank * bytes) our block is already where it belongs.
-  if (receives && bytes && send != recv + r * bytes) std::memcpy(recv + r * bytes, send, bytes);
   for (size_t j = 0; j < nsteps; ++j) {
     const uint32_t s = c.beginStep();
     const size_t off = j * chunk;
@@ -32,6 +30,10 @@ void gatherImpl(Communicator& c, Kind kind, const void* sendbuff, void* recvbuff
       if (q != r) std::memcpy(recv + q * bytes + off, c.staging(q, s), len);
     }
   }
+  // Our own block is copied only after the first exchange has validated every rank's
+  // descriptor: a mismatched call must leave the output untouched. In place
+  // (send == recv + rank * bytes) the block is already where it belongs.
+  if (receives && bytes && send != recv + r * bytes) std::memcpy(recv + r * bytes, send, bytes);
   scope.succeed();
 }
 

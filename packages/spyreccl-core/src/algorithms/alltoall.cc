@@ -54,11 +54,12 @@ void allToAll(Communicator& c, const void* sendbuff, void* recvbuff, size_t coun
   const size_t block = count * kernels::dtypeSize(dtype);
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
-  if (block) std::memcpy(recv + r * block, send + r * block, block);
   const size_t nsteps = std::max<size_t>(1, ceilDiv(block, slotBytes(c)));
   transfer(
       c, send, recv, nsteps, [&](int p) { return Span{p * block, block}; },
       [&](int q) { return Span{q * block, block}; }, scope.desc());
+  // Own block last: the first exchange inside transfer() validates the descriptors.
+  if (block) std::memcpy(recv + r * block, send + r * block, block);
   scope.succeed();
 }
 

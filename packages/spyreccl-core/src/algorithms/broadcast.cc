@@ -17,7 +17,6 @@ void broadcast(Communicator& c, const void* sendbuff, void* recvbuff, size_t cou
   const size_t nsteps = std::max<size_t>(1, ceilDiv(bytes, chunk));
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
-  if (r == root && bytes && send != recv) std::memcpy(recv, send, bytes);
   for (size_t j = 0; j < nsteps; ++j) {
     const uint32_t s = c.beginStep();
     const size_t off = j * chunk;
@@ -26,6 +25,9 @@ void broadcast(Communicator& c, const void* sendbuff, void* recvbuff, size_t cou
     c.exchange(s, j == 0 ? scope.desc() : nullptr);
     if (r != root && len) std::memcpy(recv + off, c.staging(root, s), len);
   }
+  // Local copies happen after the first exchange validated every descriptor, so a
+  // mismatched call leaves the output untouched on every rank.
+  if (r == root && bytes && send != recv) std::memcpy(recv, send, bytes);
   scope.succeed();
 }
 
@@ -39,9 +41,6 @@ void scatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t recvc
   const size_t nsteps = std::max<size_t>(1, ceilDiv(blockBytes, slot));
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
-  if (r == root && blockBytes && recv != send + root * blockBytes) {
-    std::memcpy(recv, send + root * blockBytes, blockBytes);
-  }
   for (size_t j = 0; j < nsteps; ++j) {
     const uint32_t s = c.beginStep();
     const size_t off = j * slot;
@@ -54,6 +53,9 @@ void scatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t recvc
     }
     c.exchange(s, j == 0 ? scope.desc() : nullptr);
     if (r != root && len) std::memcpy(recv + off, c.staging(root, s) + r * slot, len);
+  }
+  if (r == root && blockBytes && recv != send + root * blockBytes) {
+    std::memcpy(recv, send + root * blockBytes, blockBytes);
   }
   scope.succeed();
 }

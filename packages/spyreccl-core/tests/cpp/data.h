@@ -79,15 +79,24 @@ enum class Red { Sum, Prod, Max, Min, Avg, Band, Bor, Bxor, PreMulSum };
 
 inline const char* redName(Red r) {
   switch (r) {
-    case Red::Sum: return "sum";
-    case Red::Prod: return "prod";
-    case Red::Max: return "max";
-    case Red::Min: return "min";
-    case Red::Avg: return "avg";
-    case Red::Band: return "band";
-    case Red::Bor: return "bor";
-    case Red::Bxor: return "bxor";
-    case Red::PreMulSum: return "premul_sum";
+    case Red::Sum:
+      return "sum";
+    case Red::Prod:
+      return "prod";
+    case Red::Max:
+      return "max";
+    case Red::Min:
+      return "min";
+    case Red::Avg:
+      return "avg";
+    case Red::Band:
+      return "band";
+    case Red::Bor:
+      return "bor";
+    case Red::Bxor:
+      return "bxor";
+    case Red::PreMulSum:
+      return "premul_sum";
   }
   return "?";
 }
@@ -95,15 +104,24 @@ inline const char* redName(Red r) {
 // The built-in op of the C API (PreMulSum needs a handle: see RedOpHandle).
 inline spyrecclRedOp_t builtinOp(Red r) {
   switch (r) {
-    case Red::Sum: return spyrecclSum;
-    case Red::Prod: return spyrecclProd;
-    case Red::Max: return spyrecclMax;
-    case Red::Min: return spyrecclMin;
-    case Red::Avg: return spyrecclAvg;
-    case Red::Band: return spyrecclBand;
-    case Red::Bor: return spyrecclBor;
-    case Red::Bxor: return spyrecclBxor;
-    case Red::PreMulSum: break;
+    case Red::Sum:
+      return spyrecclSum;
+    case Red::Prod:
+      return spyrecclProd;
+    case Red::Max:
+      return spyrecclMax;
+    case Red::Min:
+      return spyrecclMin;
+    case Red::Avg:
+      return spyrecclAvg;
+    case Red::Band:
+      return spyrecclBand;
+    case Red::Bor:
+      return spyrecclBor;
+    case Red::Bxor:
+      return spyrecclBxor;
+    case Red::PreMulSum:
+      break;
   }
   return spyrecclNumOps;
 }
@@ -235,8 +253,8 @@ inline uint64_t inputBits(const TypeInfo& t, Red red, uint64_t seed, int rank, u
 }
 
 // Fills `count` elements of `buf` with rank `rank`'s input elements [first, first + count).
-inline void fillInput(const TypeInfo& t, Red red, uint64_t seed, int rank, void* buf,
-                      size_t count, size_t first = 0) {
+inline void fillInput(const TypeInfo& t, Red red, uint64_t seed, int rank, void* buf, size_t count,
+                      size_t first = 0) {
   for (size_t i = 0; i < count; ++i) storeBits(t, buf, i, inputBits(t, red, seed, rank, first + i));
 }
 
@@ -292,12 +310,19 @@ inline Expected reduceReference(const TypeInfo& t, Red red, const uint64_t* valu
       switch (red) {
         case Red::Sum:
         case Red::Max:
-        case Red::Bor: acc |= v; break;
+        case Red::Bor:
+          acc |= v;
+          break;
         case Red::Prod:
         case Red::Min:
-        case Red::Band: acc &= v; break;
-        case Red::Bxor: acc ^= v; break;
-        default: break;
+        case Red::Band:
+          acc &= v;
+          break;
+        case Red::Bxor:
+          acc ^= v;
+          break;
+        default:
+          break;
       }
     }
     ex.bits = acc;
@@ -311,11 +336,21 @@ inline Expected reduceReference(const TypeInfo& t, Red red, const uint64_t* valu
     for (int k = 1; k < n; ++k) {
       const uint64_t v = values[k];
       switch (red) {
-        case Red::Sum: acc += v; break;
-        case Red::Prod: acc *= v; break;
-        case Red::Band: acc &= v; break;
-        case Red::Bor: acc |= v; break;
-        case Red::Bxor: acc ^= v; break;
+        case Red::Sum:
+          acc += v;
+          break;
+        case Red::Prod:
+          acc *= v;
+          break;
+        case Red::Band:
+          acc &= v;
+          break;
+        case Red::Bor:
+          acc |= v;
+          break;
+        case Red::Bxor:
+          acc ^= v;
+          break;
         case Red::Max:
           if (isSigned ? signExtend(t, v) > signExtend(t, acc) : v > acc) acc = v;
           break;
@@ -325,7 +360,8 @@ inline Expected reduceReference(const TypeInfo& t, Red red, const uint64_t* valu
         case Red::Avg:
           wide += isSigned ? __int128(signExtend(t, v)) : __int128(v);
           break;
-        default: break;
+        default:
+          break;
       }
     }
     // AVG: the exact sum divided by n, truncated toward zero (C division).
@@ -385,8 +421,7 @@ inline std::string checkElement(const TypeInfo& t, uint64_t got, const Expected&
     if ((got & mask(t)) == (ex.bits & mask(t))) return "";
     if (t.isFloat()) {
       return format("got %.9g (0x%llx), expected %.9g (0x%llx)", decodeFloat(t, got),
-                    (unsigned long long)got, decodeFloat(t, ex.bits),
-                    (unsigned long long)ex.bits);
+                    (unsigned long long)got, decodeFloat(t, ex.bits), (unsigned long long)ex.bits);
     }
     if (t.kind == Kind::Signed) {
       return format("got %lld, expected %lld", (long long)signExtend(t, got),

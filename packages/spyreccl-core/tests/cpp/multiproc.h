@@ -20,13 +20,14 @@
 //
 // Parametrised tests register closures with spyreccl_test::registerTest() from a static
 // initialiser. The runner (main in main.cc) takes --filter=PATTERN[,PATTERN...] (a
-// substring, or a glob over the whole name when it contains '*'), --list and --seed=N; every test run draws a fresh seed (printed with every failure; set
-// SPYRECCL_TEST_SEED or --seed to replay one).
+// substring, or a glob over the whole name when it contains '*'), --list and --seed=N; every test
+// run draws a fresh seed (printed with every failure; set SPYRECCL_TEST_SEED or --seed to replay
+// one).
 #pragma once
 
 #include <dirent.h>
-#include <fnmatch.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -108,47 +109,46 @@ inline uint64_t& currentSeed() {
 }  // namespace spyreccl_test
 
 // Records a failure (with printf-style context) and continues.
-#define SPY_CHECK(cond, ...)                                                                  \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
-      ::spyreccl_test::recordFailure(__FILE__, __LINE__,                                      \
-                                     std::string("check failed: " #cond ": ") +               \
-                                         ::spyreccl_test::format(__VA_ARGS__));               \
-    }                                                                                         \
+#define SPY_CHECK(cond, ...)                                                                \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      ::spyreccl_test::recordFailure(                                                       \
+          __FILE__, __LINE__,                                                               \
+          std::string("check failed: " #cond ": ") + ::spyreccl_test::format(__VA_ARGS__)); \
+    }                                                                                       \
   } while (0)
 
 // Records a failure and stops the body.
-#define SPY_REQUIRE(cond, ...)                   \
-  do {                                           \
-    if (!(cond)) {                               \
-      SPY_CHECK(cond, __VA_ARGS__);              \
-      throw ::spyreccl_test::AbortBody{};        \
-    }                                            \
+#define SPY_REQUIRE(cond, ...)            \
+  do {                                    \
+    if (!(cond)) {                        \
+      SPY_CHECK(cond, __VA_ARGS__);       \
+      throw ::spyreccl_test::AbortBody{}; \
+    }                                     \
   } while (0)
 
 // `call` must return `expected`; otherwise records the result and the communicator's last
 // error message (`comm` may be NULL for calls without a communicator).
-#define SPY_CHECK_RC(call, expected, comm)                                                    \
-  ([&]() -> bool {                                                                            \
-    const spyrecclResult_t spy_rc_ = (call);                                                  \
-    if (spy_rc_ == (expected)) return true;                                                   \
-    ::spyreccl_test::recordFailure(                                                           \
-        __FILE__, __LINE__,                                                                   \
-        ::spyreccl_test::format("%s returned %s, expected %s; last error: \"%s\"", #call,     \
-                                spyrecclGetErrorString(spy_rc_),                              \
-                                spyrecclGetErrorString(expected),                             \
-                                spyrecclGetLastError(comm)));                                 \
-    return false;                                                                             \
+#define SPY_CHECK_RC(call, expected, comm)                                                         \
+  ([&]() -> bool {                                                                                 \
+    const spyrecclResult_t spy_rc_ = (call);                                                       \
+    if (spy_rc_ == (expected)) return true;                                                        \
+    ::spyreccl_test::recordFailure(                                                                \
+        __FILE__, __LINE__,                                                                        \
+        ::spyreccl_test::format("%s returned %s, expected %s; last error: \"%s\"", #call,          \
+                                spyrecclGetErrorString(spy_rc_), spyrecclGetErrorString(expected), \
+                                spyrecclGetLastError(comm)));                                      \
+    return false;                                                                                  \
   }())
 
 #define SPY_CHECK_OK(call, comm) SPY_CHECK_RC(call, spyrecclSuccess, comm)
 
 // Like SPY_CHECK_OK, but a failure stops the body.
-#define SPY_REQUIRE_OK(call, comm)                                     \
-  do {                                                                 \
-    if (!SPY_CHECK_RC(call, spyrecclSuccess, comm)) {                  \
-      throw ::spyreccl_test::AbortBody{};                              \
-    }                                                                  \
+#define SPY_REQUIRE_OK(call, comm)                    \
+  do {                                                \
+    if (!SPY_CHECK_RC(call, spyrecclSuccess, comm)) { \
+      throw ::spyreccl_test::AbortBody{};             \
+    }                                                 \
   } while (0)
 
 namespace spyreccl_test {
@@ -299,8 +299,7 @@ namespace detail {
   ctx.seed = currentSeed();
   try {
     if (opts.initComm) {
-      SPY_REQUIRE_OK(spyrecclCommInitRank(&ctx.comm, opts.nranks, id, rank, &ctx.config),
-                     nullptr);
+      SPY_REQUIRE_OK(spyrecclCommInitRank(&ctx.comm, opts.nranks, id, rank, &ctx.config), nullptr);
     }
     body(ctx);
   } catch (const AbortBody&) {
@@ -574,8 +573,7 @@ inline int runTests(int argc, char** argv) {
     ++run;
     currentSeed() = haveSeed ? seed : freshSeed();
     failures().clear();
-    std::printf("[ RUN      ] %s (seed %llu)\n", t.name.c_str(),
-                (unsigned long long)currentSeed());
+    std::printf("[ RUN      ] %s (seed %llu)\n", t.name.c_str(), (unsigned long long)currentSeed());
     std::fflush(stdout);
     const int64_t start = monotonicNs();
     try {
@@ -610,8 +608,8 @@ inline int runTests(int argc, char** argv) {
 #define SPY_TEST_CONCAT(a, b) SPY_TEST_CONCAT_(a, b)
 
 // Defines and registers a test named `name` (runs in the runner process; use runRanks).
-#define SPY_TEST(name)                                                       \
-  static void name();                                                        \
-  static const bool SPY_TEST_CONCAT(name, _registered) =                     \
-      ::spyreccl_test::registerTest(#name, name);                            \
+#define SPY_TEST(name)                                   \
+  static void name();                                    \
+  static const bool SPY_TEST_CONCAT(name, _registered) = \
+      ::spyreccl_test::registerTest(#name, name);        \
   static void name()

@@ -86,19 +86,27 @@ uint64_t roundReference(const TypeInfo& t, double v) {
 // The library's conversions for `t`.
 float widen(const TypeInfo& t, uint64_t bits) {
   switch (t.dtype) {
-    case spyrecclFloat16: return k::halfToFloat(uint16_t(bits));
-    case spyrecclBfloat16: return k::bf16ToFloat(uint16_t(bits));
-    case spyrecclFloat8e4m3: return k::e4m3fnToFloat(uint8_t(bits));
-    default: return k::e5m2ToFloat(uint8_t(bits));
+    case spyrecclFloat16:
+      return k::halfToFloat(uint16_t(bits));
+    case spyrecclBfloat16:
+      return k::bf16ToFloat(uint16_t(bits));
+    case spyrecclFloat8e4m3:
+      return k::e4m3fnToFloat(uint8_t(bits));
+    default:
+      return k::e5m2ToFloat(uint8_t(bits));
   }
 }
 
 uint64_t narrow(const TypeInfo& t, float f) {
   switch (t.dtype) {
-    case spyrecclFloat16: return k::floatToHalf(f);
-    case spyrecclBfloat16: return k::floatToBf16(f);
-    case spyrecclFloat8e4m3: return k::floatToE4m3fn(f);
-    default: return k::floatToE5m2(f);
+    case spyrecclFloat16:
+      return k::floatToHalf(f);
+    case spyrecclBfloat16:
+      return k::floatToBf16(f);
+    case spyrecclFloat8e4m3:
+      return k::floatToE4m3fn(f);
+    default:
+      return k::floatToE5m2(f);
   }
 }
 
@@ -116,8 +124,9 @@ void conversionTest(const TypeInfo& t) {
   for (uint64_t enc = 0; enc < (1ull << t.bits()); ++enc) {
     const double want = decodeFloat(t, enc);
     const float got = widen(t, enc);
-    const bool ok = std::isnan(want) ? std::isnan(got) && std::signbit(got) == std::signbit(want)
-                                     : double(got) == want && std::signbit(got) == std::signbit(want);
+    const bool ok = std::isnan(want)
+                        ? std::isnan(got) && std::signbit(got) == std::signbit(want)
+                        : double(got) == want && std::signbit(got) == std::signbit(want);
     if (!ok && bad++ < 3) {
       recordFailure(__FILE__, __LINE__,
                     format("%s widen(0x%llx) = %.9g, expected %.9g", t.name,
@@ -161,8 +170,8 @@ void conversionTest(const TypeInfo& t) {
       uint32_t xb;
       std::memcpy(&xb, &x, 4);
       recordFailure(__FILE__, __LINE__,
-                    format("%s narrow(%.9g = 0x%08x) = 0x%llx, expected 0x%llx", t.name,
-                           double(x), xb, (unsigned long long)got, (unsigned long long)want));
+                    format("%s narrow(%.9g = 0x%08x) = 0x%llx, expected 0x%llx", t.name, double(x),
+                           xb, (unsigned long long)got, (unsigned long long)want));
     }
   }
   SPY_CHECK(bad == 0, "%s: %zu conversion(s) wrong (first ones above)", t.name, bad);
@@ -187,8 +196,7 @@ k::ReduceSpec specFor(const TypeInfo& t, Red red, double scalar, int nsrc) {
 // fused multiply-adds: `volatile` keeps every product and sum rounded on its own), then
 // one rounding to the output type.
 template <class Acc>
-uint64_t floatSemantics(const TypeInfo& t, Red red, double scalar, const uint64_t* values,
-                        int n) {
+uint64_t floatSemantics(const TypeInfo& t, Red red, double scalar, const uint64_t* values, int n) {
   const Acc s = Acc(scalar);
   auto load = [&](uint64_t bits) -> Acc {
     volatile Acc x = Acc(decodeFloat(t, bits));
@@ -201,11 +209,20 @@ uint64_t floatSemantics(const TypeInfo& t, Red red, double scalar, const uint64_
     switch (red) {
       case Red::Sum:
       case Red::Avg:
-      case Red::PreMulSum: acc = acc + x; break;
-      case Red::Prod: acc = acc * x; break;
-      case Red::Max: acc = (x > acc || std::isnan(x)) ? x : Acc(acc); break;
-      case Red::Min: acc = (x < acc || std::isnan(x)) ? x : Acc(acc); break;
-      default: break;
+      case Red::PreMulSum:
+        acc = acc + x;
+        break;
+      case Red::Prod:
+        acc = acc * x;
+        break;
+      case Red::Max:
+        acc = (x > acc || std::isnan(x)) ? x : Acc(acc);
+        break;
+      case Red::Min:
+        acc = (x < acc || std::isnan(x)) ? x : Acc(acc);
+        break;
+      default:
+        break;
     }
   }
   if (red == Red::Avg) acc = acc / Acc(n);
@@ -227,9 +244,8 @@ void reduceTest(const TypeInfo& t) {
         for (bool inPlace : {false, true}) {
           const uint64_t seed = mix(currentSeed(), ++caseNo);
           const double scalar = premulScalar(seed);
-          const std::string what = format("reduce %s %s nsrc=%d count=%zu %s", t.name,
-                                          redName(red), nsrc, count,
-                                          inPlace ? "in-place" : "out-of-place");
+          const std::string what = format("reduce %s %s nsrc=%d count=%zu %s", t.name, redName(red),
+                                          nsrc, count, inPlace ? "in-place" : "out-of-place");
           std::vector<Buffer> srcs;
           std::vector<const void*> ptrs;
           for (int r = 0; r < nsrc; ++r) {
@@ -379,8 +395,8 @@ void validateTest() {
             "invalid dtype: \"%s\"", why.c_str());
   spec.dtype = spyrecclFloat32;
   spec.op = spyrecclRedOp_t(42);
-  SPY_CHECK(!k::validate(spec, &why) && why.find("42") != std::string::npos,
-            "invalid op: \"%s\"", why.c_str());
+  SPY_CHECK(!k::validate(spec, &why) && why.find("42") != std::string::npos, "invalid op: \"%s\"",
+            why.c_str());
   spec.op = spyrecclAvg;
   spec.avgDivisor = 0;
   SPY_CHECK(!k::validate(spec, &why), "avg with divisor 0 must be rejected");
@@ -391,7 +407,8 @@ void validateTest() {
 [[maybe_unused]] const bool registered = [] {
   for (const TypeInfo& t : allTypes()) {
     const TypeInfo* type = &t;
-    if (t.narrow()) registerTest(format("kernels.convert/%s", t.name), [=] { conversionTest(*type); });
+    if (t.narrow())
+      registerTest(format("kernels.convert/%s", t.name), [=] { conversionTest(*type); });
     registerTest(format("kernels.reduce/%s", t.name), [=] { reduceTest(*type); });
   }
   registerTest("kernels.special", specialValuesTest);

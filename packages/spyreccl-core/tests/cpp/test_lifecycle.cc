@@ -60,8 +60,7 @@ void barrierBody(RankContext& ctx) {
     SPY_REQUIRE_OK(spyrecclBarrier(ctx.comm), ctx.comm);
     const int64_t left = monotonicNs();
     std::vector<int64_t> all(size_t(ctx.nranks));
-    SPY_REQUIRE_OK(spyrecclAllGather(&entered, all.data(), 1, spyrecclInt64, ctx.comm),
-                   ctx.comm);
+    SPY_REQUIRE_OK(spyrecclAllGather(&entered, all.data(), 1, spyrecclInt64, ctx.comm), ctx.comm);
     for (int r = 0; r < ctx.nranks; ++r) {
       SPY_CHECK(left >= all[size_t(r)],
                 "round %d: left the barrier %lld ns before rank %d entered it", round,
@@ -185,11 +184,11 @@ void mismatchBody(RankContext& ctx, const std::string& variant) {
 // must fail promptly with spyrecclRemoteError rather than wait for the timeout.
 void expectPeerGone(RankContext& ctx, int gone) {
   float x = 1.0f;
-  const spyrecclResult_t late = spyrecclAllReduce(&x, &x, 1, spyrecclFloat32, spyrecclSum,
-                                                  ctx.comm);
+  const spyrecclResult_t late =
+      spyrecclAllReduce(&x, &x, 1, spyrecclFloat32, spyrecclSum, ctx.comm);
   SPY_CHECK(late == spyrecclSuccess || late == spyrecclRemoteError,
-            "joining the failed allreduce late returned %s: \"%s\"",
-            spyrecclGetErrorString(late), spyrecclGetLastError(ctx.comm));
+            "joining the failed allreduce late returned %s: \"%s\"", spyrecclGetErrorString(late),
+            spyrecclGetLastError(ctx.comm));
   if (late == spyrecclSuccess) {
     const int64_t start = monotonicNs();
     SPY_CHECK_RC(spyrecclBarrier(ctx.comm), spyrecclRemoteError, ctx.comm);
@@ -276,9 +275,9 @@ void killedRankBody(RankContext& ctx) {
   }
   std::vector<float> x(1000, 1.0f);
   const int64_t start = monotonicNs();
-  SPY_CHECK_RC(spyrecclAllReduce(x.data(), x.data(), x.size(), spyrecclFloat32, spyrecclSum,
-                                 ctx.comm),
-               spyrecclRemoteError, ctx.comm);
+  SPY_CHECK_RC(
+      spyrecclAllReduce(x.data(), x.data(), x.size(), spyrecclFloat32, spyrecclSum, ctx.comm),
+      spyrecclRemoteError, ctx.comm);
   const int64_t ms = (monotonicNs() - start) / 1000000;
   SPY_CHECK(ms < 2100, "the death of rank %d was reported after %lld ms", victim, (long long)ms);
   const std::string msg = spyrecclGetLastError(ctx.comm);
@@ -291,13 +290,13 @@ void killedRankBody(RankContext& ctx) {
 // ---------------------------------------------------------------------------------------
 
 // `call` must fail with spyrecclInvalidArgument and a last error that mentions `argument`.
-#define EXPECT_INVALID(call, comm, argument)                                               \
-  do {                                                                                     \
-    if (SPY_CHECK_RC(call, spyrecclInvalidArgument, comm)) {                               \
-      const std::string msg_ = spyrecclGetLastError(comm);                                 \
-      SPY_CHECK(contains(msg_, argument), "%s: message should name '%s': \"%s\"", #call,    \
-                argument, msg_.c_str());                                                   \
-    }                                                                                      \
+#define EXPECT_INVALID(call, comm, argument)                                                       \
+  do {                                                                                             \
+    if (SPY_CHECK_RC(call, spyrecclInvalidArgument, comm)) {                                       \
+      const std::string msg_ = spyrecclGetLastError(comm);                                         \
+      SPY_CHECK(contains(msg_, argument), "%s: message should name '%s': \"%s\"", #call, argument, \
+                msg_.c_str());                                                                     \
+    }                                                                                              \
   } while (0)
 
 void invalidArgumentsBody(RankContext& ctx) {
@@ -327,8 +326,8 @@ void invalidArgumentsBody(RankContext& ctx) {
                  "op");
   EXPECT_INVALID(spyrecclAllReduce(a.data(), b.data(), 16, spyrecclFloat32, spyrecclBand, comm),
                  comm, "band");
-  EXPECT_INVALID(spyrecclAllReduce(ia.data(), ib.data(), 16, spyrecclBool, spyrecclAvg, comm),
-                 comm, "avg");
+  EXPECT_INVALID(spyrecclAllReduce(ia.data(), ib.data(), 16, spyrecclBool, spyrecclAvg, comm), comm,
+                 "avg");
   {
     spyrecclRedOp_t op;
     EXPECT_INVALID(spyrecclRedOpCreatePreMulSum(&op, 2.0, spyrecclInt32, comm), comm, "int32");
@@ -348,10 +347,10 @@ void invalidArgumentsBody(RankContext& ctx) {
                  comm, "root");
   EXPECT_INVALID(spyrecclBroadcast(a.data(), b.data(), 16, spyrecclFloat32, -1, comm), comm,
                  "root");
-  EXPECT_INVALID(spyrecclAllReduce(nullptr, b.data(), 16, spyrecclFloat32, spyrecclSum, comm),
-                 comm, "sendbuff");
-  EXPECT_INVALID(spyrecclAllReduce(a.data(), nullptr, 16, spyrecclFloat32, spyrecclSum, comm),
-                 comm, "recvbuff");
+  EXPECT_INVALID(spyrecclAllReduce(nullptr, b.data(), 16, spyrecclFloat32, spyrecclSum, comm), comm,
+                 "sendbuff");
+  EXPECT_INVALID(spyrecclAllReduce(a.data(), nullptr, 16, spyrecclFloat32, spyrecclSum, comm), comm,
+                 "recvbuff");
   // Overlapping but not in place.
   EXPECT_INVALID(spyrecclAllReduce(b.data(), b.data() + 1, 8, spyrecclFloat32, spyrecclSum, comm),
                  comm, "recvbuff");

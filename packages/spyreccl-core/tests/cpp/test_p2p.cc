@@ -45,16 +45,14 @@ void sendRecvBody(RankContext& ctx) {
         fillAnyBits(t, seed, 0, buf.data(), count);
         SPY_REQUIRE_OK(spyrecclSend(buf.data(), count, t.dtype, last, tag, ctx.comm), ctx.comm);
         poisonMessage(t, buf.data(), count, seed, last);
-        SPY_REQUIRE_OK(spyrecclRecv(buf.data(), count, t.dtype, last, tag + 1, ctx.comm),
-                       ctx.comm);
+        SPY_REQUIRE_OK(spyrecclRecv(buf.data(), count, t.dtype, last, tag + 1, ctx.comm), ctx.comm);
         checkMessage(t, buf.data(), count, seed, last, what + " (reply)");
       } else if (ctx.rank == last) {
         poisonMessage(t, buf.data(), count, seed, 0);
         SPY_REQUIRE_OK(spyrecclRecv(buf.data(), count, t.dtype, 0, tag, ctx.comm), ctx.comm);
         checkMessage(t, buf.data(), count, seed, 0, what);
         fillAnyBits(t, seed, last, buf.data(), count);
-        SPY_REQUIRE_OK(spyrecclSend(buf.data(), count, t.dtype, 0, tag + 1, ctx.comm),
-                       ctx.comm);
+        SPY_REQUIRE_OK(spyrecclSend(buf.data(), count, t.dtype, 0, tag + 1, ctx.comm), ctx.comm);
       }
     }
   }
@@ -139,12 +137,10 @@ void mismatchBody(RankContext& ctx) {
   if (ctx.rank == 0) {
     fillAnyBits(t, ctx.seed, 0, buf.data(), 10);
     const spyrecclResult_t rc = spyrecclSend(buf.data(), 10, t.dtype, 1, 4, ctx.comm);
-    SPY_CHECK(rc == spyrecclSuccess || rc == spyrecclMismatch,
-              "spyrecclSend returned %s: %s", spyrecclGetErrorString(rc),
-              spyrecclGetLastError(ctx.comm));
+    SPY_CHECK(rc == spyrecclSuccess || rc == spyrecclMismatch, "spyrecclSend returned %s: %s",
+              spyrecclGetErrorString(rc), spyrecclGetLastError(ctx.comm));
   } else if (ctx.rank == 1) {
-    SPY_CHECK_RC(spyrecclRecv(buf.data(), 11, t.dtype, 0, 4, ctx.comm), spyrecclMismatch,
-                 ctx.comm);
+    SPY_CHECK_RC(spyrecclRecv(buf.data(), 11, t.dtype, 0, 4, ctx.comm), spyrecclMismatch, ctx.comm);
     const std::string msg = spyrecclGetLastError(ctx.comm);
     SPY_CHECK(msg.find("10") != std::string::npos && msg.find("11") != std::string::npos,
               "the mismatch message should name both counts (10 and 11): \"%s\"", msg.c_str());

@@ -80,7 +80,8 @@ def _import_module(ref: FunctionRef) -> ModuleType:
     if cached is not None:
         return cached
     module = None
-    if ref.module and ref.module not in ("__main__", "__mp_main__"):
+    # Test files are always loaded by path, so that their asserts get pytest's rewriting.
+    if ref.module and ref.module not in ("__main__", "__mp_main__") and not _is_test_file(ref.path):
         existing = sys.modules.get(ref.module)
         if existing is not None and _same_file(getattr(existing, "__file__", None), ref.path):
             module = existing
@@ -95,6 +96,29 @@ def _import_module(ref: FunctionRef) -> ModuleType:
         module = _load_by_path(ref.path)
     _loaded[ref.path] = module
     return module
+
+
+def _is_test_file(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
+
+
+def _compile_with_assert_rewriting(path: str) -> Any:
+    """The module's code with pytest's assertion rewriting (so a failing `assert a == b` on a
+    rank reports both values, as in the test process), or None when pytest is unavailable or
+    its internal rewriter changed shape: plain asserts still work then."""
+    try:
+        import ast
+
+        from _pytest.assertion.rewrite import rewrite_asserts
+
+        with open(path, "rb") as f:
+            source = f.read()
+        tree = ast.parse(source, filename=path)
+        rewrite_asserts(tree, source, path, None)
+        return compile(tree, path, "exec", dont_inherit=True)
+    except Exception:
+        return None
 
 
 def private_module_name(path: str) -> str:
@@ -118,7 +142,11 @@ def _load_by_path(path: str) -> ModuleType:
     # module find it.
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        code = _compile_with_assert_rewriting(path) if _is_test_file(path) else None
+        if code is not None:
+            exec(code, module.__dict__)
+        else:
+            spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(name, None)
         raise

@@ -3,6 +3,7 @@
 #include "backend/tensor_translation.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 namespace spyreccl_torch {
@@ -96,6 +97,12 @@ CommBuffer CommBuffer::make(const at::Tensor& tensor, Usage usage, const char* o
   TORCH_CHECK(!tensor.is_sparse(), "spyreccl ", opName, ": argument '", argName,
               "' is a sparse tensor; spyreccl supports dense (strided) tensors only");
   const ElementType element = translateScalarType(tensor.scalar_type(), usage, opName, argName);
+  // Checked here, before communicating: otherwise only the final copy into the user's
+  // tensor would fail, after the peers already took part in the operation.
+  TORCH_CHECK(!copyOut || at::has_internal_overlap(tensor) != at::MemOverlap::Yes, "spyreccl ",
+              opName, ": argument '", argName,
+              "' has internally overlapping memory (e.g. a result of expand()); a tensor the "
+              "operation writes needs one memory location per element");
   CommBuffer buffer;
   buffer.user_ = tensor;
   buffer.units_ = element.units;

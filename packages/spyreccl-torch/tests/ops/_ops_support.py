@@ -52,7 +52,6 @@ DTYPES = (
     torch.float8_e5m2,
 )
 FLOAT_DTYPES = frozenset(d for d in DTYPES if d.is_floating_point)
-INT_DTYPES = frozenset(d for d in DTYPES if not d.is_floating_point and d != torch.bool)
 
 REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL_SUM", "BAND", "BOR", "BXOR")
 
@@ -337,31 +336,40 @@ def expect_rejection(call: Callable[[], Any], pattern: str, what: str) -> None:
 _MAX_REPORTED = 12
 
 
+class BatchAborted(RuntimeError):
+    """A collective raised unexpectedly: the rest of the batch was not run."""
+
+
 def run_cases(
     check: Callable[..., None], cases: Sequence[tuple], base_seed: int, ctx: RankContext
 ) -> list[str]:
     """Runs check(case, seed, ctx) for each case on this rank and returns one line per
-    failure (case, seed, message). Stops early once the group itself looks broken: every
-    later case would only repeat that error (or hang)."""
+    failed check (case, seed, message).
+
+    A failed check (AssertionError: wrong numbers, unexpected rejection message) leaves the
+    group usable, so the batch goes on. Any other exception comes from the operation itself
+    and may have broken the communicator or torch's per-group state: the batch stops and
+    BatchAborted is raised, so that the rank pool reports every rank's traceback and starts
+    afresh instead of handing a broken group to the next test.
+    """
     failures: list[str] = []
     for index, case in enumerate(cases):
         seed = case_seed(base_seed, index)
         try:
             check(case, seed, ctx)
-        except Exception as exc:
+        except AssertionError as exc:
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             failures.append(f"rank {ctx.rank} case #{index} {_describe(case)} seed={seed}:\n{text}")
-            if _group_broken(text) or len(failures) >= _MAX_REPORTED:
+            if len(failures) >= _MAX_REPORTED:
                 failures.append(f"rank {ctx.rank}: stopped after case #{index} of {len(cases)}")
                 break
+        except Exception as exc:
+            earlier = "".join(f"\n  earlier: {line}" for line in failures)
+            raise BatchAborted(
+                f"rank {ctx.rank} case #{index} {_describe(case)} seed={seed} (base seed "
+                f"{base_seed}) raised {type(exc).__name__}: {exc}{earlier}"
+            ) from exc
     return failures
-
-
-def _group_broken(message: str) -> bool:
-    return any(
-        marker in message
-        for marker in ("spyrecclTimeout", "spyrecclRemoteError", "spyrecclMismatch", "aborted")
-    )
 
 
 def _describe(case: tuple) -> str:

@@ -4,6 +4,10 @@ The barrier must not let any rank through before the slowest one arrived: a stra
 different rank each round) sleeps, then leaves a marker file in the pool's shared directory
 and enters the barrier; every rank must see the marker as soon as its barrier returns.
 
+On a "cpu:gloo,spyre:spyreccl" group, torch 2.13 sends dist.barrier() to gloo, so the
+barrier is tested on a spyreccl-only group (new_group(backend="spyreccl")), and the profiler
+confirms that spyreccl served it.
+
 torch's dist.monitored_barrier accepts gloo groups only, so the backend's own
 monitored_barrier (what c10d reaches through the group's spyre backend) is called directly;
 a monitored barrier that times out breaks the communicator, so that case lives in
@@ -26,12 +30,23 @@ pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
 _STRAGGLER_DELAY_S = 0.3
 
 
+_group = None
+
+
+def _spyreccl_group():
+    global _group
+    if _group is None:
+        _group = dist.new_group(backend="spyreccl")
+    return _group
+
+
 def _spyre_backend():
     return dist.group.WORLD._get_backend(torch.device("spyre"))
 
 
 def run_barrier_rounds(token, rounds, async_op, ctx):
     world, rank = ctx.world_size, ctx.rank
+    group = _spyreccl_group()
     for i in range(rounds):
         marker = os.path.join(ctx.shared_dir, f"barrier-{token}-{async_op}-{i}")
         if rank == i % world:
@@ -39,7 +54,7 @@ def run_barrier_rounds(token, rounds, async_op, ctx):
             with open(marker, "w"):
                 pass
         start = time.monotonic()
-        work = dist.barrier(async_op=async_op)
+        work = dist.barrier(group=group, async_op=async_op)
         if async_op:
             assert work is not None, "barrier(async_op=True) returned no Work"
             work.wait()
@@ -59,10 +74,10 @@ def test_barrier_waits_for_the_straggler(rank_pool, async_op):
 
 
 def run_barrier_is_spyreccl(ctx):
-    """The no-argument barrier of a "cpu:gloo,spyre:spyreccl" group goes to the accelerator's
-    backend: the profiler shows spyreccl's barrier."""
+    """The barrier of the spyreccl-only group is spyreccl's (the profiler shows its range)."""
+    group = _spyreccl_group()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        dist.barrier()
+        dist.barrier(group=group)
     names = {event.name for event in prof.events()}
     assert "spyreccl:barrier" in names, f"no spyreccl:barrier event; events: {sorted(names)}"
 

@@ -28,7 +28,7 @@ def _spyre_group():
     global _group
     if _group is None:
         _group = dist.new_group(backend="spyreccl")
-        device = _get_object_coll_device(_group)
+        device = torch.device(_get_object_coll_device(_group))
         assert device.type == "spyre", f"object collectives of the spyreccl group use {device}"
     return _group
 

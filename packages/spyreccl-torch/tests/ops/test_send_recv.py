@@ -22,6 +22,7 @@ from _ops_support import (
     run_cases,
 )
 
+from spyreccl_testing import RankError
 from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
 
 pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
@@ -66,6 +67,15 @@ def _check_pairs(case, seed, ctx):
 def _check_any_source(case, seed, ctx):
     """Rank 0 receives one message from every other rank, in whatever order they arrive."""
     _, dtype, size = case
+    try:
+        _receive_from_all(dtype, size, seed, ctx)
+    finally:
+        # A sender must not run ahead into the next case: rank 0's next any-source receive
+        # would otherwise see that message (another size) while one of this case is pending.
+        dist.barrier()
+
+
+def _receive_from_all(dtype, size, seed, ctx):
     world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
     if rank != 0:
         dist.send(_message(seed, size, dtype, rank, 0, world).to(dev), dst=0, tag=5)
@@ -150,14 +160,13 @@ def test_point_to_point(rank_pool, kind):
     assert_ranks_passed(results, seed, kind)
 
 
-def run_unbatched_ring(base_seed, ctx):
-    """isend to the right neighbour, then irecv from the left one, outside any batch, with a
-    message far beyond the point-to-point staging area: the usual pipeline-parallel exchange.
-    gloo and NCCL complete it; a backend that runs the isend to completion before starting the
-    irecv deadlocks (every rank waits for its right neighbour to receive)."""
+def run_unbatched_ring(size, base_seed, ctx):
+    """isend to the right neighbour, then irecv from the left one, outside any batch: the
+    usual pipeline-parallel exchange, which gloo completes for any size. A backend that runs
+    the isend to completion before starting the irecv deadlocks once the message exceeds the
+    point-to-point staging area (every rank waits for its right neighbour to receive)."""
     world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
     right, left = (rank + 1) % world, (rank - 1) % world
-    size = LARGE
     sent = _message(base_seed, size, torch.float32, rank, right, world)
     out = poison_(torch.empty(size, dtype=torch.float32, device=dev))
     send_work = dist.isend(sent.to(dev), dst=right)
@@ -169,7 +178,23 @@ def run_unbatched_ring(base_seed, ctx):
     return []
 
 
-def test_unbatched_isend_irecv_ring(rank_pool):
+def test_unbatched_isend_irecv_ring_small(rank_pool):
     seed = fresh_seed()
-    results = rank_pool.run(run_unbatched_ring, seed, timeout=60)
-    assert_ranks_passed(results, seed, "unbatched isend/irecv ring")
+    # Fits the point-to-point staging area (P2P_CHUNK_BYTES): each isend completes alone.
+    results = rank_pool.run(run_unbatched_ring, 1001, seed, timeout=RUN_TIMEOUT)
+    assert_ranks_passed(results, seed, "unbatched isend/irecv ring (small)")
+
+
+@pytest.mark.xfail(
+    raises=RankError,
+    strict=True,
+    reason="spyreccl runs point-to-point operations one at a time on the group's progress "
+    "thread: an unbatched isend larger than the staging area blocks until the peer receives, "
+    "and the peer is blocked in its own isend (deadlock until the group timeout)",
+)
+def test_unbatched_isend_irecv_ring_large(rank_pool):
+    seed = fresh_seed()
+    # Short run timeout: the failure mode is a deadlock. Last test of the module: the pool it
+    # breaks is not reused.
+    results = rank_pool.run(run_unbatched_ring, LARGE, seed, timeout=30)
+    assert_ranks_passed(results, seed, "unbatched isend/irecv ring (large)")

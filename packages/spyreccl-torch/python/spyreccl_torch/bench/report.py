@@ -222,7 +222,7 @@ def plot_sweep(path: str, rows: Sequence[dict], memcpy_gbps: float | None, title
         ax_bw.set_title(f"{op}: bus bandwidth")
         ax_bw.legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.25 / len(ops)))  # leave the top to the title
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

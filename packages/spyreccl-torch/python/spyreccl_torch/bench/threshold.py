@@ -90,7 +90,10 @@ def run_threshold(args: argparse.Namespace) -> int:
                 + f" | {_label(values[fastest])}")
         explicit = [v for v in values if v is not None]
         if 0 in explicit and len(explicit) > 1:
-            x = crossover(all_sizes, times[max(explicit)], times[0])
+            # Above the largest value (and the 1 MiB chunk cap) every column is two-phase:
+            # those sizes say nothing about the choice, only about the noise.
+            cap = min(max(explicit), 1 << 20)
+            x = crossover([s for s in all_sizes if s <= cap], times[max(explicit)], times[0])
             summary[n] = x
             lines.append(
                 f"two-phase is at least as fast as one-shot from {format_bytes(x)} up"
