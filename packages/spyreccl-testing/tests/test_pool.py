@@ -75,11 +75,9 @@ def fail_then_block(ctx):
 
 
 def kill_self_on_rank(bad_rank: int, ctx):
-    import torch.distributed as dist
-
     if ctx.rank == bad_rank:
         os.kill(os.getpid(), signal.SIGKILL)
-    dist.barrier()
+    time.sleep(120)  # stands for a collective waiting for the dead rank
 
 
 def sleep_on_rank(slow_rank: int, seconds: float, ctx):
@@ -232,26 +230,33 @@ def test_functions_that_workers_cannot_import_are_rejected(rank_pool):
 # --- tests with their own pools (failure injection) -----------------------------------------
 
 
+# Failure-injection tests use torch-free pools: what they check (death, hang, crash
+# detection and recovery) is the pool's own logic, and a worker without torch starts in a
+# fraction of a second. Death and stalls inside gloo collectives are covered above.
+
+
 def test_killed_rank_is_detected_and_pool_recovers(make_pool):
-    pool = make_pool(2, backend="gloo")
-    pids = [i["pid"] for i in pool.run(describe_rank)]
+    pool = make_pool(3, distributed=False)
+    pids = pool.run(worker_pid)
+    start = time.monotonic()
     with pytest.raises(RankError) as info:
         pool.run(kill_self_on_rank, 1, timeout=60)
+    assert time.monotonic() - start < 20, "survivors must not be waited for until the timeout"
     failures = info.value.failures
     assert failures[1].kind == "died"
     assert "SIGKILL" in failures[1].detail
-    # gloo notices the closed connection and raises, or the survivor is still blocked in the
-    # barrier when the grace period ends: either way it is reported, never silently dropped.
-    assert failures[0].kind in ("raised", "stalled")
+    for rank in (0, 2):
+        assert failures[rank].kind == "stalled"
+        assert "kill_self_on_rank" in failures[rank].log
     for pid in pids:
         assert not _pid_alive(pid), f"worker {pid} of the broken pool is still alive"
-    new_pids = [i["pid"] for i in pool.run(describe_rank)]
+    new_pids = pool.run(worker_pid)
     assert set(new_pids).isdisjoint(pids)
 
 
 def test_hang_past_timeout_is_detected_with_a_stack_dump(make_pool):
-    pool = make_pool(2, backend="gloo")
-    pool.run(describe_rank)  # start outside the measured window
+    pool = make_pool(2, distributed=False)
+    pool.run(worker_pid)  # start outside the measured window
     start = time.monotonic()
     with pytest.raises(RankError) as info:
         pool.run(sleep_on_rank, 0, 120.0, timeout=2.0)

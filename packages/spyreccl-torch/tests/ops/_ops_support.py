@@ -333,6 +333,29 @@ def expect_rejection(call: Callable[[], Any], pattern: str, what: str) -> None:
     raise AssertionError(f"{what}: expected a rejection matching /{pattern}/, but it ran")
 
 
+class DeferredChecks:
+    """Collects check failures of a case whose collectives are interleaved with checks, so
+    that a rank whose check fails still takes part in every later collective of the case
+    (skipping one would leave the other ranks blocked in it). Use as a context manager: the
+    failures are raised together when the block ends normally."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def __call__(self, check: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        try:
+            check(*args, **kwargs)
+        except AssertionError as exc:
+            self.failures.append(str(exc))
+
+    def __enter__(self) -> DeferredChecks:
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is None and self.failures:
+            raise AssertionError("\n".join(self.failures))
+
+
 _MAX_REPORTED = 12
 
 

@@ -49,13 +49,15 @@ def _check_all_gather(case, seed, ctx):
     outputs = [poison_(torch.empty(s, dtype=dtype, device=dev)) for s in shapes]
     what = f"all_gather ({kind}) {dtype_id(dtype)} shape={shape} async_op={async_op}"
     issue(dist.all_gather, outputs, tensor, async_op=async_op)
-    check_untouched(tensor, inputs[rank], f"{what}: input")
-    for r in range(world):
-        check_exact(outputs[r], inputs[r], seed, world, f"{what}: block of rank {r}")
+    # gloo runs before any check: a rank whose check fails must not skip a collective.
+    on_cpu = None
     if kind == "even" and gloo_moves(dtype):
         on_cpu = [poison_(torch.empty(s, dtype=dtype)) for s in shapes]
         dist.all_gather(on_cpu, inputs[rank].clone())
-        for r in range(world):
+    check_untouched(tensor, inputs[rank], f"{what}: input")
+    for r in range(world):
+        check_exact(outputs[r], inputs[r], seed, world, f"{what}: block of rank {r}")
+        if on_cpu is not None:
             check_exact(outputs[r], on_cpu[r], seed, world, f"{what}: block {r} vs gloo")
 
 
@@ -80,15 +82,16 @@ def _check_all_gather_coalesced(case, seed, ctx):
     ]
     what = f"all_gather_coalesced {dtype_id(dtype)} shapes={shapes} async_op={async_op}"
     issue(dist.all_gather_coalesced, outputs, tensors, async_op=async_op)
+    # gloo runs before any check: a rank whose check fails must not skip a collective.
+    on_cpu = None
+    if gloo_moves(dtype):
+        on_cpu = [[poison_(torch.empty(s, dtype=dtype)) for s in shapes] for _ in range(world)]
+        dist.all_gather_coalesced(on_cpu, [per_rank[rank].clone() for per_rank in inputs])
     for i in range(len(shapes)):
         check_untouched(tensors[i], inputs[i][rank], f"{what}: input {i}")
         for r in range(world):
             check_exact(outputs[r][i], inputs[i][r], seed, world, f"{what}: rank {r} tensor {i}")
-    if gloo_moves(dtype):
-        on_cpu = [[poison_(torch.empty(s, dtype=dtype)) for s in shapes] for _ in range(world)]
-        dist.all_gather_coalesced(on_cpu, [per_rank[rank].clone() for per_rank in inputs])
-        for r in range(world):
-            for i in range(len(shapes)):
+            if on_cpu is not None:
                 check_exact(outputs[r][i], on_cpu[r][i], seed, world, f"{what}: [{r}][{i}] gloo")
 
 

@@ -69,12 +69,15 @@ def _check_gather_into(case, seed, ctx):
         tensor = inputs[rank].to(dev)
     gather = dist.all_gather_single if kind == "single" else _all_gather_into_tensor
     issue(gather, output, tensor, async_op=async_op)
-    check_untouched(tensor, inputs[rank], f"{what}: input")
-    check_exact(output, _expected(kind, inputs), seed, world, what)
-    # gloo takes the concatenated layout only.
+    # gloo (concatenated layout only) runs before any check: a rank whose check fails must not
+    # skip a collective.
+    on_cpu = None
     if gloo_moves(dtype) and kind != "stacked":
         on_cpu = poison_(torch.empty(output.shape, dtype=dtype))
         _all_gather_into_tensor(on_cpu, inputs[rank].clone())
+    check_untouched(tensor, inputs[rank], f"{what}: input")
+    check_exact(output, _expected(kind, inputs), seed, world, what)
+    if on_cpu is not None:
         check_exact(output, on_cpu, seed, world, f"{what} vs gloo")
 
 

@@ -38,13 +38,16 @@ def _check_broadcast(case, seed, ctx):
         tensor = poison_(torch.empty(shape, dtype=dtype, device=device(ctx)))
     what = f"broadcast {dtype_id(dtype)} shape={shape} root={root} async_op={async_op}"
     issue(dist.broadcast, tensor, src=root, async_op=async_op)
+    # gloo runs before any check: a rank whose check fails must not skip a collective.
+    on_cpu = None
+    if gloo_moves(dtype):
+        on_cpu = inputs[rank].clone() if rank == root else poison_(torch.empty(shape, dtype=dtype))
+        dist.broadcast(on_cpu, src=root)
     if rank == root:
         check_untouched(tensor, inputs[root], f"{what}: root tensor")
     else:
         check_exact(tensor, inputs[root], seed, world, what)
-    if gloo_moves(dtype):
-        on_cpu = inputs[rank].clone() if rank == root else poison_(torch.empty(shape, dtype=dtype))
-        dist.broadcast(on_cpu, src=root)
+    if on_cpu is not None:
         check_exact(tensor, on_cpu, seed, world, f"{what} vs gloo")
 
 

@@ -38,17 +38,18 @@ def _check_gather(case, seed, ctx):
         outputs = [poison_(torch.empty(shape, dtype=dtype, device=dev)) for _ in range(world)]
     what = f"gather {dtype_id(dtype)} shape={shape} root={root} async_op={async_op}"
     issue(dist.gather, tensor, outputs, dst=root, async_op=async_op)
+    # gloo runs before any check: a rank whose check fails must not skip a collective.
+    gloo = gloo_moves(dtype)
+    on_cpu = None
+    if gloo:
+        if rank == root:
+            on_cpu = [poison_(torch.empty(shape, dtype=dtype)) for _ in range(world)]
+        dist.gather(inputs[rank].clone(), on_cpu, dst=root)
     check_untouched(tensor, inputs[rank], f"{what}: input")
     if rank == root:
         for r in range(world):
             check_exact(outputs[r], inputs[r], seed, world, f"{what}: block of rank {r}")
-    if gloo_moves(dtype):
-        on_cpu = None
-        if rank == root:
-            on_cpu = [poison_(torch.empty(shape, dtype=dtype)) for _ in range(world)]
-        dist.gather(inputs[rank].clone(), on_cpu, dst=root)
-        if rank == root:
-            for r in range(world):
+            if on_cpu is not None:
                 check_exact(outputs[r], on_cpu[r], seed, world, f"{what}: block {r} vs gloo")
 
 

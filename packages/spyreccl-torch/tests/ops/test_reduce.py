@@ -51,16 +51,18 @@ def _check_reduce(case, seed, ctx):
         )
         return
     issue(dist.reduce, tensor, dst=root, op=dist_op(op, factor), async_op=async_op)
-    if rank != root:
-        check_untouched(tensor, inputs[rank], f"{what}: non-root tensor")
-    else:
-        expected = reference_reduce(inputs, reference_op(op, factor), dtype)
-        check_result(tensor, expected, dtype, world, seed, what, op)
+    # gloo runs before any check: a rank whose check fails must not skip a collective.
+    on_cpu = None
     if gloo_reduces(dtype, op):
         on_cpu = inputs[rank].clone()
         dist.reduce(on_cpu, dst=root, op=dist_op(op))
-        if rank == root:
-            check_gloo(tensor, on_cpu, dtype, world, seed, what)
+    if rank != root:
+        check_untouched(tensor, inputs[rank], f"{what}: non-root tensor")
+        return
+    expected = reference_reduce(inputs, reference_op(op, factor), dtype)
+    check_result(tensor, expected, dtype, world, seed, what, op)
+    if on_cpu is not None:
+        check_gloo(tensor, on_cpu, dtype, world, seed, what)
 
 
 def run_reduce(cases, base_seed, ctx):

@@ -61,13 +61,16 @@ def _check_reduce_scatter(case, seed, ctx):
         )
         return
     issue(dist.reduce_scatter, output, inputs, op=dist_op(op, factor), async_op=async_op)
+    # gloo runs before any check: a rank whose check fails must not skip a collective.
+    on_cpu = None
+    if kind == "even" and gloo_reduces(dtype, op):
+        on_cpu = poison_(torch.empty(shapes[rank], dtype=dtype))
+        dist.reduce_scatter(on_cpu, [blocks[r][rank].clone() for r in range(world)], op=dist_op(op))
     for r in range(world):
         check_untouched(inputs[r], blocks[r][rank], f"{what}: input block {r}")
     expected = reference_reduce(blocks[rank], reference_op(op, factor), dtype)
     check_result(output, expected, dtype, world, seed, what, op)
-    if kind == "even" and gloo_reduces(dtype, op):
-        on_cpu = poison_(torch.empty(shapes[rank], dtype=dtype))
-        dist.reduce_scatter(on_cpu, [blocks[r][rank].clone() for r in range(world)], op=dist_op(op))
+    if on_cpu is not None:
         check_gloo(output, on_cpu, dtype, world, seed, what)
 
 

@@ -90,16 +90,19 @@ def _check(case, seed, ctx):
         )
         return
     issue(scatter, output, tensor, op=dist_op(op, factor), async_op=async_op)
+    # gloo (concatenated layout only) runs before any check: a rank whose check fails must not
+    # skip a collective.
+    on_cpu = None
+    if kind != "stacked" and gloo_reduces(dtype, op):
+        on_cpu = poison_(torch.empty(shape, dtype=dtype))
+        _reduce_scatter_tensor(on_cpu, inputs[rank].clone(), op=dist_op(op))
     if kind != "in_place":
         check_untouched(tensor, inputs[rank], f"{what}: input")
     expected = reference_reduce(
         [_block(kind, x, rank, shape) for x in inputs], reference_op(op, factor), dtype
     )
     check_result(output, expected, dtype, world, seed, what, op)
-    # gloo takes the concatenated layout only.
-    if kind != "stacked" and gloo_reduces(dtype, op):
-        on_cpu = poison_(torch.empty(shape, dtype=dtype))
-        _reduce_scatter_tensor(on_cpu, inputs[rank].clone(), op=dist_op(op))
+    if on_cpu is not None:
         check_gloo(output, on_cpu, dtype, world, seed, what)
 
 

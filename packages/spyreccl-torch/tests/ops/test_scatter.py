@@ -36,14 +36,17 @@ def _check_scatter(case, seed, ctx):
     output = poison_(torch.empty(shape, dtype=dtype, device=dev))
     what = f"scatter {dtype_id(dtype)} shape={shape} root={root} async_op={async_op}"
     issue(dist.scatter, output, sources, src=root, async_op=async_op)
-    check_exact(output, blocks[rank], seed, world, what)
-    if rank == root:
-        for r in range(world):
-            check_untouched(sources[r], blocks[r], f"{what}: root's block {r}")
+    # gloo runs before any check: a rank whose check fails must not skip a collective.
+    on_cpu = None
     if gloo_moves(dtype):
         on_cpu = poison_(torch.empty(shape, dtype=dtype))
         cpu_sources = [b.clone() for b in blocks] if rank == root else None
         dist.scatter(on_cpu, cpu_sources, src=root)
+    check_exact(output, blocks[rank], seed, world, what)
+    if rank == root:
+        for r in range(world):
+            check_untouched(sources[r], blocks[r], f"{what}: root's block {r}")
+    if on_cpu is not None:
         check_exact(output, on_cpu, seed, world, f"{what} vs gloo")
 
 

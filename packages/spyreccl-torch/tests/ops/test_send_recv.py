@@ -14,6 +14,7 @@ from _ops_support import (
     POOL_OPTIONS,
     RUN_TIMEOUT,
     SIZES,
+    DeferredChecks,
     assert_ranks_passed,
     check_exact,
     check_untouched,
@@ -33,35 +34,44 @@ def _message(seed, size, dtype, sender, receiver, world):
     return random_tensor(size, dtype, "cpu", rank_seed(seed + receiver, sender), nranks=world)
 
 
+def _expect(condition, message):
+    assert condition, message
+
+
 def _check_pairs(case, seed, ctx):
     """Blocking send/recv (or isend/irecv) for every ordered pair, one pair at a time."""
     kind, dtype, size = case
+    world, rank = ctx.world_size, ctx.rank
+    with DeferredChecks() as check:
+        for src in range(world):
+            for dst in range(world):
+                if src != dst and rank in (src, dst):
+                    _transfer(kind, dtype, size, src, dst, seed, ctx, check)
+
+
+def _transfer(kind, dtype, size, src, dst, seed, ctx, check):
     world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
-    for src in range(world):
-        for dst in range(world):
-            if src == dst or rank not in (src, dst):
-                continue
-            what = f"{kind} {dtype_id(dtype)} size={size} {src}->{dst}"
-            tag = 7 * src + dst
-            message = _message(seed, size, dtype, src, dst, world)
-            if rank == src:
-                tensor = message.to(dev)
-                if kind == "send/recv":
-                    dist.send(tensor, dst=dst, tag=tag)
-                else:
-                    work = dist.isend(tensor, dst=dst, tag=tag)
-                    work.wait()
-                    assert work.is_completed(), f"{what}: isend Work not completed after wait"
-                check_untouched(tensor, message, f"{what}: sent tensor")
-            else:
-                tensor = poison_(torch.empty(size, dtype=dtype, device=dev))
-                if kind == "send/recv":
-                    sender = dist.recv(tensor, src=src, tag=tag)
-                    assert sender == src, f"{what}: recv returned sender {sender}"
-                else:
-                    work = dist.irecv(tensor, src=src, tag=tag)
-                    work.wait()
-                check_exact(tensor, message, seed, world, what)
+    what = f"{kind} {dtype_id(dtype)} size={size} {src}->{dst}"
+    tag = 7 * src + dst
+    message = _message(seed, size, dtype, src, dst, world)
+    if rank == src:
+        tensor = message.to(dev)
+        if kind == "send/recv":
+            dist.send(tensor, dst=dst, tag=tag)
+        else:
+            work = dist.isend(tensor, dst=dst, tag=tag)
+            work.wait()
+            check(_expect, work.is_completed(), f"{what}: isend Work not completed after wait")
+        check(check_untouched, tensor, message, f"{what}: sent tensor")
+    else:
+        tensor = poison_(torch.empty(size, dtype=dtype, device=dev))
+        if kind == "send/recv":
+            sender = dist.recv(tensor, src=src, tag=tag)
+            check(_expect, sender == src, f"{what}: recv returned sender {sender}")
+        else:
+            work = dist.irecv(tensor, src=src, tag=tag)
+            work.wait()
+        check(check_exact, tensor, message, seed, world, what)
 
 
 def _check_any_source(case, seed, ctx):
@@ -127,11 +137,13 @@ def _check_tags(case, seed, ctx):
         for work in works:
             work.wait()
     elif rank == 1:
-        for t in tags:
-            tensor = poison_(torch.empty(size, dtype=dtype, device=dev))
-            dist.recv(tensor, src=0, tag=t)
-            what = f"tagged recv {dtype_id(dtype)} size={size} tag={t}"
-            check_exact(tensor, _message(seed + t, size, dtype, 0, 1, world), seed, world, what)
+        with DeferredChecks() as check:
+            for t in tags:
+                tensor = poison_(torch.empty(size, dtype=dtype, device=dev))
+                dist.recv(tensor, src=0, tag=t)
+                what = f"tagged recv {dtype_id(dtype)} size={size} tag={t}"
+                expected = _message(seed + t, size, dtype, 0, 1, world)
+                check(check_exact, tensor, expected, seed, world, what)
 
 
 _CHECKS = {

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from _ops_support import (
     POOL_OPTIONS,
     RUN_TIMEOUT,
+    DeferredChecks,
     assert_ranks_passed,
     check_exact,
     check_result,
@@ -37,20 +38,21 @@ def _exercise(group, members, seed, ctx, what):
     assert dist.get_rank(group) == members.index(rank), f"{what}: group rank"
     inputs = rank_inputs(seed, (1001,), torch.float32, world)
     member_inputs = [inputs[m] for m in members]
+    with DeferredChecks() as check:
+        tensor = inputs[rank].to(dev)
+        dist.all_reduce(tensor, op=dist.ReduceOp.AVG, group=group)
+        expected = reference_reduce(member_inputs, "avg", torch.float32)
+        check(check_result, tensor, expected, torch.float32, size, seed, f"{what}: AVG")
 
-    tensor = inputs[rank].to(dev)
-    dist.all_reduce(tensor, op=dist.ReduceOp.AVG, group=group)
-    expected = reference_reduce(member_inputs, "avg", torch.float32)
-    check_result(tensor, expected, torch.float32, size, seed, f"{what}: all_reduce AVG")
+        output = poison_(torch.empty(size * 1001, dtype=torch.float32, device=dev))
+        dist.all_gather_single(output, inputs[rank].to(dev), group=group)
+        expected = torch.cat(member_inputs)
+        check(check_exact, output, expected, seed, size, f"{what}: all_gather_single")
 
-    output = poison_(torch.empty(size * 1001, dtype=torch.float32, device=dev))
-    dist.all_gather_single(output, inputs[rank].to(dev), group=group)
-    check_exact(output, torch.cat(member_inputs), seed, size, f"{what}: all_gather_single")
-
-    root = members[-1]
-    tensor = inputs[rank].to(dev) if rank == root else poison_(torch.empty(1001, device=dev))
-    dist.broadcast(tensor, group_src=size - 1, group=group)
-    check_exact(tensor, inputs[root], seed, size, f"{what}: broadcast")
+        root = members[-1]
+        tensor = inputs[rank].to(dev) if rank == root else poison_(torch.empty(1001, device=dev))
+        dist.broadcast(tensor, group_src=size - 1, group=group)
+        check(check_exact, tensor, inputs[root], seed, size, f"{what}: broadcast")
 
 
 def _check_new_groups(case, seed, ctx):

@@ -157,6 +157,13 @@ def register() -> None:
         )
         register_interface_for_device(_DEVICE, SpyreInterface)
         register_device_op_overrides(_DEVICE, SpyreDeviceOpOverrides())
+        # Inductor re-indexes pointwise loops fused into reductions for every device but
+        # "cpu", assuming a GPU-style kernel; spyre kernels come from CppScheduling, where
+        # that pass fails ("can't multiply sequence by non-int of type 'tuple'"). The pass
+        # is an optimisation only, so it is switched off once spyre joins inductor.
+        import torch._inductor.config as inductor_config
+
+        inductor_config.loop_reindexing_after_fusion = False
         _registered = True
 
 
