@@ -20,8 +20,9 @@ def _load(path):
 
 def test_sweep_all_levels_odd_world_size(tmp_path, capsys):
     out = tmp_path / "sweep.json"
-    rc = main(["--nproc", "3", "--min", "4", "--max", "4K", "--factor", "32", "--json",
-               str(out), *_FAST])
+    rc = main(
+        ["--nproc", "3", "--min", "4", "--max", "4K", "--factor", "32", "--json", str(out), *_FAST]
+    )
     assert rc == 0
     doc = _load(out)
     rows = doc["results"]
@@ -47,8 +48,24 @@ def test_sweep_all_levels_odd_world_size(tmp_path, capsys):
 
 def test_threshold_mode(tmp_path):
     out = tmp_path / "th.json"
-    rc = main(["--mode", "threshold", "--nproc", "2", "--min", "1K", "--max", "64K",
-               "--factor", "8", "--json", str(out), "--no-plot", *_FAST])
+    rc = main(
+        [
+            "--mode",
+            "threshold",
+            "--nproc",
+            "2",
+            "--min",
+            "1K",
+            "--max",
+            "64K",
+            "--factor",
+            "8",
+            "--json",
+            str(out),
+            "--no-plot",
+            *_FAST,
+        ]
+    )
     assert rc == 0
     doc = _load(out)
     values = {r["oneshot_max"] for r in doc["results"]}
@@ -59,8 +76,22 @@ def test_threshold_mode(tmp_path):
 @pytest.mark.parametrize("level", ["spyreccl", "gloo"])
 def test_ddp_mode(tmp_path, level):
     out = tmp_path / "ddp.json"
-    rc = main(["--mode", "ddp", "--levels", level, "--steps", "3", "--warmup-steps", "1",
-               "--batch-size", "4", "--json", str(out)])
+    rc = main(
+        [
+            "--mode",
+            "ddp",
+            "--levels",
+            level,
+            "--steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--batch-size",
+            "4",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     (row,) = _load(out)["results"]
     assert row["level"] == level and row["ddp_step_ms"]["median"] > 0
@@ -69,12 +100,23 @@ def test_ddp_mode(tmp_path, level):
 
 def test_ibm_mode_self_launches_under_torchrun(tmp_path):
     out = tmp_path / "ibm.json"
-    rc = main(["--mode", "ibm", "--max-mb", "0.13", "--ibm-ops", "allreduce,reducescatter",
-               "--json", str(out)])
+    rc = main(
+        [
+            "--mode",
+            "ibm",
+            "--max-mb",
+            "0.13",
+            "--ibm-ops",
+            "allreduce,reducescatter",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     rows = _load(out)["results"]
     assert {(r["level"], r["op"]) for r in rows} == {
-        (lv, op) for lv in ("spyreccl", "gloo") for op in ("allreduce", "reducescatter")}
+        (lv, op) for lv in ("spyreccl", "gloo") for op in ("allreduce", "reducescatter")
+    }
     for r in rows:
         assert r["size_mb"] in (0.1, 0.125)
         assert r["tmin_us"] <= r["tavg_us"] <= r["tmax_us"] * (1 + 1e-9)

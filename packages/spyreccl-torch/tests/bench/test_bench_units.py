@@ -36,8 +36,9 @@ def test_layouts_are_consistent(nranks, itemsize):
                 continue
             assert lay.unit >= 1
             # never more than asked for, except the one-element-per-block floor
-            assert lay.nbytes <= max(nbytes, itemsize * (1 if lay.unit == lay.send_elems
-                                                         == lay.recv_elems else nranks))
+            assert lay.nbytes <= max(
+                nbytes, itemsize * (1 if lay.unit == lay.send_elems == lay.recv_elems else nranks)
+            )
             if name in ("all_reduce", "broadcast", "sendrecv"):
                 assert lay.send_elems == lay.recv_elems == lay.unit
                 assert lay.nbytes == lay.unit * itemsize
@@ -137,7 +138,7 @@ def test_measure_agrees_on_iteration_count_and_aligns_batches():
 
 
 def test_loop_policy_bounds():
-    p = timing.LoopPolicy(target_s=1.0, min_iters=10, max_iters=100)
+    p = timing.LoopPolicy(target_s=1.0, min_iters=10, max_iters=100, max_case_s=100.0)
     assert p.iterations(1.0) == 10
     assert p.iterations(1e-6) == 100
     assert p.iterations(0.02) == 50
@@ -166,19 +167,36 @@ def test_crossover():
 
 def _row(level, op, nbytes, t, nranks=2):
     algbw, busbw = stats.bandwidths(nbytes, t, ops.OPS[op].bus_factor(nranks))
-    return {"level": level, "nranks": nranks, "op": op, "dtype": "float32", "bytes": nbytes,
-            "requested_bytes": nbytes, "count": nbytes // 4,
-            "time_us": {"median_us": t, "p10_us": t * 0.9, "p90_us": t * 1.2,
-                        "min_us": t * 0.8, "max_us": t * 2, "mean_us": t, "iters": 10},
-            "algbw_gbps": algbw, "busbw_gbps": busbw}
+    return {
+        "level": level,
+        "nranks": nranks,
+        "op": op,
+        "dtype": "float32",
+        "bytes": nbytes,
+        "requested_bytes": nbytes,
+        "count": nbytes // 4,
+        "time_us": {
+            "median_us": t,
+            "p10_us": t * 0.9,
+            "p90_us": t * 1.2,
+            "min_us": t * 0.8,
+            "max_us": t * 2,
+            "mean_us": t,
+            "iters": 10,
+        },
+        "algbw_gbps": algbw,
+        "busbw_gbps": busbw,
+    }
 
 
 def test_tables_json_and_plot(tmp_path):
     from spyreccl_torch.bench.sweep import add_ratios
 
-    rows = [_row(lv, "all_reduce", s, t) for lv, f in (("core", 1), ("spyreccl", 2),
-                                                       ("gloo", 40))
-            for s, t in ((8, 2.0 * f), (1 << 20, 300.0 * f))]
+    rows = [
+        _row(lv, "all_reduce", s, t)
+        for lv, f in (("core", 1), ("spyreccl", 2), ("gloo", 40))
+        for s, t in ((8, 2.0 * f), (1 << 20, 300.0 * f))
+    ]
     rows.append(_row("gloo", "barrier", 0, 150.0))
     add_ratios(rows)
     by = {(r["level"], r["bytes"]): r for r in rows}
@@ -247,14 +265,16 @@ def _simulate(op, inputs, nranks, unit):
         return [np.sum(inputs, axis=0) for _ in range(nranks)]
     if op == "reduce_scatter_tensor":
         total = np.sum(inputs, axis=0)
-        return [total[r * unit:(r + 1) * unit] for r in range(nranks)]
+        return [total[r * unit : (r + 1) * unit] for r in range(nranks)]
     if op == "all_gather_into_tensor":
         return [np.concatenate(inputs) for _ in range(nranks)]
     if op == "broadcast":
         return [inputs[0].copy() for _ in range(nranks)]
     if op == "all_to_all_single":
-        return [np.concatenate([inputs[q][r * unit:(r + 1) * unit] for q in range(nranks)])
-                for r in range(nranks)]
+        return [
+            np.concatenate([inputs[q][r * unit : (r + 1) * unit] for q in range(nranks)])
+            for r in range(nranks)
+        ]
     if op == "sendrecv":
         return [inputs[1], inputs[0]] + [None] * (nranks - 2)
     raise AssertionError(op)
@@ -266,21 +286,22 @@ def test_check_expectations_match_reference_semantics(op, nranks):
     from spyreccl_torch.bench import check
 
     unit = random.randint(1, 7)
-    lay = ops.layout(op, unit * 4 * (1 if op in ("all_reduce", "broadcast", "sendrecv")
-                                    else nranks), 4, nranks)
+    lay = ops.layout(
+        op, unit * 4 * (1 if op in ("all_reduce", "broadcast", "sendrecv") else nranks), 4, nranks
+    )
     inputs = []
     for r in range(nranks):
         blocks = check.input_blocks(op, r, nranks)
-        inputs.append(np.repeat(np.asarray(blocks, dtype=np.float64),
-                                lay.send_elems // len(blocks)))
+        inputs.append(
+            np.repeat(np.asarray(blocks, dtype=np.float64), lay.send_elems // len(blocks))
+        )
     results = _simulate(op, inputs, nranks, lay.unit)
     for r in range(nranks):
         expected = check.expected_blocks(op, r, nranks)
         if results[r] is None:
             assert expected is None
             continue
-        want = np.repeat(np.asarray(expected, dtype=np.float64),
-                         results[r].size // len(expected))
+        want = np.repeat(np.asarray(expected, dtype=np.float64), results[r].size // len(expected))
         np.testing.assert_array_equal(results[r], want)
         assert check.POISON not in want  # a skipped write can never look right
         assert max(expected) <= 127  # exact in int8 and in bfloat16's 8-bit mantissa

@@ -80,47 +80,100 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--mode", choices=MODES, default="sweep", help="what to run")
-    p.add_argument("--nproc", type=_int_list, default=[2],
-                   help="world size(s), comma separated (e.g. 2,3,4 for a scaling run); ranks "
-                   "may exceed the cores (oversubscription)")
+    p.add_argument(
+        "--nproc",
+        type=_int_list,
+        default=[2],
+        help="world size(s), comma separated (e.g. 2,3,4 for a scaling run); ranks "
+        "may exceed the cores (oversubscription)",
+    )
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    p.add_argument("--levels", type=_name_list(ALL_LEVELS), default=list(ALL_LEVELS),
-                   help="sweep/threshold: which levels; ibm/ddp: spyreccl and/or gloo")
-    p.add_argument("--json", metavar="PATH",
-                   help="result document (default: bench-results/<mode>-<timestamp>.json)")
-    p.add_argument("--plot", metavar="PATH",
-                   help="PNG plot (default: the JSON path with .png); sweep and threshold")
+    p.add_argument(
+        "--levels",
+        type=_name_list(ALL_LEVELS),
+        default=list(ALL_LEVELS),
+        help="sweep/threshold: which levels; ibm/ddp: spyreccl and/or gloo",
+    )
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help="result document (default: bench-results/<mode>-<timestamp>.json)",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="PNG plot (default: the JSON path with .png); sweep and threshold",
+    )
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-check", action="store_true",
-                   help="skip the one-off result check that precedes every timed case")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                   help="bound on any collective wait and on a silent job, seconds")
+    p.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip the one-off result check that precedes every timed case",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="bound on any collective wait and on a silent job, seconds",
+    )
 
     s = p.add_argument_group("sweep and threshold")
-    s.add_argument("--min", dest="min_bytes", type=_size, default=None, metavar="SIZE",
-                   help="smallest size, e.g. 8, 4K, 1M (default: sweep 8, threshold 256)")
-    s.add_argument("--max", dest="max_bytes", type=_size, default=None, metavar="SIZE",
-                   help="largest size (default: sweep 256M, threshold 4M)")
+    s.add_argument(
+        "--min",
+        dest="min_bytes",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="smallest size, e.g. 8, 4K, 1M (default: sweep 8, threshold 256)",
+    )
+    s.add_argument(
+        "--max",
+        dest="max_bytes",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="largest size (default: sweep 256M, threshold 4M)",
+    )
     s.add_argument("--factor", type=int, default=2, help="size multiplication factor")
-    s.add_argument("--ops", type=_name_list(op_names()), default=op_names(),
-                   help="operations, comma separated")
-    s.add_argument("--time-per-size", type=float, default=0.2, metavar="S",
-                   help="target wall time of the timed iterations of one case")
+    s.add_argument(
+        "--ops", type=_name_list(op_names()), default=op_names(), help="operations, comma separated"
+    )
+    s.add_argument(
+        "--time-per-size",
+        type=float,
+        default=0.2,
+        metavar="S",
+        help="target wall time of the timed iterations of one case",
+    )
     s.add_argument("--min-iters", type=int, default=10)
     s.add_argument("--max-iters", type=int, default=2000)
-    s.add_argument("--oneshot-values", type=_name_list_sizes, default=None, metavar="LIST",
-                   help="threshold: SPYRECCL_ALLREDUCE_ONESHOT_MAX values to compare "
-                   "(default: 0 and 1G, i.e. always two-phase vs always one-shot, plus "
-                   "the library default)")
+    s.add_argument(
+        "--oneshot-values",
+        type=_name_list_sizes,
+        default=None,
+        metavar="LIST",
+        help="threshold: SPYRECCL_ALLREDUCE_ONESHOT_MAX values to compare "
+        "(default: 0 and 1G, i.e. always two-phase vs always one-shot, plus "
+        "the library default)",
+    )
 
     i = p.add_argument_group("ibm")
-    i.add_argument("--multiplier", "-m", type=int, default=1,
-                   help="multiplies the iteration counts (as in IBM's scripts)")
+    i.add_argument(
+        "--multiplier",
+        "-m",
+        type=int,
+        default=1,
+        help="multiplies the iteration counts (as in IBM's scripts)",
+    )
     i.add_argument("--min-mb", type=float, default=0.1, help="smallest global size, MB (1e6 B)")
     i.add_argument("--max-mb", type=float, default=100.0, help="largest global size, MB")
-    i.add_argument("--ibm-ops", type=_name_list(("allreduce", "allgather", "reducescatter")),
-                   default=["allreduce", "allgather", "reducescatter"])
+    i.add_argument(
+        "--ibm-ops",
+        type=_name_list(("allreduce", "allgather", "reducescatter")),
+        default=["allreduce", "allgather", "reducescatter"],
+    )
 
     d = p.add_argument_group("ddp")
     d.add_argument("--model", choices=("mlp", "convnet"), default="mlp")
@@ -159,8 +212,12 @@ def sizes_from(args: argparse.Namespace, default_min: int, default_max: int) -> 
 
 
 def policy_from(args: argparse.Namespace) -> LoopPolicy:
-    return LoopPolicy(target_s=args.time_per_size, min_iters=args.min_iters,
-                      max_iters=args.max_iters, max_case_s=max(2.0, 10 * args.time_per_size))
+    return LoopPolicy(
+        target_s=args.time_per_size,
+        min_iters=args.min_iters,
+        max_iters=args.max_iters,
+        max_case_s=max(2.0, 10 * args.time_per_size),
+    )
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
@@ -175,16 +232,27 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from .sweep import SweepConfig, add_ratios, plan_for, progress_bar, run_level
 
     sizes = sizes_from(args, 8, 256 << 20)
-    configs = [SweepConfig(nranks=n, ops=args.ops, sizes=sizes, dtype=args.dtype,
-                           levels=tuple(args.levels), policy=policy_from(args),
-                           timeout_s=args.timeout, check=not args.no_check)
-               for n in args.nproc]
+    configs = [
+        SweepConfig(
+            nranks=n,
+            ops=args.ops,
+            sizes=sizes,
+            dtype=args.dtype,
+            levels=tuple(args.levels),
+            policy=policy_from(args),
+            timeout_s=args.timeout,
+            check=not args.no_check,
+        )
+        for n in args.nproc
+    ]
     machine_at_start = describe_environment()
     memcpy = measure_memcpy()
-    print(f"single-thread memcpy bandwidth: {memcpy.median_gbps:.2f} GB/s "
-          f"(p10 {memcpy.p10_gbps:.2f}, p90 {memcpy.p90_gbps:.2f}; {memcpy.nbytes >> 20} MiB); "
-          f"load average {os.getloadavg()[0]:.2f} on {machine_at_start['usable_cpus']} cpus",
-          flush=True)
+    print(
+        f"single-thread memcpy bandwidth: {memcpy.median_gbps:.2f} GB/s "
+        f"(p10 {memcpy.p10_gbps:.2f}, p90 {memcpy.p90_gbps:.2f}; {memcpy.nbytes >> 20} MiB); "
+        f"load average {os.getloadavg()[0]:.2f} on {machine_at_start['usable_cpus']} cpus",
+        flush=True,
+    )
     plans = [plan_for(cfg) for cfg in configs]
     total = sum(len(plan) * len(cfg.levels) for plan, cfg in zip(plans, configs))
     rows: list[dict] = []
@@ -211,8 +279,14 @@ def _run_sweep(args: argparse.Namespace) -> int:
         "machine": machine_at_start,
         "loadavg_at_end": list(os.getloadavg()),
         "ranks": ranks_info,
-        "config": {"nproc": args.nproc, "dtype": args.dtype, "levels": args.levels,
-                   "ops": args.ops, "sizes": sizes, "policy": vars(policy_from(args))},
+        "config": {
+            "nproc": args.nproc,
+            "dtype": args.dtype,
+            "levels": args.levels,
+            "ops": args.ops,
+            "sizes": sizes,
+            "policy": vars(policy_from(args)),
+        },
         "memcpy": memcpy.to_dict(),
         "results": rows,
     }
@@ -225,9 +299,13 @@ def _run_sweep(args: argparse.Namespace) -> int:
     plot = _plot_path(args, json_path)
     if plot:
         machine = document["machine"]
-        plot_sweep(plot, rows, memcpy.median_gbps,
-                   f"spyreccl-bench sweep, {args.dtype}, nproc {args.nproc} "
-                   f"({machine['cpu_model']}, {machine['usable_cpus']} cpus)")
+        plot_sweep(
+            plot,
+            rows,
+            memcpy.median_gbps,
+            f"spyreccl-bench sweep, {args.dtype}, nproc {args.nproc} "
+            f"({machine['cpu_model']}, {machine['usable_cpus']} cpus)",
+        )
         print(f"plot: {plot}")
     return 0
 

@@ -41,8 +41,9 @@ def _load_sibling(name: str) -> Any:
 class _Case:
     """Buffers and the one-operation closure of a case on this rank."""
 
-    def __init__(self, core: Any, comm: Any, case: dict, dtype: Any, np_dtype: str,
-                 rank: int) -> None:
+    def __init__(
+        self, core: Any, comm: Any, case: dict, dtype: Any, np_dtype: str, rank: int
+    ) -> None:
         import numpy as np
 
         self.op = case["op"]
@@ -73,14 +74,18 @@ class _Case:
             self.step = lambda: comm.all_to_all(send, recv, **kw)
         elif op == "sendrecv":
             if rank == 0:
+
                 def ping() -> None:
                     comm.send(send, 1, **kw)
                     comm.recv(recv, 1, **kw)
+
                 self.step = ping
             elif rank == 1:
+
                 def pong() -> None:
                     comm.recv(recv, 0, **kw)
                     comm.send(send, 0, **kw)
+
                 self.step = pong
         else:
             raise ValueError(f"core bench rank: unknown operation {op!r}")
@@ -93,8 +98,16 @@ def _encode(np: Any, values: list[int], np_dtype: str, reinterpret: bool) -> Any
     return np.asarray(values, dtype=np_dtype)
 
 
-def _check(check: Any, np: Any, c: _Case, case: dict, rank: int, nranks: int,
-           np_dtype: str, reinterpret: bool) -> None:
+def _check(
+    check: Any,
+    np: Any,
+    c: _Case,
+    case: dict,
+    rank: int,
+    nranks: int,
+    np_dtype: str,
+    reinterpret: bool,
+) -> None:
     """Runs the case once on known inputs and raises if this rank's result is wrong."""
     if c.send is None or c.step is None:
         return
@@ -106,8 +119,7 @@ def _check(check: Any, np: Any, c: _Case, case: dict, rank: int, nranks: int,
     c.step()
     expected = check.expected_blocks(c.op, rank, nranks)
     if expected is not None:
-        want = np.repeat(_encode(np, expected, np_dtype, reinterpret),
-                         result.size // len(expected))
+        want = np.repeat(_encode(np, expected, np_dtype, reinterpret), result.size // len(expected))
         if not np.array_equal(result, want):
             bad = np.flatnonzero(result != want)
             i = int(bad[0])
@@ -133,10 +145,20 @@ def _run(args: dict) -> None:
         reinterpret = args["reinterpret"]
         np_dtype = args["numpy_dtype"]
         dtype = getattr(core.DataType, args["dtype"].upper()) if reinterpret else None
-        comm = core.Communicator(rank, nranks, core.UniqueId.from_bytes(args["unique_id"]),
-                                 timeout=args["timeout_s"])
-        conn.send(("ready", {"pid": os.getpid(), "spyreccl_core": core.__version__,
-                             "library": core.library_version(), "numpy": np.__version__}))
+        comm = core.Communicator(
+            rank, nranks, core.UniqueId.from_bytes(args["unique_id"]), timeout=args["timeout_s"]
+        )
+        conn.send(
+            (
+                "ready",
+                {
+                    "pid": os.getpid(),
+                    "spyreccl_core": core.__version__,
+                    "library": core.library_version(),
+                    "numpy": np.__version__,
+                },
+            )
+        )
         policy = timing.LoopPolicy(**args["policy"])
         probe = np.zeros(1, dtype=np.float64)
 

@@ -74,13 +74,19 @@ def _self_launch(args: argparse.Namespace) -> int:
     json_path = args.json or os.path.join("bench-results", f"ibm-{timestamp()}.json")
     rc = 0
     for n in args.nproc:
-        path = json_path if len(args.nproc) == 1 else \
-            f"{os.path.splitext(json_path)[0]}-n{n}.json"
+        path = json_path if len(args.nproc) == 1 else f"{os.path.splitext(json_path)[0]}-n{n}.json"
         # Our options travel in the environment: torchrun's parser would otherwise claim
         # any of them that abbreviates one of its own (--nproc, --max, ...).
         forwarded = _strip_option(args.argv, ("--nproc", "--json")) + ["--json", path]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={n}", "-m", "spyreccl_torch.bench"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={n}",
+            "-m",
+            "spyreccl_torch.bench",
+        ]
         print("launching:", " ".join(cmd), "with", " ".join(forwarded), flush=True)
         env = dict(os.environ, **{FORWARDED_ARGS_ENV: json.dumps(forwarded)})
         rc = subprocess.call(cmd, env=env) or rc
@@ -140,8 +146,7 @@ def _run_rank(args: argparse.Namespace) -> int:
         devices["spyreccl"] = (torch.device("spyre", index), torch.spyre.synchronize)
     if "gloo" in levels:
         devices["gloo"] = (torch.device("cpu"), lambda: None)
-    backend = ",".join(f"{'spyre:spyreccl' if lv == 'spyreccl' else 'cpu:gloo'}"
-                       for lv in levels)
+    backend = ",".join(f"{'spyre:spyreccl' if lv == 'spyreccl' else 'cpu:gloo'}" for lv in levels)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
     dtype = getattr(torch, args.dtype)
     itemsize = DTYPES[args.dtype].itemsize
@@ -155,17 +160,22 @@ def _run_rank(args: argparse.Namespace) -> int:
         big = None
         for op in args.ibm_ops:
             if rank == 0:
-                print(f"\n# IBM loop methodology: {op}, {level} ({device.type} tensors), "
-                      f"{world} ranks, {args.dtype}")
-                print(f"{'size(MB)':>9} {'tavg(us)':>11} {'tmin(us)':>11} {'tmax(us)':>11} "
-                      f"{'avgbw(GB/s)':>12} {'maxbw(GB/s)':>12} {'minbw(GB/s)':>12}", flush=True)
+                print(
+                    f"\n# IBM loop methodology: {op}, {level} ({device.type} tensors), "
+                    f"{world} ranks, {args.dtype}"
+                )
+                print(
+                    f"{'size(MB)':>9} {'tavg(us)':>11} {'tmin(us)':>11} {'tmax(us)':>11} "
+                    f"{'avgbw(GB/s)':>12} {'maxbw(GB/s)':>12} {'minbw(GB/s)':>12}",
+                    flush=True,
+                )
             for size_mb in sizes:
                 maxiter = ibm_iterations(size_mb, args.multiplier)
                 npts = int(size_mb * 1e6 / itemsize)
                 if op == "allreduce":
                     if big is None:
                         big = torch.rand(int(max(sizes) * 1e6 / itemsize)).to(dtype).to(device)
-                    view = big[0:npts - 1]
+                    view = big[0 : npts - 1]
                     elems, factor = npts - 1, 2.0 * (world - 1) / world
 
                     def call(view=view):
@@ -176,39 +186,62 @@ def _run_rank(args: argparse.Namespace) -> int:
                     full = torch.rand(elems).to(dtype).to(device)
                     part = torch.rand(nlocal).to(dtype).to(device)
                     if op == "allgather":
+
                         def call(full=full, part=part):
                             all_gather(full, part)
                     else:
+
                         def call(full=full, part=part):
                             reduce_scatter(part, full)
+
                 elapsed, tmin, tmax = _time_loop(call, sync, maxiter)
                 moved = factor * elems * itemsize / 1e9
                 row = {
-                    "level": level, "op": op, "nranks": world, "dtype": args.dtype,
-                    "size_mb": size_mb, "elements": elems, "iters": maxiter,
-                    "tavg_us": elapsed / maxiter * 1e6, "tmin_us": tmin * 1e6,
-                    "tmax_us": tmax * 1e6, "avgbw_gbps": moved * maxiter / elapsed,
-                    "maxbw_gbps": moved / tmin, "minbw_gbps": moved / tmax,
+                    "level": level,
+                    "op": op,
+                    "nranks": world,
+                    "dtype": args.dtype,
+                    "size_mb": size_mb,
+                    "elements": elems,
+                    "iters": maxiter,
+                    "tavg_us": elapsed / maxiter * 1e6,
+                    "tmin_us": tmin * 1e6,
+                    "tmax_us": tmax * 1e6,
+                    "avgbw_gbps": moved * maxiter / elapsed,
+                    "maxbw_gbps": moved / tmin,
+                    "minbw_gbps": moved / tmax,
                 }
                 rows.append(row)
                 if rank == 0:
-                    print(f"{size_mb:9.3f} {row['tavg_us']:11.1f} {row['tmin_us']:11.1f} "
-                          f"{row['tmax_us']:11.1f} {row['avgbw_gbps']:12.3f} "
-                          f"{row['maxbw_gbps']:12.3f} {row['minbw_gbps']:12.3f}", flush=True)
+                    print(
+                        f"{size_mb:9.3f} {row['tavg_us']:11.1f} {row['tmin_us']:11.1f} "
+                        f"{row['tmax_us']:11.1f} {row['avgbw_gbps']:12.3f} "
+                        f"{row['maxbw_gbps']:12.3f} {row['minbw_gbps']:12.3f}",
+                        flush=True,
+                    )
         del big
     dist.destroy_process_group()
     if rank == 0:
         path = args.json or os.path.join("bench-results", f"ibm-{timestamp()}.json")
-        write_json(path, {
-            "schema": "spyreccl-bench/1",
-            "mode": "ibm",
-            "command": command_line(args),
-            "timestamp": timestamp(),
-            "machine": describe_environment(),
-            "config": {"nproc": world, "dtype": args.dtype, "levels": levels,
-                       "ops": args.ibm_ops, "sizes_mb": sizes, "multiplier": args.multiplier},
-            "results": rows,
-        })
+        write_json(
+            path,
+            {
+                "schema": "spyreccl-bench/1",
+                "mode": "ibm",
+                "command": command_line(args),
+                "timestamp": timestamp(),
+                "machine": describe_environment(),
+                "config": {
+                    "nproc": world,
+                    "dtype": args.dtype,
+                    "levels": levels,
+                    "ops": args.ibm_ops,
+                    "sizes_mb": sizes,
+                    "multiplier": args.multiplier,
+                },
+                "results": rows,
+            },
+        )
         print(f"\nresults: {path}")
     return 0
 

@@ -97,8 +97,9 @@ class RankJob:
         self._procs: list[mp.process.BaseProcess] = []
         self._conns: dict[Connection, int] = {}
         self._finished: set[int] = set()
-        with _environ(env or {}), (
-            _without_main_reimport() if script is not None else contextlib.nullcontext()
+        with (
+            _environ(env or {}),
+            _without_main_reimport() if script is not None else contextlib.nullcontext(),
         ):
             for rank in range(nranks):
                 reader, writer = self._ctx.Pipe(duplex=False)

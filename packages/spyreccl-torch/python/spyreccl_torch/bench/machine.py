@@ -80,6 +80,9 @@ def describe_environment() -> dict[str, Any]:
         "loadavg_1_5_15": list(os.getloadavg()),
         "platform": platform.platform(),
         "versions": _versions(),
-        "spyreccl_env": {k: v for k, v in sorted(os.environ.items())
-                         if k.startswith(("SPYRECCL_", "OMP_NUM_THREADS", "TORCH_"))},
+        "spyreccl_env": {
+            k: v
+            for k, v in sorted(os.environ.items())
+            if k.startswith(("SPYRECCL_", "OMP_NUM_THREADS", "TORCH_"))
+        },
     }

@@ -68,47 +68,59 @@ def run_overhead(args: argparse.Namespace) -> int:
     a = np.zeros(2, dtype=np.float32)
     b = np.zeros(2, dtype=np.float32)
     rows["core Communicator.all_reduce(send, recv)"] = _per_call_us(
-        lambda: comm.all_reduce(a, b), seconds)
+        lambda: comm.all_reduce(a, b), seconds
+    )
     rows["core Communicator.barrier()"] = _per_call_us(comm.barrier, seconds)
     comm.destroy()
 
     with tempfile.TemporaryDirectory(prefix="spyreccl-bench-overhead-") as workdir:
-        dist.init_process_group("cpu:gloo,spyre:spyreccl",
-                                init_method=f"file://{os.path.join(workdir, 'store')}",
-                                rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=args.timeout))
+        dist.init_process_group(
+            "cpu:gloo,spyre:spyreccl",
+            init_method=f"file://{os.path.join(workdir, 'store')}",
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=args.timeout),
+        )
         t = torch.zeros(2, device="spyre")
         c = torch.zeros(2)
         backend = dist.group.WORLD._get_backend(torch.device("spyre"))
         rows["torch.spyre.synchronize()"] = _per_call_us(torch.spyre.synchronize, seconds)
         rows["torch.ops.spyreccl_device.current_device()"] = _per_call_us(
-            torch.ops.spyreccl_device.current_device, seconds)
+            torch.ops.spyreccl_device.current_device, seconds
+        )
         rows["spyreccl backend.allreduce([t]).wait()"] = _per_call_us(
-            lambda: backend.allreduce([t]).wait(), seconds)
+            lambda: backend.allreduce([t]).wait(), seconds
+        )
         rows["dist.all_reduce(t) spyre/spyreccl"] = _per_call_us(
-            lambda: dist.all_reduce(t), seconds)
+            lambda: dist.all_reduce(t), seconds
+        )
         rows["dist.all_reduce(c) cpu/gloo"] = _per_call_us(lambda: dist.all_reduce(c), seconds)
         rows["dist.barrier() (spyreccl)"] = _per_call_us(dist.barrier, seconds)
         rows["t.fill_(0) on spyre (device op, for scale)"] = _per_call_us(
-            lambda: t.fill_(0), seconds)
+            lambda: t.fill_(0), seconds
+        )
         rows["c.fill_(0) on cpu (for scale)"] = _per_call_us(lambda: c.fill_(0), seconds)
         dist.destroy_process_group()
 
     width = max(len(k) for k in rows)
-    print(f"# per-call cost at world size 1, 8-byte float32 (load average "
-          f"{os.getloadavg()[0]:.2f})")
+    print(
+        f"# per-call cost at world size 1, 8-byte float32 (load average {os.getloadavg()[0]:.2f})"
+    )
     print(f"{'call':<{width}} | {'median us':>9} {'min us':>8}")
     print("-" * (width + 21))
     for name, r in rows.items():
         print(f"{name:<{width}} | {r['median_us']:9.2f} {r['min_us']:8.2f}")
     path = args.json or os.path.join("bench-results", f"overhead-{timestamp()}.json")
-    write_json(path, {
-        "schema": "spyreccl-bench/1",
-        "mode": "overhead",
-        "command": command_line(args),
-        "timestamp": timestamp(),
-        "machine": describe_environment(),
-        "results": rows,
-    })
+    write_json(
+        path,
+        {
+            "schema": "spyreccl-bench/1",
+            "mode": "overhead",
+            "command": command_line(args),
+            "timestamp": timestamp(),
+            "machine": describe_environment(),
+            "results": rows,
+        },
+    )
     print(f"results: {path}")
     return 0

@@ -31,15 +31,26 @@ DTYPES: dict[str, DTypeInfo] = {
     )
 }
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
-          "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+}
 
 
 def parse_size(text: str) -> int:
     """'8', '8B', '64K', '1M', '256MiB' -> bytes (binary units, as nccl-tests' -b/-e)."""
     s = text.strip().lower().replace(" ", "")
     digits = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(digits):]
+    unit = s[len(digits) :]
     if not digits or unit not in _UNITS:
         raise ValueError(
             f"size {text!r}: expected a number with an optional unit B, K, M or G (e.g. 64K)"
@@ -105,7 +116,8 @@ def build_plan(ops: list[str], sizes: list[int], itemsize: int, nranks: int) -> 
                 continue
             seen.add(lay.nbytes)
             cases.append(
-                Case(len(cases), op, requested, lay.nbytes, lay.unit, lay.send_elems,
-                     lay.recv_elems)
+                Case(
+                    len(cases), op, requested, lay.nbytes, lay.unit, lay.send_elems, lay.recv_elems
+                )
             )
     return cases

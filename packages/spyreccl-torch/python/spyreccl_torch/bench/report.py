@@ -17,8 +17,7 @@ __all__ = [
 ]
 
 _LEVEL_ORDER = ("core", "spyreccl", "gloo")
-_LEVEL_STYLE = {"core": ("tab:green", "s"), "spyreccl": ("tab:blue", "o"),
-                "gloo": ("tab:red", "^")}
+_LEVEL_STYLE = {"core": ("tab:green", "s"), "spyreccl": ("tab:blue", "o"), "gloo": ("tab:red", "^")}
 
 
 def format_bytes(n: float) -> str:
@@ -78,8 +77,10 @@ def format_sweep_tables(rows: Sequence[dict], memcpy_gbps: float | None) -> str:
                 t = r["time_us"]
                 frac = (100 * r["busbw_gbps"] / memcpy_gbps) if memcpy_gbps and size else None
                 busbw = r["busbw_gbps"] if size else None
-                line += (f" {_num(t['median_us'], 8)} {_num(t['p10_us'], 7)} "
-                         f"{_num(t['p90_us'], 8)} {_num(busbw, 6)} {_num(frac, 5, 0)} |")
+                line += (
+                    f" {_num(t['median_us'], 8)} {_num(t['p10_us'], 7)} "
+                    f"{_num(t['p90_us'], 8)} {_num(busbw, 6)} {_num(frac, 5, 0)} |"
+                )
             for lv in others:
                 r = by.get((lv, size))
                 s = r.get("speedup_vs_gloo") if r else None
@@ -103,11 +104,15 @@ def format_scaling_table(rows: Sequence[dict]) -> str:
             ops.append(r["op"])
     out = ["# scaling: median time (us) / busbw (GB/s) per world size"]
     head = f"{'op':<23} {'level':<9} {'size':>8} |" + "".join(
-        f" {'n=' + str(n):^17}|" for n in nranks_list)
+        f" {'n=' + str(n):^17}|" for n in nranks_list
+    )
     out += [head, "-" * len(head)]
     for op in ops:
-        sizes = [0] if op == "barrier" else [
-            s for s in _SCALING_SIZES if any(k[1] == op and k[3] == s for k in by)]
+        sizes = (
+            [0]
+            if op == "barrier"
+            else [s for s in _SCALING_SIZES if any(k[1] == op and k[3] == s for k in by)]
+        )
         for lv in levels:
             for size in sizes:
                 line = f"{op:<23} {lv:<9} {format_bytes(size) if size else '-':>8} |"
@@ -140,8 +145,12 @@ def format_markdown(rows: Sequence[dict], memcpy_gbps: float | None) -> str:
             head += [f"{lv} µs (p10-p90)"] + ([f"{lv} busbw GB/s"] if op != "barrier" else [])
         others = [lv for lv in levels if lv != "gloo"] if "gloo" in levels else []
         head += [f"{lv} x gloo" for lv in others]
-        out += [f"**{op}**, {dtype}, {nranks} ranks", "",
-                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += [
+            f"**{op}**, {dtype}, {nranks} ranks",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
         for size in sorted({r["bytes"] for r in sel}):
             cells = [format_bytes(size) if op != "barrier" else "-"]
             for lv in levels:
@@ -195,22 +204,43 @@ def plot_sweep(path: str, rows: Sequence[dict], memcpy_gbps: float | None, title
         ax_t, ax_bw = axes[i]
         for j, nranks in enumerate(nranks_list):
             for lv in levels:
-                sel = sorted((r for r in rows if r["op"] == op and r["level"] == lv
-                              and r["nranks"] == nranks), key=lambda r: r["bytes"])
+                sel = sorted(
+                    (
+                        r
+                        for r in rows
+                        if r["op"] == op and r["level"] == lv and r["nranks"] == nranks
+                    ),
+                    key=lambda r: r["bytes"],
+                )
                 if not sel:
                     continue
                 color, marker = _LEVEL_STYLE[lv]
                 x = [r["bytes"] for r in sel]
                 label = lv if len(nranks_list) == 1 else f"{lv} n={nranks}"
-                style = dict(color=color, marker=marker, markersize=3,
-                             linestyle=linestyles[j % len(linestyles)], label=label)
+                style = dict(
+                    color=color,
+                    marker=marker,
+                    markersize=3,
+                    linestyle=linestyles[j % len(linestyles)],
+                    label=label,
+                )
                 ax_t.plot(x, [r["time_us"]["median_us"] for r in sel], **style)
-                ax_t.fill_between(x, [r["time_us"]["p10_us"] for r in sel],
-                                  [r["time_us"]["p90_us"] for r in sel], color=color, alpha=0.12)
+                ax_t.fill_between(
+                    x,
+                    [r["time_us"]["p10_us"] for r in sel],
+                    [r["time_us"]["p90_us"] for r in sel],
+                    color=color,
+                    alpha=0.12,
+                )
                 ax_bw.plot(x, [r["busbw_gbps"] for r in sel], **style)
         if memcpy_gbps:
-            ax_bw.axhline(memcpy_gbps, color="gray", linestyle="--", linewidth=1,
-                          label=f"memcpy 1 thread ({memcpy_gbps:.1f} GB/s)")
+            ax_bw.axhline(
+                memcpy_gbps,
+                color="gray",
+                linestyle="--",
+                linewidth=1,
+                label=f"memcpy 1 thread ({memcpy_gbps:.1f} GB/s)",
+            )
         for ax in (ax_t, ax_bw):
             ax.set_xscale("log", base=2)
             ax.grid(True, which="both", alpha=0.3)

@@ -83,8 +83,11 @@ def _job_args(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> 
     if level == "core":
         import spyreccl_core
 
-        args.update(unique_id=spyreccl_core.UniqueId().to_bytes(), numpy_dtype=info.numpy,
-                    reinterpret=info.reinterpret)
+        args.update(
+            unique_id=spyreccl_core.UniqueId().to_bytes(),
+            numpy_dtype=info.numpy,
+            reinterpret=info.reinterpret,
+        )
     else:
         args.update(level=level, init_method=f"file://{os.path.join(workdir, 'store')}")
     return args
@@ -100,14 +103,17 @@ def _start(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> Ran
     return RankJob(name, cfg.nranks, args, target=run_rank, env=cfg.env)
 
 
-def run_level(level: str, cfg: SweepConfig, cases: list[Case],
-              progress: _Progress) -> tuple[list[dict], dict[str, Any]]:
+def run_level(
+    level: str, cfg: SweepConfig, cases: list[Case], progress: _Progress
+) -> tuple[list[dict], dict[str, Any]]:
     """Runs every case of one level; returns its result rows and the ranks' 'ready' info."""
     rows: list[dict] = []
     pending: dict[int, list] = {}
     ready: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="spyreccl-bench-") as workdir, \
-            _start(level, cfg, cases, workdir) as job:
+    with (
+        tempfile.TemporaryDirectory(prefix="spyreccl-bench-") as workdir,
+        _start(level, cfg, cases, workdir) as job,
+    ):
         progress.describe(f"{level} x{cfg.nranks}: starting ranks")
         for rank, msg in job.messages(stall_timeout_s=cfg.timeout_s):
             if msg[0] == "ready" and rank == 0:
@@ -177,9 +183,13 @@ def run_sweep(cfg: SweepConfig, progress: _Progress) -> tuple[list[dict], dict[s
 
 def add_ratios(rows: list[dict]) -> None:
     """speedup_vs_gloo = gloo's median time / this level's median time (same op/size/n)."""
-    gloo = {(r["nranks"], r["op"], r["bytes"], r["dtype"]): r["time_us"]["median_us"]
-            for r in rows if r["level"] == "gloo"}
+    gloo = {
+        (r["nranks"], r["op"], r["bytes"], r["dtype"]): r["time_us"]["median_us"]
+        for r in rows
+        if r["level"] == "gloo"
+    }
     for r in rows:
         ref = gloo.get((r["nranks"], r["op"], r["bytes"], r["dtype"]))
-        r["speedup_vs_gloo"] = (ref / r["time_us"]["median_us"]
-                                if ref and r["time_us"]["median_us"] > 0 else None)
+        r["speedup_vs_gloo"] = (
+            ref / r["time_us"]["median_us"] if ref and r["time_us"]["median_us"] > 0 else None
+        )

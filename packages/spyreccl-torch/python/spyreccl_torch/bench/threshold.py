@@ -29,8 +29,9 @@ _DEFAULT_MIN = 256
 _DEFAULT_MAX = 4 << 20
 
 
-def crossover(sizes: list[int], oneshot_us: dict[int, float],
-              twophase_us: dict[int, float]) -> int | None:
+def crossover(
+    sizes: list[int], oneshot_us: dict[int, float], twophase_us: dict[int, float]
+) -> int | None:
     """Smallest size s such that two-phase <= one-shot for s and every larger size."""
     best = None
     for s in sorted(sizes, reverse=True):
@@ -58,10 +59,22 @@ def run_threshold(args: argparse.Namespace) -> int:
     for n in args.nproc:
         for v in values:
             env = {_VAR: None if v is None else str(v)}
-            configs.append((v, SweepConfig(nranks=n, ops=["all_reduce"], sizes=sizes,
-                                           dtype=args.dtype, levels=("core",), policy=policy,
-                                           timeout_s=args.timeout, env=env,
-                                           check=not args.no_check)))
+            configs.append(
+                (
+                    v,
+                    SweepConfig(
+                        nranks=n,
+                        ops=["all_reduce"],
+                        sizes=sizes,
+                        dtype=args.dtype,
+                        levels=("core",),
+                        policy=policy,
+                        timeout_s=args.timeout,
+                        env=env,
+                        check=not args.no_check,
+                    ),
+                )
+            )
     plans = [plan_for(cfg) for _, cfg in configs]
     rows: list[dict] = []
     with progress_bar(sum(len(p) for p in plans), enabled=not args.no_progress) as bar:
@@ -73,21 +86,31 @@ def run_threshold(args: argparse.Namespace) -> int:
             rows.extend(level_rows)
 
     summary = {}
-    lines = [f"# core all_reduce {args.dtype}: median time (us) per {_VAR} value",
-             "# (0 B: always two-phase; the core caps the value at its staging chunk, 1 MiB by "
-             "default, so 1 MiB means one-shot whenever allowed; default: variable unset)"]
+    lines = [
+        f"# core all_reduce {args.dtype}: median time (us) per {_VAR} value",
+        "# (0 B: always two-phase; the core caps the value at its staging chunk, 1 MiB by "
+        "default, so 1 MiB means one-shot whenever allowed; default: variable unset)",
+    ]
     for n in args.nproc:
         head = f"{'size':>9} |" + "".join(f" {_label(v):>10}" for v in values) + " | fastest"
         lines += ["", f"## {n} ranks", head, "-" * len(head)]
-        times = {v: {r["bytes"]: r["time_us"]["median_us"] for r in rows
-                     if r["nranks"] == n and r["oneshot_max"] == v} for v in values}
+        times = {
+            v: {
+                r["bytes"]: r["time_us"]["median_us"]
+                for r in rows
+                if r["nranks"] == n and r["oneshot_max"] == v
+            }
+            for v in values
+        }
         all_sizes = sorted({s for t in times.values() for s in t})
         for s in all_sizes:
             cells = [times[v].get(s) for v in values]
             fastest = min((t, i) for i, t in enumerate(cells) if t is not None)[1]
-            lines.append(f"{format_bytes(s):>9} |" + "".join(
-                f" {t:10.2f}" if t is not None else f" {'-':>10}" for t in cells)
-                + f" | {_label(values[fastest])}")
+            lines.append(
+                f"{format_bytes(s):>9} |"
+                + "".join(f" {t:10.2f}" if t is not None else f" {'-':>10}" for t in cells)
+                + f" | {_label(values[fastest])}"
+            )
         explicit = [v for v in values if v is not None]
         if 0 in explicit and len(explicit) > 1:
             # Above the largest value (and the 1 MiB chunk cap) every column is two-phase:
@@ -97,23 +120,32 @@ def run_threshold(args: argparse.Namespace) -> int:
             summary[n] = x
             lines.append(
                 f"two-phase is at least as fast as one-shot from {format_bytes(x)} up"
-                if x is not None else
-                "one-shot is faster than two-phase at the largest size measured: no crossover")
+                if x is not None
+                else "one-shot is faster than two-phase at the largest size measured: no crossover"
+            )
     text = "\n".join(lines)
     print(text)
     json_path = args.json or os.path.join("bench-results", f"threshold-{timestamp()}.json")
-    write_json(json_path, {
-        "schema": "spyreccl-bench/1",
-        "mode": "threshold",
-        "command": command_line(args),
-        "timestamp": timestamp(),
-        "machine": describe_environment(),
-        "memcpy": memcpy.to_dict(),
-        "config": {"nproc": args.nproc, "dtype": args.dtype, "sizes": sizes,
-                   "values": values, "policy": vars(policy)},
-        "crossover_bytes": {str(k): v for k, v in summary.items()},
-        "results": rows,
-    })
+    write_json(
+        json_path,
+        {
+            "schema": "spyreccl-bench/1",
+            "mode": "threshold",
+            "command": command_line(args),
+            "timestamp": timestamp(),
+            "machine": describe_environment(),
+            "memcpy": memcpy.to_dict(),
+            "config": {
+                "nproc": args.nproc,
+                "dtype": args.dtype,
+                "sizes": sizes,
+                "values": values,
+                "policy": vars(policy),
+            },
+            "crossover_bytes": {str(k): v for k, v in summary.items()},
+            "results": rows,
+        },
+    )
     print(f"results: {json_path}")
     if not args.no_plot:
         plot = args.plot or os.path.splitext(json_path)[0] + ".png"
@@ -122,22 +154,27 @@ def run_threshold(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot(path: str, rows: list[dict], values: list[int | None],
-          args: argparse.Namespace) -> None:
+def _plot(path: str, rows: list[dict], values: list[int | None], args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(args.nproc), figsize=(5.5 * len(args.nproc), 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(args.nproc), figsize=(5.5 * len(args.nproc), 4), squeeze=False)
     for ax, n in zip(axes[0], args.nproc):
         for v in values:
-            sel = sorted((r for r in rows if r["nranks"] == n and r["oneshot_max"] == v),
-                         key=lambda r: r["bytes"])
-            ax.plot([r["bytes"] for r in sel], [r["time_us"]["median_us"] for r in sel],
-                    marker="o", markersize=3, label=f"{_VAR}={_label(v)}",
-                    linestyle="--" if v is None else "-")
+            sel = sorted(
+                (r for r in rows if r["nranks"] == n and r["oneshot_max"] == v),
+                key=lambda r: r["bytes"],
+            )
+            ax.plot(
+                [r["bytes"] for r in sel],
+                [r["time_us"]["median_us"] for r in sel],
+                marker="o",
+                markersize=3,
+                label=f"{_VAR}={_label(v)}",
+                linestyle="--" if v is None else "-",
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)

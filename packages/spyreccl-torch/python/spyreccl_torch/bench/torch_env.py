@@ -34,8 +34,15 @@ def _no_sync() -> None:
     return None
 
 
-def init_level(level: str, *, rank: int, world_size: int, init_method: str,
-               timeout: datetime.timedelta, threads: int = 1) -> TorchEnv:
+def init_level(
+    level: str,
+    *,
+    rank: int,
+    world_size: int,
+    init_method: str,
+    timeout: datetime.timedelta,
+    threads: int = 1,
+) -> TorchEnv:
     """Initialises the default process group of this rank for ``level``.
 
     Every rank runs with ``threads`` intra-op threads (default 1): the benchmark's ranks
@@ -47,8 +54,9 @@ def init_level(level: str, *, rank: int, world_size: int, init_method: str,
 
     torch.set_num_threads(threads)
     if level == "gloo":
-        dist.init_process_group("gloo", init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=timeout)
+        dist.init_process_group(
+            "gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
+        )
         return TorchEnv(torch, dist, torch.device("cpu"), _no_sync)
     if level == "spyreccl":
         spyre = getattr(torch, "spyre", None)
@@ -59,7 +67,12 @@ def init_level(level: str, *, rank: int, world_size: int, init_method: str,
             )
         index = rank % spyre.device_count()
         spyre.set_device(index)
-        dist.init_process_group("spyre:spyreccl", init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=timeout)
+        dist.init_process_group(
+            "spyre:spyreccl",
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+        )
         return TorchEnv(torch, dist, torch.device("spyre", index), spyre.synchronize)
     raise ValueError(f"unknown torch level {level!r}; expected one of {LEVELS}")

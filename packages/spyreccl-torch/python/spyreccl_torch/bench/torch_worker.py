@@ -23,15 +23,25 @@ __all__ = ["run_rank"]
 class _Case:
     """Buffers and the one-operation closure (with device synchronisation) of a case."""
 
-    def __init__(self, dist: Any, torch: Any, case: dict, dtype: Any, device: Any,
-                 rank: int, sync: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        dist: Any,
+        torch: Any,
+        case: dict,
+        dtype: Any,
+        device: Any,
+        rank: int,
+        sync: Callable[[], None],
+    ) -> None:
         self.op = op = case["op"]
         self.send = self.recv = None
         self.step: Callable[[], None] | None = None
         if op == "barrier":
+
             def barrier() -> None:
                 dist.barrier()
                 sync()
+
             self.step = barrier
             return
         send = self.send = torch.zeros(case["send_elems"], dtype=dtype, device=device)
@@ -39,36 +49,41 @@ class _Case:
         # torch 2.13 deprecates the *_tensor spellings (a FutureWarning on every call, which
         # costs microseconds); the *_single functions are the same c10d operations.
         all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        reduce_scatter = (getattr(dist, "reduce_scatter_single", None)
-                          or dist.reduce_scatter_tensor)
+        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         if op == "all_reduce":
             # In place, as torch's API is; zeros keep the values (and their speed) constant.
             def step() -> None:
                 dist.all_reduce(send)
                 sync()
         elif op == "all_gather_into_tensor":
+
             def step() -> None:
                 all_gather(recv, send)
                 sync()
         elif op == "reduce_scatter_tensor":
+
             def step() -> None:
                 reduce_scatter(recv, send)
                 sync()
         elif op == "broadcast":
+
             def step() -> None:
                 dist.broadcast(send, 0)
                 sync()
         elif op == "all_to_all_single":
+
             def step() -> None:
                 dist.all_to_all_single(recv, send)
                 sync()
         elif op == "sendrecv":
             if rank == 0:
+
                 def step() -> None:
                     dist.send(send, 1)
                     dist.recv(recv, 1)
                     sync()
             elif rank == 1:
+
                 def step() -> None:
                     dist.recv(recv, 0)
                     dist.send(send, 0)
@@ -80,14 +95,14 @@ class _Case:
         self.step = step
 
 
-def _check(torch: Any, c: _Case, case: dict, level: str, rank: int, nranks: int,
-           dtype: Any) -> None:
+def _check(
+    torch: Any, c: _Case, case: dict, level: str, rank: int, nranks: int, dtype: Any
+) -> None:
     """Runs the case once on known inputs and raises if this rank's result is wrong."""
     if c.send is None or c.step is None:
         return
     inputs = check.input_blocks(c.op, rank, nranks)
-    c.send.copy_(torch.tensor(inputs, dtype=dtype).repeat_interleave(
-        c.send.numel() // len(inputs)))
+    c.send.copy_(torch.tensor(inputs, dtype=dtype).repeat_interleave(c.send.numel() // len(inputs)))
     result = c.send if check.result_is_send(c.op, level) else c.recv
     if result is not c.send:
         result.fill_(check.POISON)
@@ -95,8 +110,7 @@ def _check(torch: Any, c: _Case, case: dict, level: str, rank: int, nranks: int,
     expected = check.expected_blocks(c.op, rank, nranks)
     if expected is not None:
         got = result.cpu()
-        want = torch.tensor(expected, dtype=dtype).repeat_interleave(
-            got.numel() // len(expected))
+        want = torch.tensor(expected, dtype=dtype).repeat_interleave(got.numel() // len(expected))
         if not torch.equal(got, want):
             bad = (got != want).nonzero().flatten()
             i = int(bad[0])
@@ -126,8 +140,9 @@ def run_rank(args: dict) -> None:
         )
         torch, dist = env.torch, env.dist
         dtype = torch_dtype(torch, args["dtype"])
-        conn.send(("ready", {"pid": os.getpid(), "torch": torch.__version__,
-                             "device": str(env.device)}))
+        conn.send(
+            ("ready", {"pid": os.getpid(), "torch": torch.__version__, "device": str(env.device)})
+        )
         policy = timing.LoopPolicy(**args["policy"])
         probe = torch.zeros(1, dtype=torch.float64, device=env.device)
 
