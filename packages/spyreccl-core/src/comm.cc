@@ -408,7 +408,8 @@ std::string Communicator::withDump(const std::string& message) const {
     std::string label = config_.name.empty() ? segment_->name().substr(10, 12) : config_.name;
     // The label may come from user input: keep the file name to a safe alphabet.
     for (char& ch : label) {
-      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.')
+        ch = '_';
     }
     std::string path = format("%s/spyreccl-%s-rank%d.txt", dir->c_str(), label.c_str(), rank_);
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);

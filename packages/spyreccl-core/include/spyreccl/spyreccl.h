@@ -60,13 +60,13 @@ typedef enum {
   spyrecclInternalError = 2,   /* a bug in spyreccl: please report it */
   spyrecclInvalidArgument = 3, /* bad pointer/count/dtype/op/root/peer; nothing was communicated,
                                   the communicator stays usable */
-  spyrecclInvalidUsage = 4,    /* call out of order: destroyed/erroneous communicator, bad id, ... */
-  spyrecclRemoteError = 5,     /* a peer died or aborted while this rank waited for it */
-  spyrecclTimeout = 6,         /* a wait exceeded the communicator's timeout */
-  spyrecclAborted = 7,         /* spyrecclCommAbort was called on this communicator */
-  spyrecclMismatch = 8,        /* ranks called different collectives / arguments */
-  spyrecclUnsupported = 9,     /* valid request this implementation does not support
-                                  (e.g. ranks on different hosts) */
+  spyrecclInvalidUsage = 4, /* call out of order: destroyed/erroneous communicator, bad id, ... */
+  spyrecclRemoteError = 5,  /* a peer died or aborted while this rank waited for it */
+  spyrecclTimeout = 6,      /* a wait exceeded the communicator's timeout */
+  spyrecclAborted = 7,      /* spyrecclCommAbort was called on this communicator */
+  spyrecclMismatch = 8,     /* ranks called different collectives / arguments */
+  spyrecclUnsupported = 9,  /* valid request this implementation does not support
+                               (e.g. ranks on different hosts) */
   spyrecclNumResults = 10
 } spyrecclResult_t;
 
@@ -154,11 +154,14 @@ typedef struct {
   const char* name;     /* optional label used in error messages and dumps (copied) */
 } spyrecclConfig_t;
 
-#define SPYRECCL_CONFIG_INITIALIZER                                                    \
-  {                                                                                  \
-    sizeof(spyrecclConfig_t), SPYRECCL_CONFIG_MAGIC, SPYRECCL_CONFIG_VERSION,         \
-        (int64_t)1800000, (size_t)0, (size_t)0, (const char*)0                        \
-  }
+#define SPYRECCL_CONFIG_INITIALIZER \
+  {sizeof(spyrecclConfig_t),        \
+   SPYRECCL_CONFIG_MAGIC,           \
+   SPYRECCL_CONFIG_VERSION,         \
+   (int64_t)1800000,                \
+   (size_t)0,                       \
+   (size_t)0,                       \
+   (const char*)0}
 
 /* Opaque communicator handle. */
 typedef struct spyrecclComm* spyrecclComm_t;
@@ -291,9 +294,9 @@ SPYRECCL_API spyrecclResult_t spyrecclRedOpDestroy(spyrecclRedOp_t op, spyrecclC
  * spyrecclAllReduce: recvbuff[i] = op over ranks of sendbuff[i], i < count, on every rank.
  * In place when sendbuff == recvbuff. Buffers must not otherwise overlap.
  */
-SPYRECCL_API spyrecclResult_t spyrecclAllReduce(const void* sendbuff, void* recvbuff,
-                                                size_t count, spyrecclDataType_t datatype,
-                                                spyrecclRedOp_t op, spyrecclComm_t comm);
+SPYRECCL_API spyrecclResult_t spyrecclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                                spyrecclDataType_t datatype, spyrecclRedOp_t op,
+                                                spyrecclComm_t comm);
 
 /* spyrecclReduce: like AllReduce but only `root` receives; recvbuff is ignored elsewhere
  * (may be NULL). In place on root when sendbuff == recvbuff. */
@@ -303,9 +306,9 @@ SPYRECCL_API spyrecclResult_t spyrecclReduce(const void* sendbuff, void* recvbuf
 
 /* spyrecclBroadcast: copies root's sendbuff to every rank's recvbuff. sendbuff is read on
  * root only (NULL allowed elsewhere). In place when sendbuff == recvbuff. */
-SPYRECCL_API spyrecclResult_t spyrecclBroadcast(const void* sendbuff, void* recvbuff,
-                                                size_t count, spyrecclDataType_t datatype,
-                                                int root, spyrecclComm_t comm);
+SPYRECCL_API spyrecclResult_t spyrecclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                                spyrecclDataType_t datatype, int root,
+                                                spyrecclComm_t comm);
 
 /* spyrecclAllGather: recvbuff[r*sendcount + i] = sendbuff_of_rank_r[i]. In place when
  * sendbuff == recvbuff + rank*sendcount (in elements). */
@@ -317,8 +320,7 @@ SPYRECCL_API spyrecclResult_t spyrecclAllGather(const void* sendbuff, void* recv
  * sendbuff holds nranks*recvcount elements. In place when
  * recvbuff == sendbuff + rank*recvcount. */
 SPYRECCL_API spyrecclResult_t spyrecclReduceScatter(const void* sendbuff, void* recvbuff,
-                                                    size_t recvcount,
-                                                    spyrecclDataType_t datatype,
+                                                    size_t recvcount, spyrecclDataType_t datatype,
                                                     spyrecclRedOp_t op, spyrecclComm_t comm);
 
 /* spyrecclAllToAll: block p of sendbuff (count elements) goes to rank p, where it lands
@@ -333,14 +335,13 @@ SPYRECCL_API spyrecclResult_t spyrecclAllToAll(const void* sendbuff, void* recvb
 SPYRECCL_API spyrecclResult_t spyrecclAllToAllv(const void* sendbuff, const size_t* sendcounts,
                                                 const size_t* sdispls, void* recvbuff,
                                                 const size_t* recvcounts, const size_t* rdispls,
-                                                spyrecclDataType_t datatype,
-                                                spyrecclComm_t comm);
+                                                spyrecclDataType_t datatype, spyrecclComm_t comm);
 
 /* spyrecclGather: root's recvbuff[r*sendcount + i] = sendbuff_r[i]; recvbuff ignored
  * elsewhere. In place on root when sendbuff == recvbuff + root*sendcount. */
-SPYRECCL_API spyrecclResult_t spyrecclGather(const void* sendbuff, void* recvbuff,
-                                             size_t sendcount, spyrecclDataType_t datatype,
-                                             int root, spyrecclComm_t comm);
+SPYRECCL_API spyrecclResult_t spyrecclGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                             spyrecclDataType_t datatype, int root,
+                                             spyrecclComm_t comm);
 
 /* spyrecclScatter: recvbuff[i] = root's sendbuff[rank*recvcount + i]; sendbuff read on root
  * only. In place on root when recvbuff == sendbuff + root*recvcount. */

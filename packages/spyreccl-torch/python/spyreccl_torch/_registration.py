@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import threading
 
+import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 from . import _C
 
@@ -64,10 +67,53 @@ def is_registered() -> bool:
     return plugin is not None and plugin.creator_fn is _create
 
 
+def _repair_default_backend(pg) -> None:
+    """Makes spyreccl the default backend of groups that have no other one.
+
+    ``init_process_group()`` without a backend builds a group holding only
+    ``spyre:spyreccl``, yet torch 2.13 declares GLOO (never created) as that group's
+    default backend type; DDP and ``destroy_process_group`` then fail or warn ("Could not
+    find backend type 1"). A group whose spyre backend is ours and whose CPU side has no
+    backend at all gets CUSTOM, the type torch gives plugins in multi-backend groups.
+    """
+    if not isinstance(pg, dist.ProcessGroup):
+        return
+    try:
+        if pg._get_backend(torch.device(DEVICE_TYPE)).name() != BACKEND_NAME:
+            return
+    except RuntimeError:
+        return
+    try:
+        pg._get_backend(torch.device("cpu"))
+        return  # a CPU backend exists (e.g. "cpu:gloo,spyre:spyreccl"): torch's choice holds
+    except RuntimeError:
+        pass
+    pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+
+
+def _install_default_backend_repair() -> None:
+    helper = getattr(distributed_c10d, "_new_process_group_helper", None)
+    if helper is None or getattr(helper, "_spyreccl_wrapped", False):
+        return
+
+    @functools.wraps(helper)
+    def wrapped(*args, **kwargs):
+        result = helper(*args, **kwargs)
+        pg = result[0] if isinstance(result, tuple) else result
+        _repair_default_backend(pg)
+        return result
+
+    wrapped._spyreccl_wrapped = True  # type: ignore[attr-defined]
+    # c10d calls the helper through its module globals, so replacing the attribute reaches
+    # init_process_group, new_group and split_group alike.
+    distributed_c10d._new_process_group_helper = wrapped
+
+
 def register() -> None:
     """Registers the spyre device (if needed) and the spyreccl backend. Idempotent."""
     with _lock:
         _register_device()
+        _install_default_backend_repair()
         if is_registered():
             return
         dist.Backend.register_backend(

@@ -191,22 +191,9 @@ class KnownGap(AssertionError):
     """A requirement spyreccl does not meet yet (see docs/reliability.md, "Gaps")."""
 
 
-# The backend stages tensors with internal overlap (expand()) like any non-contiguous one,
-# communicates, and only the copy back into the user's tensor fails, with ATen's message
-# that names neither the collective nor the argument.
-OVERLAP_GAP = pytest.mark.xfail(
-    raises=KnownGap,
-    strict=True,
-    reason="outputs with internal overlap are rejected after communicating, by ATen's copy",
-)
-
-
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(name, marks=OVERLAP_GAP) if name.startswith("overlapping") else name
-        for name in EXPECTED
-    ],
+    [name for name in EXPECTED],
 )
 def test_bad_call_raises_one_clear_error(bad_input_reports, case):
     for rank, reports in enumerate(bad_input_reports):

@@ -77,45 +77,24 @@ def rank_mismatch(ctx, kind: str, seed: int):
         error = None
     except Exception as exc:
         error = exc
-    untouched, own_block_written = [], []
+    untouched = []
     for tensor, expected in outputs:
         host = tensor.cpu()
         if expected is None:
             written = ~poisoned_mask(host)
             untouched.append(not bool(written.any()))
-            # The one known partial write (see KnownGap below): exactly this rank's own
-            # block of an all_gather output, holding this rank's input.
-            blocks = written.view(ctx.world_size, -1).any(dim=1)
-            own = blocks[ctx.rank] and int(blocks.sum()) == 1
-            own_block_written.append(bool(own))
         else:
             untouched.append(torch.equal(host, expected))
-            own_block_written.append(False)
     return {
         "type": None if error is None else type(error).__name__,
         "dist_backend_error": isinstance(error, dist.DistBackendError),
         "message": str(error) if error else "",
         "untouched": untouched,
-        "own_block_written": own_block_written,
     }
 
 
 def mismatch_scenario(kind: str, seed: int):
     return results(ForkedGroup(WORLD_SIZE, rank_mismatch, kind, seed, pg_timeout=30).finish(60))
-
-
-class KnownGap(AssertionError):
-    """A requirement spyreccl does not meet yet (see docs/reliability.md, "Gaps")."""
-
-
-# spyreccl-core's gatherImpl (src/algorithms/allgather.cc) copies the rank's own input into
-# its block of the output *before* the first exchange, where the descriptors are compared:
-# a mismatched all_gather leaves that block written.
-OWN_BLOCK_GAP = pytest.mark.xfail(
-    raises=KnownGap,
-    strict=True,
-    reason="a mismatched all_gather writes the rank's own block of the output",
-)
 
 
 @pytest.mark.parametrize(
@@ -125,13 +104,12 @@ OWN_BLOCK_GAP = pytest.mark.xfail(
         "count",
         "dtype",
         "root",
-        pytest.param("collective", marks=OWN_BLOCK_GAP),
-        pytest.param("order", marks=OWN_BLOCK_GAP),
+        "collective",
+        "order",
     ],
 )
 def test_mismatch_fails_on_every_rank_without_corruption(launcher, kind):
     reports = launcher.run(mismatch_scenario, kind, fresh_seed(), timeout=120)[0]
-    gaps = []
     for rank, report in enumerate(reports):
         message = report["message"]
         assert report["dist_backend_error"], f"rank {rank}: {report}"
@@ -140,13 +118,7 @@ def test_mismatch_fails_on_every_rank_without_corruption(launcher, kind):
         assert re.search(r"rank \d+ called .* but rank \d+ called ", message), (
             f"rank {rank}: {message}"
         )
-        for untouched, own_block in zip(report["untouched"], report["own_block_written"]):
-            if untouched:
-                continue
-            assert own_block, f"rank {rank}: an output was modified: {report}"
-            gaps.append(rank)
-    if gaps:
-        raise KnownGap(f"ranks {gaps}: the mismatched all_gather wrote their own output block")
+        assert all(report["untouched"]), f"rank {rank}: an output was modified: {report}"
 
 
 # -- TORCH_DISTRIBUTED_DEBUG=DETAIL ------------------------------------------------------------

@@ -121,6 +121,10 @@ class RankJob:
                     )
                 try:
                     proc.start()
+                except BaseException:
+                    reader.close()
+                    self.close()  # the ranks already started would wait for this one forever
+                    raise
                 finally:
                     writer.close()  # the child holds its own copy now
                 self._procs.append(proc)
