@@ -18,6 +18,8 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
   echo "ci: $("$PYTHON" --version 2>&1) is too old; spyreccl needs Python >= 3.10" >&2
   exit 2
 fi
+# Resolve wrappers (pyenv shims re-resolve, and can fail transiently, on every call).
+PYTHON=$("$PYTHON" -c 'import sys; print(sys.executable)')
 
 _nox_version() {
   "$CI_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nox"))' 2>/dev/null || true

@@ -100,18 +100,33 @@ def check_dtype_mismatch(ctx):
     )
     outputs = [torch.empty(6, device=dev) for _ in range(world)]
     outputs[-1] = torch.empty(6, dtype=torch.int32, device=dev)
+    # torch's front end already refuses this one; the backend's own check is called directly.
     _rejects(
         ctx,
         "all_gather with an int32 block among float32 blocks",
-        r"has dtype torch\.int32 but 'inputTensors\[0\]' has dtype torch\.float32",
+        r"different dtypes",
         lambda: dist.all_gather(outputs, f32),
     )
     _rejects(
         ctx,
+        "backend allgather with an int32 block among float32 blocks",
+        r"has dtype torch\.int32 but 'inputTensors\[0\]' has dtype torch\.float32",
+        lambda: _backend().allgather([outputs], [f32]),
+    )
+    _rejects(
+        ctx,
         "all_to_all_single with mismatched dtypes",
-        r"has dtype",
+        r"different dtypes",
         lambda: dist.all_to_all_single(
             torch.empty(world, dtype=torch.int64, device=dev), torch.ones(world, device=dev)
+        ),
+    )
+    _rejects(
+        ctx,
+        "backend alltoall_base with mismatched dtypes",
+        r"'outputBuffer' has dtype torch\.int64 but 'inputBuffer' has dtype torch\.float32",
+        lambda: _backend().alltoall_base(
+            torch.empty(world, dtype=torch.int64, device=dev), torch.ones(world, device=dev), [], []
         ),
     )
 

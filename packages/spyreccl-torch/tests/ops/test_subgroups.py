@@ -134,6 +134,11 @@ def run_split_group(base_seed, ctx):
     passes), which is not what this module tests.
     """
     world, rank = ctx.world_size, ctx.rank
+    # torch refuses every split unless the *default* group is bound to a device
+    # (init_process_group(device_id=...)), which the rank pool does not pass: bind it the
+    # way init_process_group does.
+    if dist.group.WORLD.bound_device_id is None:
+        dist.group.WORLD.bound_device_id = device(ctx)
     parent = dist.new_group(backend="spyreccl", device_id=device(ctx))
     evens = [r for r in range(world) if r % 2 == 0]
     odds = [r for r in range(world) if r % 2 == 1]
