@@ -9,7 +9,8 @@ import sys
 _OUTCOMES = r"(?:passed|failed|errors?|skipped|deselected|xfailed|xpassed|no tests ran)"
 PYTEST_LINE = re.compile(rf"^=+ (.*\b{_OUTCOMES}\b.*) in [0-9.]+s.*=+$")
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
-CTEST_LINE = re.compile(r"^\d+% tests passed, (\d+) tests? failed out of (\d+)")
+# "100% tests passed out of 32" (recent CMake) or "90% tests passed, 1 tests failed out of 10"
+CTEST_LINE = re.compile(r"^\d+% tests passed(?:, (\d+) tests? failed)? out of (\d+)")
 NOX_RESULT = re.compile(r"^nox > \* (.+)$")
 
 
@@ -31,7 +32,7 @@ def main(path: str) -> None:
                     totals[key] += int(count)
             elif m := CTEST_LINE.match(line):
                 ctest_lines.append(line)
-                failed, total = int(m.group(1)), int(m.group(2))
+                failed, total = int(m.group(1) or 0), int(m.group(2))
                 totals["passed"] += total - failed
                 totals["failed"] += failed
             elif m := NOX_RESULT.match(line):

@@ -208,5 +208,5 @@ def test_unbatched_isend_irecv_ring_large(rank_pool):
     seed = fresh_seed()
     # Short run timeout: the failure mode is a deadlock. Last test of the module: the pool it
     # breaks is not reused.
-    results = rank_pool.run(run_unbatched_ring, LARGE, seed, timeout=30)
+    results = rank_pool.run(run_unbatched_ring, LARGE, seed, timeout=15)
     assert_ranks_passed(results, seed, "unbatched isend/irecv ring (large)")
