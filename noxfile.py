@@ -49,7 +49,7 @@ TORCH_PINNED = "2.13"  # the minor spyreccl-torch pins (`torch==2.13.*`); checke
 # Exact tool versions: a new formatter release must not turn CI red on unchanged code.
 RUFF = "ruff==0.17.6"
 CLANG_FORMAT = "clang-format==23.1.5"
-TEST_REQUIREMENTS = ["numpy", "pytest>=8", "hypothesis"]
+TEST_REQUIREMENTS = ["numpy", "pytest>=8", "hypothesis", "matplotlib", "tqdm"]
 BUILD_REQUIREMENTS = [
     "scikit-build-core>=0.10",
     "pybind11>=2.12",

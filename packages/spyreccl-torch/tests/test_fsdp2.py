@@ -94,8 +94,12 @@ def _fsdp_loss_curve(device_type: str, seed: int, steps: int, reshard: bool) -> 
     assert isinstance(emb, DTensor) and emb.to_local().device.type == device_type
     assert emb.to_local().shape[0] == -(-VOCAB // ws) or rank == ws - 1
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    # Adam divides by sqrt(v) + eps: with the default eps (1e-8) a gradient that is float32
+    # rounding noise around zero becomes a full lr-sized step whose sign is random, so the
+    # float32 FSDP model and the float64 reference could drift apart without any error in
+    # communication. eps=1e-3 keeps such steps proportional to the gradient.
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3)
+    opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-2, eps=1e-3)
     curve, ref_curve = [], []
     mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
     for tokens, targets in _batches(seed, steps, ws):
