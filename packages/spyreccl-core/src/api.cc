@@ -4,6 +4,11 @@
 // spyrecclInvalidArgument and leave the communicator usable), then `communicating = true`
 // and the algorithm; any error after that point marks the communicator failed, and later
 // calls return spyrecclInvalidUsage naming the original error. No exception escapes.
+//
+// Where the message of a failure goes: every entry point that receives a communicator
+// passes it to guarded(), so the message is recorded on that communicator (queries and
+// setters included); only calls without one (or with comm == NULL) record it in the
+// calling thread's slot. spyrecclGetLastError reads the same place back.
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -15,6 +20,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "kernels/reduce.h"
+#include "memory/arena.h"
 #include "rendezvous/bootstrap.h"
 #include "rendezvous/unique_id.h"
 #include "spyreccl/spyreccl.h"
@@ -28,8 +34,11 @@ namespace {
 
 constexpr int kMaxRanks = 4096;
 
+// Last error of calls made by this thread without a communicator (spyrecclGetLastError(NULL)).
 thread_local std::string tlsLastError;
 
+// Records `message` where spyrecclGetLastError will look for it, marks the communicator
+// failed when the error interrupted communication, and logs it with its source location.
 spyrecclResult_t report(spyrecclComm* comm, spyrecclResult_t code, const std::string& message,
                         const char* file, int line, bool communicating) {
   if (comm != nullptr) {
@@ -43,7 +52,9 @@ spyrecclResult_t report(spyrecclComm* comm, spyrecclResult_t code, const std::st
   return code;
 }
 
-// Runs `body(bool& communicating)` and converts every exception into a result code.
+// Runs `body(bool& communicating)` for C API function `api` and converts every exception into
+// a result code; `comm` (may be NULL) is where the error is recorded. The body sets
+// `communicating` once validation is over: from then on an error breaks the communicator.
 template <class Body>
 spyrecclResult_t guarded(spyrecclComm* comm, const char* api, Body&& body) noexcept {
   bool communicating = false;
@@ -159,12 +170,10 @@ extern "C" {
 // ---------------------------------------------------------------------------------------
 
 spyrecclResult_t spyrecclGetVersion(int* version) {
-  if (version == nullptr) {
-    tlsLastError = "spyrecclGetVersion: argument 'version' is NULL";
-    return spyrecclInvalidArgument;
-  }
-  *version = SPYRECCL_VERSION_CODE;
-  return spyrecclSuccess;
+  return guarded(nullptr, "spyrecclGetVersion", [&](bool&) {
+    SPYRECCL_CHECK_ARG(version != nullptr, "spyrecclGetVersion", "argument 'version' is NULL");
+    *version = SPYRECCL_VERSION_CODE;
+  });
 }
 
 const char* spyrecclGetErrorString(spyrecclResult_t result) {
@@ -200,13 +209,28 @@ const char* spyrecclGetLastError(spyrecclComm_t comm) {
   return comm != nullptr ? comm->lastError() : tlsLastError.c_str();
 }
 
+// The names are the library's own (kernels::dtypeName, also used in every message that
+// names a data type), so that API users and error messages spell types the same way.
+const char* spyrecclGetDataTypeName(spyrecclDataType_t datatype) {
+  const int v = rawValue(datatype);
+  if (v < 0 || v >= spyrecclNumTypes) return nullptr;
+  return kernels::dtypeName(datatype);
+}
+
+size_t spyrecclGetDataTypeSize(spyrecclDataType_t datatype) {
+  const int v = rawValue(datatype);
+  if (v < 0 || v >= spyrecclNumTypes) return 0;
+  return kernels::dtypeSize(datatype);
+}
+
 // ---------------------------------------------------------------------------------------
 // communicator lifecycle
 // ---------------------------------------------------------------------------------------
 
 spyrecclResult_t spyrecclGetUniqueId(spyrecclUniqueId* uniqueId) {
-  return guarded(nullptr, "spyrecclGetUniqueId", [&](bool&) {
-    SPYRECCL_CHECK_ARG(uniqueId != nullptr, "spyrecclGetUniqueId", "argument 'uniqueId' is NULL");
+  const char* api = "spyrecclGetUniqueId";
+  return guarded(nullptr, api, [&](bool&) {
+    SPYRECCL_CHECK_ARG(uniqueId != nullptr, api, "argument 'uniqueId' is NULL");
     spyreccl::rendezvous::UniqueIdData id = spyreccl::rendezvous::makeUniqueId();
     std::memcpy(uniqueId->internal, &id, sizeof(id));
   });
@@ -254,62 +278,69 @@ spyrecclResult_t spyrecclCommSplit(spyrecclComm_t comm, int color, int key, spyr
 }
 
 spyrecclResult_t spyrecclCommDestroy(spyrecclComm_t comm) {
-  if (comm == nullptr) return spyrecclSuccess;
-  // Forget operations of this thread's open group that reference the communicator.
-  auto& ops = algorithms::threadGroup().ops;
-  ops.erase(std::remove_if(ops.begin(), ops.end(),
-                           [comm](const algorithms::P2POp& op) { return op.comm == comm; }),
-            ops.end());
-  delete comm;
-  return spyrecclSuccess;
+  // Nothing to record an error on: the communicator is going away, so errors (none are
+  // expected) go to the calling thread.
+  return guarded(nullptr, "spyrecclCommDestroy", [&](bool&) {
+    if (comm == nullptr) return;
+    // Forget operations of this thread's open group that reference the communicator.
+    auto& ops = algorithms::threadGroup().ops;
+    ops.erase(std::remove_if(ops.begin(), ops.end(),
+                             [comm](const algorithms::P2POp& op) { return op.comm == comm; }),
+              ops.end());
+    delete comm;
+  });
 }
 
 spyrecclResult_t spyrecclCommAbort(spyrecclComm_t comm) {
-  return guarded(nullptr, "spyrecclCommAbort", [&](bool&) {
-    checkComm(comm, "spyrecclCommAbort");
+  const char* api = "spyrecclCommAbort";
+  return guarded(comm, api, [&](bool&) {
+    checkComm(comm, api);
     comm->abort();
   });
 }
 
 spyrecclResult_t spyrecclCommCount(const spyrecclComm_t comm, int* count) {
-  return guarded(nullptr, "spyrecclCommCount", [&](bool&) {
-    checkComm(comm, "spyrecclCommCount");
-    SPYRECCL_CHECK_ARG(count != nullptr, "spyrecclCommCount", "argument 'count' is NULL");
+  const char* api = "spyrecclCommCount";
+  return guarded(comm, api, [&](bool&) {
+    checkComm(comm, api);
+    SPYRECCL_CHECK_ARG(count != nullptr, api, "argument 'count' is NULL");
     *count = comm->nranks();
   });
 }
 
 spyrecclResult_t spyrecclCommUserRank(const spyrecclComm_t comm, int* rank) {
-  return guarded(nullptr, "spyrecclCommUserRank", [&](bool&) {
-    checkComm(comm, "spyrecclCommUserRank");
-    SPYRECCL_CHECK_ARG(rank != nullptr, "spyrecclCommUserRank", "argument 'rank' is NULL");
+  const char* api = "spyrecclCommUserRank";
+  return guarded(comm, api, [&](bool&) {
+    checkComm(comm, api);
+    SPYRECCL_CHECK_ARG(rank != nullptr, api, "argument 'rank' is NULL");
     *rank = comm->rank();
   });
 }
 
 spyrecclResult_t spyrecclCommSetTimeout(spyrecclComm_t comm, int64_t timeoutMs) {
-  return guarded(comm, "spyrecclCommSetTimeout", [&](bool&) {
-    checkComm(comm, "spyrecclCommSetTimeout");
-    SPYRECCL_CHECK_ARG(timeoutMs > 0, "spyrecclCommSetTimeout",
-                       "argument 'timeoutMs' = %lld must be > 0",
+  const char* api = "spyrecclCommSetTimeout";
+  return guarded(comm, api, [&](bool&) {
+    checkComm(comm, api);
+    SPYRECCL_CHECK_ARG(timeoutMs > 0, api, "argument 'timeoutMs' = %lld must be > 0",
                        static_cast<long long>(timeoutMs));
     comm->setTimeoutMs(timeoutMs);
   });
 }
 
 spyrecclResult_t spyrecclCommGetAsyncError(spyrecclComm_t comm, spyrecclResult_t* asyncError) {
-  return guarded(nullptr, "spyrecclCommGetAsyncError", [&](bool&) {
-    checkComm(comm, "spyrecclCommGetAsyncError");
-    SPYRECCL_CHECK_ARG(asyncError != nullptr, "spyrecclCommGetAsyncError",
-                       "argument 'asyncError' is NULL");
+  const char* api = "spyrecclCommGetAsyncError";
+  return guarded(comm, api, [&](bool&) {
+    checkComm(comm, api);
+    SPYRECCL_CHECK_ARG(asyncError != nullptr, api, "argument 'asyncError' is NULL");
     *asyncError = comm->asyncError();
   });
 }
 
 spyrecclResult_t spyrecclCommDumpState(spyrecclComm_t comm, char* buf, size_t len) {
-  return guarded(nullptr, "spyrecclCommDumpState", [&](bool&) {
-    checkComm(comm, "spyrecclCommDumpState");
-    SPYRECCL_CHECK_ARG(buf != nullptr && len > 0, "spyrecclCommDumpState",
+  const char* api = "spyrecclCommDumpState";
+  return guarded(comm, api, [&](bool&) {
+    checkComm(comm, api);
+    SPYRECCL_CHECK_ARG(buf != nullptr && len > 0, api,
                        "argument 'buf' must be non-NULL with 'len' > 0 (got %p, %zu)",
                        static_cast<void*>(buf), len);
     std::string dump = comm->dumpState();
@@ -331,8 +362,9 @@ spyrecclResult_t spyrecclRedOpCreatePreMulSum(spyrecclRedOp_t* op, double scalar
 }
 
 spyrecclResult_t spyrecclRedOpDestroy(spyrecclRedOp_t op, spyrecclComm_t comm) {
-  return guarded(comm, "spyrecclRedOpDestroy", [&](bool&) {
-    checkComm(comm, "spyrecclRedOpDestroy");
+  const char* api = "spyrecclRedOpDestroy";
+  return guarded(comm, api, [&](bool&) {
+    checkComm(comm, api);
     comm->destroyRedOp(rawValue(op));
   });
 }
@@ -613,8 +645,7 @@ spyrecclResult_t spyrecclRecvAnySource(void* recvbuff, size_t count, spyrecclDat
 }
 
 spyrecclResult_t spyrecclGroupStart(void) {
-  ++algorithms::threadGroup().depth;
-  return spyrecclSuccess;
+  return guarded(nullptr, "spyrecclGroupStart", [&](bool&) { ++algorithms::threadGroup().depth; });
 }
 
 spyrecclResult_t spyrecclGroupEnd(void) {
@@ -629,6 +660,40 @@ spyrecclResult_t spyrecclGroupEnd(void) {
     ops.swap(group.ops);
     for (const algorithms::P2POp& op : ops) op.comm->ensureUsable("spyrecclGroupEnd");
     algorithms::runP2P(ops);
+  });
+}
+
+spyrecclResult_t spyrecclMemAlloc(void** ptr, size_t size) {
+  const char* api = "spyrecclMemAlloc";
+  return guarded(nullptr, api, [&](bool&) {
+    SPYRECCL_CHECK_ARG(ptr != nullptr, api, "argument 'ptr' is NULL");
+    *ptr = nullptr;
+    spyreccl::memory::Arena* arena = spyreccl::memory::Arena::instance();
+    if (arena == nullptr) {
+      SPYRECCL_THROW(spyrecclSystemError,
+                     "%s: the shareable memory arena cannot be created (memfd_create or the "
+                     "address-space reservation failed)",
+                     api);
+    }
+    *ptr = arena->allocate(size);
+    if (*ptr == nullptr) {
+      SPYRECCL_THROW(spyrecclSystemError,
+                     "%s: cannot allocate %zu bytes: the memory arena (%zu bytes, %zu in use) is "
+                     "exhausted",
+                     api, size, arena->size(), arena->bytesInUse());
+    }
+  });
+}
+
+spyrecclResult_t spyrecclMemFree(void* ptr) {
+  const char* api = "spyrecclMemFree";
+  return guarded(nullptr, api, [&](bool&) {
+    if (ptr == nullptr) return;
+    spyreccl::memory::Arena* arena = spyreccl::memory::Arena::existing();
+    SPYRECCL_CHECK_ARG(arena != nullptr && arena->release(ptr), api,
+                       "argument 'ptr' = %p is not a block returned by spyrecclMemAlloc (or it "
+                       "was freed already)",
+                       ptr);
   });
 }
 

@@ -1,15 +1,18 @@
 #include "comm.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstddef>
 #include <cstring>
 
 #include "common/env.h"
 #include "common/log.h"
+#include "memory/arena.h"
 #include "transport/wait.h"
 
 namespace spyreccl {
@@ -74,6 +77,8 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
     c.chunkBytes = envBytes("SPYRECCL_CHUNK_BYTES", c.chunkBytes);
     c.p2pChunkBytes = envBytes("SPYRECCL_P2P_CHUNK_BYTES", c.p2pChunkBytes);
     c.oneshotMaxBytes = envBytes("SPYRECCL_ALLREDUCE_ONESHOT_MAX", c.oneshotMaxBytes);
+    c.direct = envFlag("SPYRECCL_DIRECT", c.direct);
+    c.directMinBytes = envBytes("SPYRECCL_DIRECT_MIN_BYTES", c.directMinBytes);
   }
   if (config != nullptr) {
     SPYRECCL_CHECK_ARG(config->size >= offsetof(spyrecclConfig_t, version) + sizeof(unsigned), op,
@@ -133,6 +138,8 @@ Communicator::Communicator(int rank, int nranks, CommConfig config,
       spin_(nranks <= transport::usableCpus()),
       p2p_(nranks),
       sources_(nranks),
+      pids_(pids),
+      peerArenas_(nranks),
       premul_(kMaxPreMulSum) {
   who_ = format("rank %d/%d", rank, nranks);
   if (!config_.name.empty()) who_ += " '" + config_.name + "'";
@@ -154,6 +161,7 @@ Communicator::Communicator(int rank, int nranks, CommConfig config,
 }
 
 Communicator::~Communicator() {
+  unmapPeerArenas();
   uint32_t expected = transport::kStatusActive;
   control(rank_)->status.compare_exchange_strong(expected, transport::kStatusDeparted,
                                                  std::memory_order_acq_rel);
@@ -211,6 +219,81 @@ void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
     SPYRECCL_THROW(spyrecclMismatch, "%s: rank %d called %s but rank %d called %s%s",
                    opLabel().c_str(), rank_, algorithms::describe(mine).c_str(), p,
                    algorithms::describe(theirs).c_str(), peerSeq.c_str());
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// direct transfers
+// ---------------------------------------------------------------------------------------
+
+bool Communicator::directCapable(size_t bytes, const Descriptor* announce, bool* announced) {
+  if (!config_.direct || nranks_ < 2 || bytes < config_.directMinBytes) return false;
+  if (directState_ == DirectState::kUnknown) {
+    probeDirect(announce);
+    if (announced != nullptr) *announced = true;
+  }
+  return directState_ == DirectState::kOn;
+}
+
+void Communicator::probeDirect(const Descriptor* announce) {
+  // Step 1: everyone publishes its arena's descriptor number and size, or "none" when it
+  // has not allocated from its arena yet. If any rank has none, every rank sees that and
+  // the probe is simply repeated at a later collective (one step each time; processes
+  // that never use spyrecclMemAlloc never get an arena). Otherwise each rank maps every
+  // peer's arena, and step 2 publishes whether that worked: the feature is used only
+  // when every rank mapped every peer, so all ranks take the same path from then on, and
+  // a refused mapping disables it for good.
+  constexpr uint64_t kNone = ~0ull;
+  const memory::Arena* arena = memory::Arena::existing();
+  const uint32_t s = beginStep();
+  control(rank_)->xfer[s & 1][0] = arena ? static_cast<uint64_t>(arena->fd()) : kNone;
+  control(rank_)->xfer[s & 1][1] = arena ? arena->size() : 0;
+  exchange(s, announce);
+  for (int p = 0; p < nranks_; ++p) {
+    if (control(p)->xfer[s & 1][0] == kNone) return;  // still unknown: retried later
+  }
+  int failedPeer = -1, failedErr = 0;
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    const uint64_t fd = control(p)->xfer[s & 1][0];
+    const uint64_t size = control(p)->xfer[s & 1][1];
+    size_t mapped = 0;
+    int err = 0;
+    const uint8_t* base = memory::mapPeerArena(pids_[p], static_cast<int>(fd), &mapped, &err);
+    if (base != nullptr && mapped != size) {
+      ::munmap(const_cast<uint8_t*>(base), mapped);
+      base = nullptr;
+      err = EINVAL;  // another file behind that descriptor (pid namespaces, pid reuse)
+    }
+    if (base != nullptr) {
+      peerArenas_[p] = PeerArena{base, mapped};
+    } else if (failedPeer < 0) {
+      failedPeer = p;
+      failedErr = err;
+    }
+  }
+  const uint32_t s2 = beginStep();
+  control(rank_)->xfer[s2 & 1][0] = failedPeer < 0 ? 1 : 0;
+  exchange(s2);
+  bool all = true;
+  for (int p = 0; p < nranks_; ++p) all = all && control(p)->xfer[s2 & 1][0] == 1;
+  directState_ = all ? DirectState::kOn : DirectState::kOff;
+  if (!all) unmapPeerArenas();
+  if (failedPeer >= 0) {
+    SPYRECCL_LOG(kInfo, who_.c_str(),
+                 "direct transfers disabled: cannot map the memory arena of rank %d "
+                 "(pid %d): %s; large collectives are staged through the segment",
+                 failedPeer, pids_[failedPeer], std::strerror(failedErr));
+  } else if (!all) {
+    SPYRECCL_LOG(kInfo, who_.c_str(),
+                 "direct transfers disabled: a peer cannot map this rank's memory arena");
+  }
+}
+
+void Communicator::unmapPeerArenas() {
+  for (PeerArena& a : peerArenas_) {
+    if (a.base != nullptr) ::munmap(const_cast<uint8_t*>(a.base), a.bytes);
+    a = PeerArena{};
   }
 }
 

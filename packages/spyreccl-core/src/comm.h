@@ -32,6 +32,10 @@ struct CommConfig {
   size_t chunkBytes = 1 << 20;
   size_t p2pChunkBytes = 256 << 10;
   size_t oneshotMaxBytes = 64 << 10;
+  // Direct transfers (algorithms/direct.h) between buffers in the ranks' memory arenas, for
+  // collectives moving at least directMinBytes per rank.
+  bool direct = true;
+  size_t directMinBytes = 256 << 10;
   std::string name;
 };
 
@@ -132,6 +136,18 @@ class Communicator {
   // nranks pointers of scratch for kernels::reduce source lists (no allocation per call).
   const void** sourceScratch() { return sources_.data(); }
 
+  // ---- direct transfers (memory/arena.h, algorithms/direct.h) -----------------------------
+  // Whether the current collective, moving `bytes` per rank, may read peers' arena buffers
+  // directly. Collective: every rank calls it at the same point with the same bytes. Until
+  // every rank has an arena, each call at or above the threshold spends one protocol step
+  // finding that out; then the ranks map each other's arenas and agree on the outcome in
+  // one more step (the first step publishes `announce`, and *announced is set). The
+  // agreed answer is kept for the communicator's life.
+  bool directCapable(size_t bytes, const transport::Descriptor* announce, bool* announced);
+  // Start of `peer`'s arena as mapped (read-only) into this process; valid once
+  // directCapable() returned true.
+  const uint8_t* peerArena(int peer) const { return peerArenas_[peer].base; }
+
  private:
   struct FlightRecord {
     transport::Descriptor d{};
@@ -151,6 +167,8 @@ class Communicator {
   [[noreturn]] void throwPeerFailure(int peer, const std::string& waitingFor) const;
   [[noreturn]] void throwTimeout(int64_t waitedNs, const std::string& waitingFor) const;
   void verifyDescriptors(uint32_t s, const transport::Descriptor& mine) const;
+  void probeDirect(const transport::Descriptor* announce);
+  void unmapPeerArenas();
 
   const int rank_;
   const int nranks_;
@@ -168,6 +186,14 @@ class Communicator {
   std::string customLabel_;
   std::vector<PeerP2P> p2p_;
   std::vector<const void*> sources_;
+  std::vector<pid_t> pids_;
+  enum class DirectState : uint8_t { kUnknown, kOn, kOff };
+  DirectState directState_ = DirectState::kUnknown;
+  struct PeerArena {
+    const uint8_t* base = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<PeerArena> peerArenas_;
 
   std::atomic<bool> abortRequested_{false};
   std::atomic<int> failCode_{spyrecclSuccess};

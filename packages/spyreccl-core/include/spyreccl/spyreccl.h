@@ -7,9 +7,17 @@
  * symbols without touching the layers above (the torch c10d backend only speaks this API).
  *
  * General rules (they hold for every function below unless its comment says otherwise):
- *  - Every function returns a spyrecclResult_t; no C++ exception ever crosses this
- *    boundary. On failure, spyrecclGetLastError(comm) returns a human readable message
- *    that names the operation, the offending argument and what was expected.
+ *  - Every function returns a spyrecclResult_t (except the few that return a string);
+ *    no C++ exception ever crosses this boundary. On failure, a human readable message
+ *    that names the operation, the offending argument and what was expected is recorded
+ *    and returned by spyrecclGetLastError:
+ *      - on the communicator, for every function that takes one and got a non-NULL
+ *        comm (collectives, point-to-point, and also the queries and setters such as
+ *        spyrecclCommCount, spyrecclCommSetTimeout, spyrecclCommDumpState);
+ *      - in the calling thread's slot, read with spyrecclGetLastError(NULL), for the
+ *        functions without a communicator (spyrecclGetVersion, spyrecclGetUniqueId,
+ *        spyrecclCommInitRank, spyrecclGroupEnd, ...) and for any call given comm == NULL.
+ *    A group's failure (spyrecclGroupEnd) is recorded in both places.
  *  - Buffers are host memory, addressed as (pointer, element count, data type). Counts are
  *    in elements, never bytes. A count of 0 is valid for every operation (it still
  *    synchronises the ranks and checks that all of them called the same collective).
@@ -23,10 +31,33 @@
  *  - Every wait is bounded: by the communicator's timeout (spyrecclTimeout), by
  *    spyrecclCommAbort (spyrecclAborted) and by the death or abort of a peer
  *    (spyrecclRemoteError, reported within a fraction of a second of the death).
+ *  - A peer's failure is blamed only for data the peer did not deliver. Collectives run
+ *    as a sequence of synchronisation steps; in each step every rank publishes its part
+ *    and then waits for the parts of the others. A peer that published its part of a step
+ *    and then failed (aborted, timed out, died or destroyed its communicator) has still
+ *    delivered that step. Hence a rank that arrives late to a collective whose peers had
+ *    already posted their data and then failed:
+ *      - completes that collective, successfully and with correct results, if every step
+ *        it needs was published before the peers failed (today: every collective that
+ *        fits in one step, such as a barrier, or an allreduce/reduce of at most
+ *        SPYRECCL_ALLREDUCE_ONESHOT_MAX bytes, capped at the chunk size);
+ *      - otherwise fails it with spyrecclRemoteError at the first step a failed peer
+ *        never published; it never gets success with incomplete or stale data;
+ *      - either way, fails its next operation that needs a failed peer with
+ *        spyrecclRemoteError promptly (within a fraction of a second), not after the
+ *        timeout.
+ *    Likewise a receive completes if the sender had posted the whole message before it
+ *    failed.
  *  - Thread-safety: a communicator may be used by one thread at a time for
- *    communication. Different communicators may be used concurrently from different
- *    threads. spyrecclCommAbort, spyrecclGetErrorString, spyrecclGetVersion and the
- *    query functions are safe to call from any thread at any time.
+ *    communication (collectives, point-to-point, split, destroy). Different communicators
+ *    may be used concurrently from different threads. spyrecclGetVersion,
+ *    spyrecclGetErrorString, spyrecclGetDataTypeName, spyrecclGetDataTypeSize,
+ *    spyrecclGetUniqueId,
+ *    spyrecclCommAbort and the queries and setters (spyrecclCommCount,
+ *    spyrecclCommUserRank, spyrecclCommSetTimeout, spyrecclCommGetAsyncError,
+ *    spyrecclCommDumpState, spyrecclRedOpCreatePreMulSum, spyrecclRedOpDestroy) are safe
+ *    to call from any thread at any time, also while another thread communicates on the
+ *    same communicator. Each function's comment states its own rule.
  */
 #ifndef SPYRECCL_SPYRECCL_H_
 #define SPYRECCL_SPYRECCL_H_
@@ -174,23 +205,47 @@ typedef struct spyrecclComm* spyrecclComm_t;
 
 /*
  * spyrecclGetVersion: stores SPYRECCL_VERSION_CODE of the loaded library in *version.
- * Thread-safe. Returns spyrecclInvalidArgument if version is NULL.
+ * Thread-safe. Errors: spyrecclInvalidArgument if version is NULL (message on the calling
+ * thread).
  */
 SPYRECCL_API spyrecclResult_t spyrecclGetVersion(int* version);
 
 /*
  * spyrecclGetErrorString: a static, never-NULL description of a result code
- * ("spyrecclTimeout: a wait exceeded the communicator timeout"). Thread-safe.
+ * ("spyrecclTimeout: a wait exceeded the communicator timeout"); a value that is not a
+ * spyrecclResult_t gives "unknown spyrecclResult_t value". Thread-safe; cannot fail.
  */
 SPYRECCL_API const char* spyrecclGetErrorString(spyrecclResult_t result);
 
 /*
  * spyrecclGetLastError: the detailed message of the last failed call on `comm`, or, when
- * comm is NULL, of the last failed call on the calling thread that had no communicator
- * (spyrecclCommInitRank, spyrecclGetUniqueId, ...). Empty string when there was none.
- * The pointer stays valid until the next call on the same communicator (or thread).
+ * comm is NULL, of the last failed call of the calling thread that had no communicator
+ * (see the general rules above for which calls record where). Never NULL; the empty
+ * string when there was no failure. A success does not clear it.
+ * Thread-safety: safe from any thread. The returned pointer stays valid until the next
+ * failing call on the same communicator (from any thread) or, for comm == NULL, the next
+ * failing call without a communicator on the same thread, and until spyrecclCommDestroy:
+ * copy the message before another thread may fail a call on the same communicator.
+ * Cannot fail.
  */
 SPYRECCL_API const char* spyrecclGetLastError(spyrecclComm_t comm);
+
+/*
+ * spyrecclGetDataTypeName: the name of `datatype`, spelled like the corresponding torch
+ * dtype without its "torch." prefix: "int8", "uint8", "int16", "int32", "uint32",
+ * "int64", "uint64", "float16", "float32", "float64", "bfloat16", "float8_e4m3fn",
+ * "float8_e5m2", "bool". These are also the spellings used in every error message and
+ * state dump of the library. Returns NULL for a value outside [0, spyrecclNumTypes), so
+ * callers can tell an invalid value from a name (do not pass the result to printf's %s
+ * unchecked). The string is static. Thread-safe; records no error.
+ */
+SPYRECCL_API const char* spyrecclGetDataTypeName(spyrecclDataType_t datatype);
+
+/*
+ * spyrecclGetDataTypeSize: bytes per element of `datatype` (1, 2, 4 or 8), or 0 for a
+ * value outside [0, spyrecclNumTypes). Thread-safe; records no error.
+ */
+SPYRECCL_API size_t spyrecclGetDataTypeSize(spyrecclDataType_t datatype);
 
 /* ------------------------------------------------------------------------------------ */
 /* Communicator lifecycle                                                                */
@@ -199,7 +254,8 @@ SPYRECCL_API const char* spyrecclGetLastError(spyrecclComm_t comm);
 /*
  * spyrecclGetUniqueId: fills *uniqueId with a fresh id (random nonce from the kernel's
  * CSPRNG, hostname, format version). Called once, by rank 0, per communicator.
- * Thread-safe.
+ * Thread-safe. Errors (message on the calling thread): spyrecclInvalidArgument if uniqueId
+ * is NULL; spyrecclSystemError if getrandom or gethostname fails.
  */
 SPYRECCL_API spyrecclResult_t spyrecclGetUniqueId(spyrecclUniqueId* uniqueId);
 
@@ -213,6 +269,11 @@ SPYRECCL_API spyrecclResult_t spyrecclGetUniqueId(spyrecclUniqueId* uniqueId);
  * rank on a different host than rank 0 fails with spyrecclUnsupported. `config` may be
  * NULL for the defaults. On failure *comm is set to NULL.
  * Thread-safety: may be called concurrently from different threads for different ids.
+ * Errors (message on the calling thread): spyrecclInvalidArgument (comm NULL, nranks
+ * outside [1, 4096], rank outside [0, nranks), malformed config), spyrecclInvalidUsage
+ * (not a unique id, id already used, rank joined twice, nranks or chunk sizes that differ
+ * from rank 0's), spyrecclUnsupported (another host), spyrecclTimeout (ranks missing
+ * after config->timeoutMs, named in the message), spyrecclSystemError (shm/mmap failure).
  */
 SPYRECCL_API spyrecclResult_t spyrecclCommInitRank(spyrecclComm_t* comm, int nranks,
                                                    spyrecclUniqueId id, int rank,
@@ -221,8 +282,14 @@ SPYRECCL_API spyrecclResult_t spyrecclCommInitRank(spyrecclComm_t* comm, int nra
 /*
  * spyrecclCommSplit: collective over every rank of `comm`. Ranks passing the same
  * `color` form a new communicator, ordered by (`key`, old rank). A rank passing
- * SPYRECCL_SPLIT_NOCOLOR gets *newcomm = NULL. `config` NULL inherits comm's settings.
- * Like any collective it must be called by all ranks of `comm` in the same order.
+ * SPYRECCL_SPLIT_NOCOLOR gets *newcomm = NULL. `config` NULL inherits comm's settings
+ * (timeout, chunk sizes, name). Like any collective it must be called by all ranks of
+ * `comm` in the same order, by one thread at a time per communicator.
+ * Errors (message on comm): spyrecclInvalidArgument (comm or newcomm NULL, color < 0 other
+ * than SPYRECCL_SPLIT_NOCOLOR, malformed config; nothing communicated), spyrecclInvalidUsage
+ * (inside a group, or comm already failed), and any error of a collective (the parent is
+ * then failed). A failure while creating the child after the exchange sets *newcomm = NULL
+ * and leaves the parent usable.
  */
 SPYRECCL_API spyrecclResult_t spyrecclCommSplit(spyrecclComm_t comm, int color, int key,
                                                 spyrecclComm_t* newcomm,
@@ -233,7 +300,8 @@ SPYRECCL_API spyrecclResult_t spyrecclCommSplit(spyrecclComm_t comm, int color, 
  * mappings, descriptors, memory. Peers that later wait for this rank get
  * spyrecclRemoteError ("rank r left the communicator"). Must not race with another
  * thread still using `comm`: call spyrecclCommAbort first to unblock it, then join it.
- * Destroying NULL is a no-op returning spyrecclSuccess.
+ * Operations on `comm` queued in the calling thread's open group are dropped.
+ * Destroying NULL is a no-op. Always returns spyrecclSuccess.
  */
 SPYRECCL_API spyrecclResult_t spyrecclCommDestroy(spyrecclComm_t comm);
 
@@ -242,24 +310,37 @@ SPYRECCL_API spyrecclResult_t spyrecclCommDestroy(spyrecclComm_t comm);
  * any thread (also while another thread is blocked inside a collective on `comm`, which
  * then returns spyrecclAborted) and from a signal-free context only. Peers blocked on
  * this rank get spyrecclRemoteError. Does not free memory: call spyrecclCommDestroy once
- * no thread uses the communicator any more. Idempotent.
+ * no thread uses the communicator any more. Idempotent. A peer's collective that already
+ * received everything it needs from this rank may still complete (see the general rules).
+ * Errors: spyrecclInvalidArgument if comm is NULL (message on the calling thread).
  */
 SPYRECCL_API spyrecclResult_t spyrecclCommAbort(spyrecclComm_t comm);
 
-/* spyrecclCommCount / spyrecclCommUserRank: size and rank of `comm`. Thread-safe. */
+/*
+ * spyrecclCommCount / spyrecclCommUserRank: store the size / this process's rank of `comm`
+ * in *count / *rank. Thread-safe (also while another thread communicates on comm); they
+ * work on a failed or aborted communicator too. Errors: spyrecclInvalidArgument if comm
+ * is NULL (message on the calling thread) or if the output pointer is NULL (message on
+ * comm, which stays usable).
+ */
 SPYRECCL_API spyrecclResult_t spyrecclCommCount(const spyrecclComm_t comm, int* count);
 SPYRECCL_API spyrecclResult_t spyrecclCommUserRank(const spyrecclComm_t comm, int* rank);
 
 /*
  * spyrecclCommSetTimeout: changes the bound on every subsequent wait (ms, > 0).
- * Thread-safe; a wait already in progress keeps its deadline.
+ * Thread-safe; a wait already in progress keeps its deadline. Errors:
+ * spyrecclInvalidArgument if comm is NULL (message on the calling thread) or
+ * timeoutMs <= 0 (message on comm; the timeout is unchanged).
  */
 SPYRECCL_API spyrecclResult_t spyrecclCommSetTimeout(spyrecclComm_t comm, int64_t timeoutMs);
 
 /*
- * spyrecclCommGetAsyncError: spyrecclSuccess while `comm` is healthy, otherwise the
- * error that broke it (a peer death is noticed here only once a wait observes it).
- * Thread-safe.
+ * spyrecclCommGetAsyncError: stores in *asyncError spyrecclSuccess while `comm` is
+ * healthy, otherwise the code of the error that broke it (spyrecclAborted after
+ * spyrecclCommAbort); a peer death is noticed here only once a wait observes it.
+ * Invalid arguments of earlier calls never break a communicator. Thread-safe. Errors:
+ * spyrecclInvalidArgument if comm is NULL (message on the calling thread) or asyncError is
+ * NULL (message on comm).
  */
 SPYRECCL_API spyrecclResult_t spyrecclCommGetAsyncError(spyrecclComm_t comm,
                                                         spyrecclResult_t* asyncError);
@@ -270,7 +351,10 @@ SPYRECCL_API spyrecclResult_t spyrecclCommGetAsyncError(spyrecclComm_t comm,
  * every peer last announced) into buf[0..len). In the spirit of NCCL's flight recorder;
  * the same text is appended to timeout/peer-failure messages and written to
  * $SPYRECCL_DUMP_DIR/spyreccl-<name>-rank<r>.txt on such failures when that variable is
- * set. Thread-safe. Truncates silently when len is too small.
+ * set. Thread-safe (also while another thread is blocked in a collective on comm: that is
+ * what it is for). Truncates silently when len is too small. Errors:
+ * spyrecclInvalidArgument if comm is NULL (message on the calling thread) or buf is NULL
+ * or len is 0 (message on comm).
  */
 SPYRECCL_API spyrecclResult_t spyrecclCommDumpState(spyrecclComm_t comm, char* buf, size_t len);
 
@@ -278,17 +362,40 @@ SPYRECCL_API spyrecclResult_t spyrecclCommDumpState(spyrecclComm_t comm, char* b
  * spyrecclRedOpCreatePreMulSum: creates a reduction handle that computes
  * sum_r(scalar * x_r) (the scalar is applied in the accumulation type: float32 for
  * 16/8-bit floats, the type itself otherwise; integer types are rejected). Local call;
- * the handle is valid on `comm` only and every rank must create its handles in the same
- * order. At most 1024 live handles per communicator.
+ * the handle is valid on `comm` only, with `datatype` only, and every rank must create its
+ * handles in the same order. At most 1024 live handles per communicator.
+ * Thread-safe (the handle table has its own lock). Errors (message on comm, which stays
+ * usable; on the calling thread if comm is NULL): spyrecclInvalidArgument (comm or op
+ * NULL, invalid or non-floating datatype), spyrecclInvalidUsage (1024 handles are live).
  */
 SPYRECCL_API spyrecclResult_t spyrecclRedOpCreatePreMulSum(spyrecclRedOp_t* op, double scalar,
                                                            spyrecclDataType_t datatype,
                                                            spyrecclComm_t comm);
+/*
+ * spyrecclRedOpDestroy: releases a handle of spyrecclRedOpCreatePreMulSum; later use of
+ * the value is spyrecclInvalidArgument (until a new handle reuses it). Local call.
+ * Thread-safe; a collective that already started with `op` is not affected.
+ * Errors: spyrecclInvalidArgument if comm is NULL (message on the calling thread) or op is
+ * a built-in op or not a live handle of comm (message on comm).
+ */
 SPYRECCL_API spyrecclResult_t spyrecclRedOpDestroy(spyrecclRedOp_t op, spyrecclComm_t comm);
 
 /* ------------------------------------------------------------------------------------ */
 /* Collectives (blocking; see the general rules at the top)                              */
 /* ------------------------------------------------------------------------------------ */
+/*
+ * Common to every collective below:
+ *  - Thread-safety: one thread at a time per communicator (see the general rules).
+ *  - Errors, all with the message on comm (on the calling thread if comm is NULL):
+ *    spyrecclInvalidArgument, before anything is communicated (comm stays usable), for
+ *    comm NULL, an invalid datatype, an invalid op or handle, or an op the datatype does
+ *    not support (band on float32, avg on bool, a handle created for another datatype),
+ *    a root out of range, a NULL buffer that must carry data, counts whose byte size
+ *    overflows, buffers that overlap without being exactly the in-place layout;
+ *    spyrecclInvalidUsage inside spyrecclGroupStart/End (comm stays usable) or on a failed
+ *    communicator; spyrecclMismatch, spyrecclTimeout, spyrecclRemoteError,
+ *    spyrecclAborted, spyrecclSystemError during communication (comm is then failed).
+ */
 
 /*
  * spyrecclAllReduce: recvbuff[i] = op over ranks of sendbuff[i], i < count, on every rank.
@@ -363,8 +470,14 @@ SPYRECCL_API spyrecclResult_t spyrecclBarrier(spyrecclComm_t comm);
  * still transferring). Any size; large messages are pipelined through a bounded staging
  * area, so a blocking send of a large message returns only once the receiver has
  * consumed most of it. To post sends and receives that must progress together (e.g. a
- * ring exchange) wrap them in spyrecclGroupStart/End. Peer == own rank is
- * spyrecclInvalidArgument.
+ * ring exchange) wrap them in spyrecclGroupStart/End.
+ * Thread-safety: one thread at a time per communicator; inside a group the operation is
+ * queued on the calling thread's group.
+ * Errors (message on comm): spyrecclInvalidArgument (comm NULL, invalid datatype, peer out
+ * of range or == own rank, NULL buffer with count > 0; comm stays usable),
+ * spyrecclInvalidUsage (comm already failed), and the communication errors of the
+ * collectives (spyrecclMismatch, spyrecclTimeout, spyrecclRemoteError, spyrecclAborted).
+ * Inside a group only the argument errors are reported here; the rest by GroupEnd.
  */
 SPYRECCL_API spyrecclResult_t spyrecclSend(const void* sendbuff, size_t count,
                                            spyrecclDataType_t datatype, int peer, int tag,
@@ -375,8 +488,10 @@ SPYRECCL_API spyrecclResult_t spyrecclRecv(void* recvbuff, size_t count,
 
 /*
  * spyrecclRecvAnySource: receives the next message with tag `tag` from whichever rank
- * sends first (lowest rank wins a tie); *source receives that rank. Not allowed inside a
- * group.
+ * sends first (lowest rank wins a tie); *source receives that rank. Thread-safety: one
+ * thread at a time per communicator. Errors (message on comm): as spyrecclRecv, plus
+ * spyrecclInvalidArgument for source NULL or a single-rank communicator, and
+ * spyrecclInvalidUsage inside a group (comm stays usable).
  */
 SPYRECCL_API spyrecclResult_t spyrecclRecvAnySource(void* recvbuff, size_t count,
                                                     spyrecclDataType_t datatype, int tag,
@@ -389,9 +504,42 @@ SPYRECCL_API spyrecclResult_t spyrecclRecvAnySource(void* recvbuff, size_t count
  * remaining operations are then abandoned and their communicators marked failed).
  * Groups nest (only the outermost End executes). Collectives are not allowed inside a
  * group (spyrecclInvalidUsage). Per-thread state: thread-safe.
+ * Errors: spyrecclGroupStart cannot fail. spyrecclGroupEnd: spyrecclInvalidUsage without
+ * a matching spyrecclGroupStart on this thread or when a queued operation's communicator
+ * already failed, and the communication errors of its operations. Its message is
+ * recorded on the calling thread (spyrecclGetLastError(NULL)) and, for an error during
+ * communication, also on every communicator the group marked failed.
  */
 SPYRECCL_API spyrecclResult_t spyrecclGroupStart(void);
 SPYRECCL_API spyrecclResult_t spyrecclGroupEnd(void);
+
+/*
+ * spyrecclMemAlloc / spyrecclMemFree: memory that the ranks of a node can read from each
+ * other directly (NCCL's ncclMemAlloc, for host memory).
+ *
+ * Collectives whose buffers come from here move every byte between processes once: each
+ * rank reads the peers' data in place instead of staging it through the communicator's
+ * shared segment (a copy in, a copy out). Collectives on any other memory work exactly the
+ * same, only staged; a collective takes the direct path when every buffer it reads from a
+ * peer is in that peer's arena and the message is at least SPYRECCL_DIRECT_MIN_BYTES
+ * (default 256 KiB; SPYRECCL_DIRECT=0 disables the path).
+ *
+ * The memory lives in a per-process arena: one sparse memfd (pages exist once touched)
+ * reserved at the physical memory size, which peers map read-only on the first large
+ * collective of a communicator — this needs the same permission as ptrace-reading the
+ * peer (same user; relaxed Yama/seccomp policies); without it every collective is staged.
+ * Blocks are page aligned (4096 bytes). After fork() the child owns a private copy of
+ * every live block at the same addresses.
+ *
+ * spyrecclMemAlloc: *ptr receives a block of at least `size` bytes (size 0 gives a valid
+ * one-page block). Errors: spyrecclInvalidArgument (ptr NULL), spyrecclSystemError (the
+ * arena cannot be created: no memfd support, or the reservation was refused; or it is
+ * exhausted). spyrecclMemFree: releases a block from spyrecclMemAlloc (ptr NULL is a
+ * no-op); spyrecclInvalidArgument when ptr is not the start of a live block. Messages go
+ * to the calling thread's last error. Thread-safe.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclMemAlloc(void** ptr, size_t size);
+SPYRECCL_API spyrecclResult_t spyrecclMemFree(void* ptr);
 
 #ifdef __cplusplus
 } /* extern "C" */

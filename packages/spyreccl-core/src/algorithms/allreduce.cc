@@ -14,9 +14,14 @@
 //                      our slot of the *next* step's buffer, then copy it to the output
 // so each input byte is copied once, each segment is reduced exactly once (by its owner:
 // results are bitwise identical everywhere) and each output byte is written once.
+//
+// Large messages whose buffers live in the ranks' memory arenas skip the staging buffers
+// altogether (algorithms/direct.h): rank p reduces segment p straight from every peer's
+// input, then copies the other reduced segments from their owners' outputs.
 #include <cstring>
 
 #include "algorithms/collectives.h"
+#include "algorithms/direct.h"
 #include "algorithms/op_scope.h"
 
 namespace spyreccl::algorithms {
@@ -104,6 +109,15 @@ void reduceImpl(Communicator& c, Kind kind, const void* sendbuff, void* recvbuff
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
   const size_t oneShotMax = std::min(c.config().oneshotMaxBytes, c.layout().chunkBytes());
+  std::optional<DirectTransfer> x;
+  if (beginDirect(c, scope, count * esize, x, send, count * esize, recv,
+                  writes ? count * esize : 0) &&
+      // allreduce reads every peer's input and output; reduce the non-roots' inputs.
+      (root < 0 ? x->allHave(0) && x->allHave(1) : x->allHave(0, root))) {
+    directReduce(c, *x, spec, send, recv, count, esize, root);
+    scope.succeed();
+    return;
+  }
   if (count * esize <= oneShotMax) {
     oneShot(c, scope, send, recv, count, esize, spec, writes);
   } else {

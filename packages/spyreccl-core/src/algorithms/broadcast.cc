@@ -1,9 +1,12 @@
 // broadcast and scatter: the root streams its data through its staging buffers, one chunk
 // per step; the other ranks copy their part out after each step's wait. Double buffering
 // lets the root fill chunk j + 1 while the others still copy chunk j.
+// When the root's buffer is in its memory arena (algorithms/direct.h) the others copy
+// straight from it instead.
 #include <cstring>
 
 #include "algorithms/collectives.h"
+#include "algorithms/direct.h"
 #include "algorithms/op_scope.h"
 
 namespace spyreccl::algorithms {
@@ -17,6 +20,14 @@ void broadcast(Communicator& c, const void* sendbuff, void* recvbuff, size_t cou
   const size_t nsteps = std::max<size_t>(1, ceilDiv(bytes, chunk));
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
+  std::optional<DirectTransfer> x;
+  if (beginDirect(c, scope, bytes, x, r == root ? send : nullptr, bytes) && x->has(root, 0)) {
+    if (r != root) std::memcpy(recv, x->peer(root, 0), bytes);
+    if (r == root && send != recv) std::memcpy(recv, send, bytes);
+    x->close();
+    scope.succeed();
+    return;
+  }
   for (size_t j = 0; j < nsteps; ++j) {
     const uint32_t s = c.beginStep();
     const size_t off = j * chunk;
@@ -41,6 +52,17 @@ void scatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t recvc
   const size_t nsteps = std::max<size_t>(1, ceilDiv(blockBytes, slot));
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
+  std::optional<DirectTransfer> x;
+  if (beginDirect(c, scope, blockBytes * n, x, r == root ? send : nullptr, blockBytes * n) &&
+      x->has(root, 0)) {
+    if (r != root) std::memcpy(recv, x->peer(root, 0) + r * blockBytes, blockBytes);
+    if (r == root && recv != send + root * blockBytes) {
+      std::memcpy(recv, send + root * blockBytes, blockBytes);
+    }
+    x->close();
+    scope.succeed();
+    return;
+  }
   for (size_t j = 0; j < nsteps; ++j) {
     const uint32_t s = c.beginStep();
     const size_t off = j * slot;

@@ -1,9 +1,11 @@
 // reduce_scatter: in each step every rank posts, for every rank p, the next slice of the
 // block p will own; each rank then reduces its slice over all ranks (rank order) straight
-// into its output. One copy in, one reduction, no copy out.
+// into its output. One copy in, one reduction, no copy out. When the inputs are in the
+// ranks' memory arenas (algorithms/direct.h) each rank reduces its block straight from them.
 #include <cstring>
 
 #include "algorithms/collectives.h"
+#include "algorithms/direct.h"
 #include "algorithms/op_scope.h"
 
 namespace spyreccl::algorithms {
@@ -21,6 +23,14 @@ void reduceScatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t
   const size_t nsteps = std::max<size_t>(1, ceilDiv(recvcount, slotElems));
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
+  std::optional<DirectTransfer> x;
+  if (beginDirect(c, scope, blockBytes * n, x, send, blockBytes * n) && x->allHave(0)) {
+    // In place, our output is our own block r of the input: peers read only other blocks.
+    reduceFromPeers(c, *x, spec, recv, send, 0, r * recvcount, recvcount, esize);
+    x->close();
+    scope.succeed();
+    return;
+  }
   // In place, our own block is the output; kernels::reduce lets dst alias srcs[0] only, so
   // ranks other than 0 stage their own slice too and reduce from the copy.
   const bool stageOwn = recv == send + r * blockBytes && r != 0;

@@ -1,5 +1,6 @@
 #include "common/env.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
@@ -53,6 +54,19 @@ size_t envBytes(const char* name, size_t fallback) {
                    name, s);
   }
   return static_cast<size_t>(n * scale);
+}
+
+bool envFlag(const char* name, bool fallback) {
+  auto value = envString(name);
+  if (!value) return fallback;
+  std::string v;
+  for (char ch : *value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (v == "1" || v == "on" || v == "true" || v == "yes") return true;
+  if (v == "0" || v == "off" || v == "false" || v == "no") return false;
+  SPYRECCL_THROW(spyrecclInvalidUsage,
+                 "environment variable %s='%s' is not a switch (expected 1/0, on/off, "
+                 "true/false or yes/no)",
+                 name, value->c_str());
 }
 
 }  // namespace spyreccl

@@ -3,6 +3,8 @@
 //   SPYRECCL_CHUNK_BYTES           collective staging bytes per rank per slot (default 1 MiB)
 //   SPYRECCL_P2P_CHUNK_BYTES       send/recv staging bytes per pair per slot (default 256 KiB)
 //   SPYRECCL_ALLREDUCE_ONESHOT_MAX largest allreduce (bytes) using the one-shot algorithm
+//   SPYRECCL_DIRECT                0 disables direct transfers between memory arenas
+//   SPYRECCL_DIRECT_MIN_BYTES      smallest collective (bytes per rank) using them (256 KiB)
 //   SPYRECCL_DUMP_DIR              directory receiving state dumps on timeouts/peer failures
 #pragma once
 
@@ -19,5 +21,9 @@ std::optional<std::string> envString(const char* name);
 // throws spyrecclInvalidUsage naming the variable (silently ignoring a typo in a tuning
 // knob would make performance investigations miserable).
 size_t envBytes(const char* name, size_t fallback);
+
+// A switch: 1/0, on/off, true/false, yes/no (any case). Unset → `fallback`; anything else
+// throws spyrecclInvalidUsage naming the variable.
+bool envFlag(const char* name, bool fallback);
 
 }  // namespace spyreccl

@@ -5,88 +5,41 @@
 
 namespace spyreccl_py {
 
-size_t dtype_itemsize(spyrecclDataType_t dtype) {
-  switch (dtype) {
-    case spyrecclInt8:
-    case spyrecclUint8:
-    case spyrecclFloat8e4m3:
-    case spyrecclFloat8e5m2:
-    case spyrecclBool:
-      return 1;
-    case spyrecclInt16:
-    case spyrecclFloat16:
-    case spyrecclBfloat16:
-      return 2;
-    case spyrecclInt32:
-    case spyrecclUint32:
-    case spyrecclFloat32:
-      return 4;
-    case spyrecclInt64:
-    case spyrecclUint64:
-    case spyrecclFloat64:
-      return 8;
-    case spyrecclNumTypes:
-      break;
-  }
-  return 0;
-}
+size_t dtype_itemsize(spyrecclDataType_t dtype) { return spyrecclGetDataTypeSize(dtype); }
 
 const char* dtype_name(spyrecclDataType_t dtype) {
-  switch (dtype) {
-    case spyrecclInt8:
-      return "int8";
-    case spyrecclUint8:
-      return "uint8";
-    case spyrecclInt16:
-      return "int16";
-    case spyrecclInt32:
-      return "int32";
-    case spyrecclUint32:
-      return "uint32";
-    case spyrecclInt64:
-      return "int64";
-    case spyrecclUint64:
-      return "uint64";
-    case spyrecclFloat16:
-      return "float16";
-    case spyrecclFloat32:
-      return "float32";
-    case spyrecclFloat64:
-      return "float64";
-    case spyrecclBfloat16:
-      return "bfloat16";
-    case spyrecclFloat8e4m3:
-      return "float8_e4m3";
-    case spyrecclFloat8e5m2:
-      return "float8_e5m2";
-    case spyrecclBool:
-      return "bool";
-    case spyrecclNumTypes:
-      break;
-  }
-  return "<invalid dtype>";
+  // One spelling everywhere: the library's (torch's dtype names), as in its own messages.
+  const char* name = spyrecclGetDataTypeName(dtype);
+  return name != nullptr ? name : "<invalid dtype>";
 }
 
+namespace {
+
+// The Python members of ReduceOp: the single table behind both the enum and
+// reduce_op_name, so the name in a message is always the member's name.
+struct ReduceOpMember {
+  ReduceOp op;
+  const char* name;
+  const char* doc;
+};
+
+constexpr ReduceOpMember kReduceOpMembers[] = {
+    {ReduceOp::kSum, "SUM", nullptr},
+    {ReduceOp::kProd, "PROD", nullptr},
+    {ReduceOp::kMax, "MAX", nullptr},
+    {ReduceOp::kMin, "MIN", nullptr},
+    {ReduceOp::kAvg, "AVG", "floating: sum/size; integers: truncated toward zero"},
+    {ReduceOp::kBand, "BAND", nullptr},
+    {ReduceOp::kBor, "BOR", nullptr},
+    {ReduceOp::kBxor, "BXOR", nullptr},
+    {ReduceOp::kPremulSum, "PREMUL_SUM", "sum over ranks of scalar * x"},
+};
+
+}  // namespace
+
 const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "SUM";
-    case ReduceOp::kProd:
-      return "PROD";
-    case ReduceOp::kMax:
-      return "MAX";
-    case ReduceOp::kMin:
-      return "MIN";
-    case ReduceOp::kAvg:
-      return "AVG";
-    case ReduceOp::kBand:
-      return "BAND";
-    case ReduceOp::kBor:
-      return "BOR";
-    case ReduceOp::kBxor:
-      return "BXOR";
-    case ReduceOp::kPremulSum:
-      return "PREMUL_SUM";
+  for (const ReduceOpMember& member : kReduceOpMembers) {
+    if (member.op == op) return member.name;
   }
   return "<invalid op>";
 }
@@ -110,18 +63,12 @@ void bind_types(py::module_& m) {
       .value("BOOL", spyrecclBool)
       .finalize();
 
-  py::native_enum<ReduceOp>(m, "ReduceOp", "enum.IntEnum",
-                            "Reduction operations; PREMUL_SUM needs `scalar=`.")
-      .value("SUM", ReduceOp::kSum)
-      .value("PROD", ReduceOp::kProd)
-      .value("MAX", ReduceOp::kMax)
-      .value("MIN", ReduceOp::kMin)
-      .value("AVG", ReduceOp::kAvg, "floating: sum/size; integers: truncated toward zero")
-      .value("BAND", ReduceOp::kBand)
-      .value("BOR", ReduceOp::kBor)
-      .value("BXOR", ReduceOp::kBxor)
-      .value("PREMUL_SUM", ReduceOp::kPremulSum, "sum over ranks of scalar * x")
-      .finalize();
+  py::native_enum<ReduceOp> reduce_op(m, "ReduceOp", "enum.IntEnum",
+                                      "Reduction operations; PREMUL_SUM needs `scalar=`.");
+  for (const ReduceOpMember& member : kReduceOpMembers) {
+    reduce_op.value(member.name, member.op, member.doc);
+  }
+  reduce_op.finalize();
 
   py::native_enum<spyrecclResult_t>(m, "Result", "enum.IntEnum",
                                     "Result codes of the C API (spyrecclResult_t).")

@@ -25,10 +25,12 @@ enum class ReduceOp : int {
   kPremulSum = spyrecclNumOps,
 };
 
-// Bytes per element of `dtype` (0 for values outside the enum).
+// Bytes per element of `dtype` (spyrecclGetDataTypeSize: 0 for values outside the enum).
 size_t dtype_itemsize(spyrecclDataType_t dtype);
-// Lower-case name used in error messages ("float32", "bfloat16", ...).
+// The library's name of `dtype` (spyrecclGetDataTypeName: "float32", "bfloat16",
+// "float8_e4m3fn", ...), as used in error messages; "<invalid dtype>" outside the enum.
 const char* dtype_name(spyrecclDataType_t dtype);
+// The Python member name of `op` ("SUM", "PREMUL_SUM", ...).
 const char* reduce_op_name(ReduceOp op);
 
 // Binds DataType, ReduceOp and Result as enum.IntEnum subclasses.

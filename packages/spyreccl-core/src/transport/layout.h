@@ -1,7 +1,8 @@
 // Layout of the shared-memory segment of one communicator.
 //
 //   [SegmentHeader]                       identity + attach bookkeeping + futex sleepers
-//   [RankControl x nranks]                step counter, announced descriptors, status flags
+//   [RankControl x nranks]                step counter, announced descriptors, published
+//                                         arena offsets, status flags
 //   [staging: nranks x 2 x chunkBytes]    collective data, double-buffered by step parity
 //   [mailbox: nranks x nranks pairs]      send/recv: control + 2 slots of p2pChunkBytes
 //
@@ -20,7 +21,7 @@ namespace spyreccl::transport {
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 constexpr uint32_t kSegmentMagic = 0x53505347u;  // "SPSG"
-constexpr uint32_t kSegmentVersion = 1;
+constexpr uint32_t kSegmentVersion = 2;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -61,6 +62,8 @@ enum : uint32_t {
   kStatusDeparted = 3,  // spyrecclCommDestroy was called
 };
 
+constexpr int kXferWords = 4;
+
 struct alignas(kCacheLine) RankControl {
   // Collective progress: the last step this rank published. Own cache line: it is the
   // hottest word of the protocol (polled by every peer).
@@ -70,6 +73,10 @@ struct alignas(kCacheLine) RankControl {
   alignas(kCacheLine) std::atomic<uint32_t> doorbell;
   // Descriptors double-buffered by step parity, like the staging buffers (see design.md).
   alignas(kCacheLine) Descriptor desc[2];
+  // Direct transfers (algorithms/direct.h): arena offsets of this rank's buffers for the
+  // current collective (or a probe value), published with the step like the descriptors
+  // and double-buffered by step parity for the same reason.
+  alignas(kCacheLine) uint64_t xfer[2][kXferWords];
   alignas(kCacheLine) std::atomic<uint32_t> attached;
   std::atomic<uint32_t> status;
   std::atomic<int32_t> failCode;

@@ -12,6 +12,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -473,11 +475,58 @@ class OutputChecker {
 
 // A byte buffer of `count` elements of `t` (always at least one byte, so that its data()
 // is a valid non-NULL pointer even for count 0).
-struct Buffer {
-  Buffer(const TypeInfo& t, size_t count) : bytes(std::max<size_t>(count * t.size, 1)) {}
-  void* data() { return bytes.data(); }
-  char* at(const TypeInfo& t, size_t index) { return bytes.data() + index * t.size; }
-  std::vector<char> bytes;
+// Where Buffers live: ordinary host memory (collectives are staged through the
+// communicator's segment) or spyreccl's memory arena (spyrecclMemAlloc: large collectives
+// read peers' buffers directly). Set per test process before the ranks are forked.
+enum class Memory { kHost, kArena };
+inline Memory& bufferMemory() {
+  static Memory memory = Memory::kHost;
+  return memory;
+}
+
+// At least one byte, so that data() is never NULL (count 0 still passes a valid pointer).
+class Buffer {
+ public:
+  Buffer(const TypeInfo& t, size_t count)
+      : size_(std::max<size_t>(count * t.size, 1)), memory_(bufferMemory()) {
+    if (memory_ == Memory::kArena) {
+      void* p = nullptr;
+      if (spyrecclMemAlloc(&p, size_) != spyrecclSuccess) {
+        std::fprintf(stderr, "spyrecclMemAlloc(%zu) failed: %s\n", size_,
+                     spyrecclGetLastError(nullptr));
+        std::abort();
+      }
+      data_ = static_cast<char*>(p);
+    } else {
+      host_.resize(size_);
+      data_ = host_.data();
+    }
+  }
+  ~Buffer() {
+    if (memory_ == Memory::kArena && data_ != nullptr &&
+        spyrecclMemFree(data_) != spyrecclSuccess) {
+      std::fprintf(stderr, "spyrecclMemFree failed: %s\n", spyrecclGetLastError(nullptr));
+      std::abort();
+    }
+  }
+  // Movable (tests keep vectors of buffers): a moved std::vector keeps its storage.
+  Buffer(Buffer&& o) noexcept
+      : size_(o.size_), memory_(o.memory_), host_(std::move(o.host_)), data_(o.data_) {
+    o.data_ = nullptr;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer& operator=(Buffer&&) = delete;
+
+  void* data() { return data_; }
+  size_t size() const { return size_; }
+  char* at(const TypeInfo& t, size_t index) { return data_ + index * t.size; }
+
+ private:
+  size_t size_;
+  Memory memory_;
+  std::vector<char> host_;
+  char* data_ = nullptr;
 };
 
 }  // namespace spyreccl_test

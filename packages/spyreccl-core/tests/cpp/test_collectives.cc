@@ -9,6 +9,7 @@
 // 16 KiB chunks), which exercises the pipelined paths (0 and 7 at world size 3 only). Large cases
 // run for a subset of the reduce ops (sum and max, plus avg/premul_sum for float32) to keep the
 // suite fast.
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -373,7 +374,7 @@ void allToAllvBody(const TypeInfo& t, RankContext& ctx) {
         const size_t sendTotal = sendDispl(me, n);
         Buffer send(t, sendTotal), recv(t, recvTotal);
         fillAnyBits(t, seed, me, send.data(), sendTotal);
-        std::memset(recv.data(), 0xA5, recv.bytes.size());
+        std::memset(recv.data(), 0xA5, recv.size());
         for (int p = 0; p < n; ++p) {
           for (size_t i = 0; i < recvcounts[size_t(p)]; ++i) {
             storeBits(t, recv.data(), rdispls[size_t(p)] + i,
@@ -417,18 +418,39 @@ using CollectiveBody = void (*)(const TypeInfo&, RankContext&);
       {"alltoall", allToAllBody},
       {"alltoallv", allToAllvBody},
   };
+  // Memory variants: "" host buffers (staged transfers); "/arena" every buffer from
+  // spyrecclMemAlloc with the direct-transfer threshold at 1 byte, so every non-empty case
+  // takes the direct path; "/mixed" arena buffers on even ranks only, so that the ranks
+  // agree to fall back to the staged path after the direct path's first step.
+  enum class Variant { kHost, kArena, kMixed };
+  const std::pair<Variant, const char*> variants[] = {
+      {Variant::kHost, ""}, {Variant::kArena, "/arena"}, {Variant::kMixed, "/mixed"}};
   for (const auto& [name, body] : collectives) {
     for (const TypeInfo& t : allTypes()) {
       for (int ws : kWorldSizes) {
-        const std::string testName = format("coll.%s/%s/ws%d", name, t.name, ws);
-        CollectiveBody fn = body;
-        const TypeInfo* type = &t;
-        registerTest(testName, [=] {
-          RunOptions opts;
-          opts.nranks = ws;
-          opts.label = testName;
-          runRanks(opts, [=](RankContext& ctx) { fn(*type, ctx); });
-        });
+        for (const auto& [variant, suffix] : variants) {
+          // The arena variants run at 2 and 3 ranks; mixed needs an odd rank, and one
+          // data type per collective exercises its fallback.
+          if (variant != Variant::kHost && ws == 4) continue;
+          if (variant == Variant::kMixed && (ws != 3 || t.dtype != spyrecclFloat32)) continue;
+          const std::string testName = format("coll.%s/%s/ws%d%s", name, t.name, ws, suffix);
+          CollectiveBody fn = body;
+          const TypeInfo* type = &t;
+          const Variant v = variant;
+          registerTest(testName, [=] {
+            RunOptions opts;
+            opts.nranks = ws;
+            opts.label = testName;
+            if (v != Variant::kHost) ::setenv("SPYRECCL_DIRECT_MIN_BYTES", "1", 1);
+            runRanks(opts, [=](RankContext& ctx) {
+              const bool arena =
+                  v == Variant::kArena || (v == Variant::kMixed && ctx.rank % 2 == 0);
+              bufferMemory() = arena ? Memory::kArena : Memory::kHost;
+              fn(*type, ctx);
+            });
+            ::unsetenv("SPYRECCL_DIRECT_MIN_BYTES");
+          });
+        }
       }
     }
   }

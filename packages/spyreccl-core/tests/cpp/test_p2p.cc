@@ -119,7 +119,7 @@ void anySourceBody(RankContext& ctx) {
   std::set<int> seen;
   for (int k = 1; k < ctx.nranks; ++k) {
     int source = -1;
-    std::memset(buf.data(), 0xA5, buf.bytes.size());
+    std::memset(buf.data(), 0xA5, buf.size());
     SPY_REQUIRE_OK(spyrecclRecvAnySource(buf.data(), count, t.dtype, 7, &source, ctx.comm),
                    ctx.comm);
     SPY_REQUIRE(source >= 1 && source < ctx.nranks, "source = %d", source);

@@ -10,23 +10,49 @@
 #include <mutex>
 
 #include "device_state.h"
+#include "spyreccl/spyreccl.h"
 
 namespace spyreccl::device {
 namespace {
+
+// Large allocations come from spyreccl's shareable memory arena (spyrecclMemAlloc): the
+// core's collectives then read peers' tensors in place instead of staging every byte
+// through the communicator's shared segment (one copy between processes instead of two).
+// Small ones stay in ordinary host memory: the arena hands out whole pages, and small
+// collectives are staged anyway (below SPYRECCL_DIRECT_MIN_BYTES).
+constexpr std::size_t kArenaMinBytes = 64 << 10;
+
+// SPYRECCL_DEVICE_ARENA=0 keeps every allocation in ordinary host memory (to compare
+// the two transfer paths, or if the arena is unwanted). Read once.
+bool arena_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SPYRECCL_DEVICE_ARENA");
+    return v == nullptr || !(std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0 ||
+                             std::strcmp(v, "false") == 0 || std::strcmp(v, "no") == 0);
+  }();
+  return enabled;
+}
 
 // Live allocations by start address, so that getDeviceFromPtr can answer for
 // interior pointers too. One mutex is enough: emulated-device allocation rates
 // are bounded by the CPU kernels that consume the memory.
 class AllocationRegistry {
  public:
-  void add(const void* ptr, std::size_t nbytes, c10::DeviceIndex device) {
+  void add(const void* ptr, std::size_t nbytes, c10::DeviceIndex device, bool arena) {
     std::lock_guard<std::mutex> lock(mutex_);
-    live_[reinterpret_cast<std::uintptr_t>(ptr)] = Entry{nbytes, device};
+    live_[reinterpret_cast<std::uintptr_t>(ptr)] = Entry{nbytes, device, arena};
   }
 
-  void remove(const void* ptr) {
+  // Forgets `ptr`; returns whether it came from the arena.
+  bool remove(const void* ptr) {
     std::lock_guard<std::mutex> lock(mutex_);
-    live_.erase(reinterpret_cast<std::uintptr_t>(ptr));
+    auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == live_.end()) {
+      return false;
+    }
+    const bool arena = it->second.arena;
+    live_.erase(it);
+    return arena;
   }
 
   void relabel(const void* ptr, c10::DeviceIndex device) {
@@ -55,6 +81,7 @@ class AllocationRegistry {
   struct Entry {
     std::size_t nbytes;
     c10::DeviceIndex device;
+    bool arena;  // from spyrecclMemAlloc (else posix_memalign)
   };
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, Entry> live_;
@@ -66,12 +93,18 @@ AllocationRegistry& registry() {
   return *instance;
 }
 
+// The one deleter of both kinds of memory (c10's raw_deallocate calls raw_deleter()
+// without the DataPtr, so the registry says which kind `ptr` is).
 void release(void* ptr) {
   if (ptr == nullptr) {
     return;
   }
-  registry().remove(ptr);
-  std::free(ptr);
+  if (registry().remove(ptr)) {
+    // Cannot fail for a block the registry knows; a deleter must not throw anyway.
+    (void)spyrecclMemFree(ptr);
+  } else {
+    std::free(ptr);
+  }
 }
 
 class SpyreHostAllocator final : public c10::Allocator {
@@ -117,11 +150,17 @@ c10::DataPtr allocate_on(c10::DeviceIndex index, std::size_t nbytes) {
     return {nullptr, nullptr, &release, device};
   }
   void* ptr = nullptr;
+  if (nbytes >= kArenaMinBytes && arena_enabled() &&
+      spyrecclMemAlloc(&ptr, nbytes) == spyrecclSuccess) {
+    registry().add(ptr, nbytes, index, /*arena=*/true);
+    return {ptr, ptr, &release, device};
+  }
+  // No arena (or it is exhausted): ordinary memory, whose collectives are staged.
   const int rc = posix_memalign(&ptr, kAllocationAlignment, nbytes);
   TORCH_CHECK_WITH(OutOfMemoryError, rc == 0 && ptr != nullptr, "spyre allocator: cannot allocate ",
                    nbytes, " bytes of host memory for ", device, " (posix_memalign returned ", rc,
                    ")");
-  registry().add(ptr, nbytes, index);
+  registry().add(ptr, nbytes, index, /*arena=*/false);
   return {ptr, ptr, &release, device};
 }
 

@@ -1,0 +1,241 @@
+#include "memory/arena.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+namespace spyreccl::memory {
+namespace {
+
+constexpr size_t kGranule = 4096;
+// Freed blocks at least this large give their pages back to the system (like glibc's
+// largest mmap threshold); smaller ones stay resident for reuse, which spares the page
+// faults of re-touching them when the same sizes are allocated again.
+constexpr size_t kPunchBytes = 32 << 20;
+
+size_t reserveBytes() {
+  // Sparse: only touched pages cost memory. A process cannot use more than the machine
+  // has, so reserving the physical memory size never limits a real workload.
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page = sysconf(_SC_PAGESIZE);
+  size_t phys = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page)
+                                      : size_t{16} << 30;
+  return (phys + kGranule - 1) / kGranule * kGranule;
+}
+
+int memfdCreate(const char* name) {
+#ifdef SYS_memfd_create
+  return static_cast<int>(::syscall(SYS_memfd_create, name, MFD_CLOEXEC));
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+}  // namespace
+
+struct Arena::Impl {
+  std::mutex mu;
+  std::map<size_t, size_t> freeByOffset;       // offset -> length
+  std::multimap<size_t, size_t> freeByLength;  // length -> offset (best fit)
+  std::unordered_map<size_t, size_t> live;     // offset -> length
+  size_t inUse = 0;
+
+  void addFree(size_t off, size_t len) {
+    freeByOffset.emplace(off, len);
+    freeByLength.emplace(len, off);
+  }
+  void removeFree(std::map<size_t, size_t>::iterator it) {
+    auto range = freeByLength.equal_range(it->second);
+    for (auto j = range.first; j != range.second; ++j) {
+      if (j->second == it->first) {
+        freeByLength.erase(j);
+        break;
+      }
+    }
+    freeByOffset.erase(it);
+  }
+};
+
+Arena* Arena::instance() {
+  static Arena* arena = []() -> Arena* {
+    int fd = memfdCreate("spyreccl-arena");
+    if (fd < 0) return nullptr;
+    const size_t size = reserveBytes();
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      ::close(fd);
+      return nullptr;
+    }
+    // MAP_NORESERVE: the reservation is address space, not a commitment of memory.
+    void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (base == MAP_FAILED) {
+      ::close(fd);
+      return nullptr;
+    }
+    auto* created = new Arena(fd, static_cast<uint8_t*>(base), size);
+    ::pthread_atfork(&Arena::lockForFork, &Arena::unlockAfterFork, &Arena::privatizeInChild);
+    return created;
+  }();
+  existingArena().store(arena, std::memory_order_release);
+  return arena;
+}
+
+std::atomic<Arena*>& Arena::existingArena() {
+  static std::atomic<Arena*> a{nullptr};
+  return a;
+}
+
+Arena* Arena::existing() { return existingArena().load(std::memory_order_acquire); }
+
+Arena::Arena(int fd, uint8_t* base, size_t size)
+    : fd_(fd), base_(base), size_(size), impl_(new Impl) {
+  impl_->addFree(0, size);
+}
+
+void* Arena::allocate(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  if (bytes > size_) return nullptr;
+  const size_t len = (bytes + kGranule - 1) / kGranule * kGranule;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto fit = impl_->freeByLength.lower_bound(len);
+  if (fit == impl_->freeByLength.end()) return nullptr;
+  const size_t off = fit->second;
+  const size_t have = fit->first;
+  impl_->removeFree(impl_->freeByOffset.find(off));
+  if (have > len) impl_->addFree(off + len, have - len);
+  impl_->live.emplace(off, len);
+  impl_->inUse += len;
+  return base_ + off;
+}
+
+bool Arena::release(void* p) {
+  const int64_t at = offsetOf(p, 0);
+  if (at < 0) return false;
+  size_t off = static_cast<size_t>(at);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->live.find(off);
+  if (it == impl_->live.end()) return false;
+  size_t len = it->second;
+  impl_->live.erase(it);
+  impl_->inUse -= len;
+  if (len >= kPunchBytes) {
+    // Best effort: if the kernel refuses, the pages merely stay resident.
+    (void)::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
+                      static_cast<off_t>(len));
+  }
+  // Coalesce with the free neighbours on both sides.
+  auto next = impl_->freeByOffset.lower_bound(off);
+  if (next != impl_->freeByOffset.end() && next->first == off + len) {
+    len += next->second;
+    impl_->removeFree(next);
+  }
+  auto after = impl_->freeByOffset.lower_bound(off);
+  if (after != impl_->freeByOffset.begin()) {
+    auto prev = std::prev(after);
+    if (prev->first + prev->second == off) {
+      off = prev->first;
+      len += prev->second;
+      impl_->removeFree(prev);
+    }
+  }
+  impl_->addFree(off, len);
+  return true;
+}
+
+void Arena::lockForFork() {
+  if (Arena* a = existing()) a->impl_->mu.lock();
+}
+
+void Arena::unlockAfterFork() {
+  if (Arena* a = existing()) a->impl_->mu.unlock();
+}
+
+void Arena::privatizeInChild() {
+  Arena* a = existing();
+  if (a == nullptr) return;
+  // Only this thread exists in the child; the mutex was taken in the prepare handler.
+  Impl& impl = *a->impl_;
+  int fd = memfdCreate("spyreccl-arena");
+  bool ok = fd >= 0 && ::ftruncate(fd, static_cast<off_t>(a->size_)) == 0;
+  void* fresh =
+      ok ? ::mmap(nullptr, a->size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0)
+         : MAP_FAILED;
+  if (fresh == MAP_FAILED) {
+    // Without a private copy the child would write into its parent's memory: refuse to
+    // continue rather than corrupt data silently.
+    static const char msg[] = "spyreccl: cannot give the forked child a private memory arena\n";
+    (void)!::write(2, msg, sizeof(msg) - 1);
+    ::_exit(127);
+  }
+  for (const auto& [off, len] : impl.live) {
+    std::memcpy(static_cast<uint8_t*>(fresh) + off, a->base_ + off, len);
+  }
+  ::munmap(fresh, a->size_);
+  void* at = ::mmap(a->base_, a->size_, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_NORESERVE | MAP_FIXED, fd, 0);
+  if (at == MAP_FAILED) {
+    static const char msg[] = "spyreccl: cannot map the forked child's memory arena\n";
+    (void)!::write(2, msg, sizeof(msg) - 1);
+    ::_exit(127);
+  }
+  ::close(a->fd_);
+  a->fd_ = fd;
+  impl.mu.unlock();
+}
+
+size_t Arena::bytesInUse() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->inUse;
+}
+
+const uint8_t* mapPeerArena(pid_t pid, int fd, size_t* bytes, int* err) {
+  int local = -1;
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd >= 0) {
+    local = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+    *err = errno;
+    ::close(pidfd);
+  } else {
+    *err = errno;
+  }
+#endif
+  if (local < 0) {
+    // Kernels before 5.6 have no pidfd_getfd; /proc gives the same file under the same
+    // ptrace access check.
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", static_cast<int>(pid), fd);
+    local = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (local < 0) {
+      *err = errno;
+      return nullptr;
+    }
+  }
+  struct stat st{};
+  if (::fstat(local, &st) != 0 || st.st_size <= 0) {
+    *err = errno ? errno : EINVAL;
+    ::close(local);
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED | MAP_NORESERVE,
+                   local, 0);
+  *err = errno;
+  ::close(local);
+  if (p == MAP_FAILED) return nullptr;
+  *bytes = static_cast<size_t>(st.st_size);
+  *err = 0;
+  return static_cast<const uint8_t*>(p);
+}
+
+}  // namespace spyreccl::memory

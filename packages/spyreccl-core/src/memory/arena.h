@@ -1,0 +1,80 @@
+// The process's shareable memory arena: host memory that peer ranks can map and read
+// directly, so that collectives on it move every byte between processes once.
+//
+// Why an arena and not per-buffer registration: a staged transfer through the
+// communicator's segment copies each byte twice, and the kernel's cross-memory attach
+// (process_vm_readv) copies page by page at about half of memcpy speed on the machines we
+// measured (docs/performance.md) — no better than two copies. Memory that is *born*
+// shareable avoids both: the arena is one sparse memfd; peers map it once (read-only)
+// and then read any buffer in it with plain loads.
+//
+// Layout: one memfd of kReserveBytes (sparse: pages exist only once touched), mapped at
+// a fixed address for the process's lifetime; a best-fit allocator with coalescing hands
+// out page-aligned blocks; freeing a large block punches the pages out of the file so the
+// memory goes back to the system like free() of an mmap'ed block would.
+//
+// fork(): a child must not share its parent's arena (tensors would silently alias across
+// the two processes, where fork promises a private copy). The child therefore gets a new
+// memfd holding a copy of every live block, mapped at the same address (pthread_atfork),
+// so every pointer it inherited stays valid and private. Processes that fork and exec
+// (or use vfork / posix_spawn, as Python's subprocess does) pay nothing.
+//
+// Thread-safety: every member function may be called from any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace spyreccl::memory {
+
+class Arena {
+ public:
+  // The process-wide arena, created on first use. nullptr when the system refuses a
+  // memfd or the reservation (then callers fall back to ordinary memory).
+  static Arena* instance();
+  // The arena if it has been created already; never creates one.
+  static Arena* existing();
+
+  // A block of at least `bytes` (page aligned), or nullptr when the arena is exhausted.
+  void* allocate(size_t bytes);
+  // Frees a block returned by allocate(). Returns false (and does nothing) when `p` is
+  // not the start of a live block.
+  bool release(void* p);
+
+  // Offset of [p, p + bytes) in the arena, or -1 when the range is not inside it.
+  int64_t offsetOf(const void* p, size_t bytes) const {
+    auto a = reinterpret_cast<uintptr_t>(p);
+    auto b = reinterpret_cast<uintptr_t>(base_);
+    if (a < b || a - b > size_ || bytes > size_ - (a - b)) return -1;
+    return static_cast<int64_t>(a - b);
+  }
+  size_t size() const { return size_; }
+  int fd() const { return fd_; }
+  // Bytes currently handed out (for tests and diagnostics).
+  size_t bytesInUse() const;
+
+ private:
+  Arena(int fd, uint8_t* base, size_t size);
+  ~Arena() = default;  // lives until the process exits: peers may still map it
+  static std::atomic<Arena*>& existingArena();
+
+  struct Impl;
+  static void lockForFork();
+  static void unlockAfterFork();
+  static void privatizeInChild();
+  int fd_;
+  uint8_t* const base_;
+  const size_t size_;
+  Impl* impl_;
+};
+
+// Maps the arena of process `pid` (whose memfd is its descriptor `fd`) read-only into
+// this process. Returns the address, or nullptr with *err set to the errno of the failing
+// step (pidfd_open / pidfd_getfd / open of /proc/<pid>/fd/<fd> / fstat / mmap). The
+// caller owns the mapping (munmap(addr, *bytes)).
+const uint8_t* mapPeerArena(pid_t pid, int fd, size_t* bytes, int* err);
+
+}  // namespace spyreccl::memory
