@@ -27,6 +27,7 @@ from ._core import (
     ReduceOp,
     RemoteError,
     Result,
+    SharedBuffer,
     SpyrecclError,
     SystemError_,
     TimeoutError,
@@ -39,6 +40,7 @@ from ._core import (
     library_version,
 )
 from .launch import LaunchError, launch
+from .memory import empty
 from .rendezvous import init_from_env, init_from_file, init_from_tcp
 
 try:
@@ -60,6 +62,7 @@ __all__ = [
     "ReduceOp",
     "RemoteError",
     "Result",
+    "SharedBuffer",
     "SpyrecclError",
     "SystemError_",
     "TimeoutError",
@@ -67,6 +70,7 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "cmake_dir",
+    "empty",
     "error_string",
     "group",
     "group_end",

@@ -9,6 +9,7 @@
 
 #include "communicator.h"
 #include "errors.h"
+#include "memory.h"
 #include "types.h"
 #include "unique_id.h"
 
@@ -44,4 +45,5 @@ PYBIND11_MODULE(_core, m) {
   spyreccl_py::bind_errors(m);
   spyreccl_py::bind_unique_id(m);
   spyreccl_py::bind_communicator(m);
+  spyreccl_py::bind_memory(m);
 }

@@ -1,51 +1,24 @@
-"""Fixtures of the spyreccl_core binding tests (numpy only, never torch)."""
+"""Fixtures of the spyreccl_core binding tests (numpy only, never torch).
+
+Everything comes from spyreccl-testing's pytest plugin: `rank_pool` (world sizes 2 and 3),
+`seeded` (fresh seed, reported on failure). This file only configures the pools for the whole
+directory: torch-free workers, each task called as fn(comm, *args) with its rank's
+Communicator (core_support.with_communicator), and one pool per world size for the session
+(every module leaves the communicator as it found it; a failing case restarts the pool).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 
-import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))  # dtypes.py, rank_pool.py
+sys.path.insert(0, os.path.dirname(__file__))  # core_support.py, for the tests and the ranks
 
-from rank_pool import RankPool
-
-# Small staging areas so that modest arrays already exercise the chunked pipelines.
-STAGING_BYTES = 16384
+from core_support import with_communicator
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"world{n}")
-def pool(request):
-    """World sizes 2 and 3, started once per test module."""
-    ranks = RankPool(request.param, chunk_bytes=STAGING_BYTES, p2p_chunk_bytes=STAGING_BYTES)
-    yield ranks
-    ranks.close()
-
-
-class Seeded:
-    """A fresh seed per test, drawn from os.urandom and reported when the test fails."""
-
-    def __init__(self) -> None:
-        self.seed = int.from_bytes(os.urandom(8), "little")
-
-    def rng(self, *stream: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, *stream])
-
-
-@pytest.fixture
-def seeded(request):
-    seeded = Seeded()
-    request.node.spyreccl_seed = seeded.seed
-    return seeded
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    report = yield
-    seed = getattr(item, "spyreccl_seed", None)
-    if report.failed and seed is not None:
-        # Shown with the failure: rerun the inputs with Seeded.seed = this value.
-        report.sections.append(("spyreccl random seed", str(seed)))
-    return report
+@pytest.fixture(scope="session")
+def rank_pool_defaults():
+    return {"distributed": False, "task_wrapper": with_communicator, "shared": True}

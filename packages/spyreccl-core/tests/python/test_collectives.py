@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import STAGING_BYTES
-from dtypes import ALL_TYPES, TYPES_BY_NAME, TType
-from reference import (
+from core_support import (
+    ALL_TYPES,
+    STAGING_BYTES,
+    TYPES_BY_NAME,
+    TType,
     assert_bytes_equal,
     check_reduction,
     inputs_for,
@@ -214,11 +216,11 @@ def rank_invalid_op(comm, name, op):
 
 
 @pytest.mark.parametrize("case", REDUCTION_CASES, ids=_ids)
-def test_all_reduce(pool, seeded, case):
+def test_all_reduce(rank_pool, seeded, case):
     tt, op = case
-    outputs = pool.run(rank_all_reduce, tt.name, op, seeded.seed)
+    outputs = rank_pool.run(rank_all_reduce, tt.name, op, seeded.seed)
     for i, n in enumerate(sizes_for(tt)):
-        xs = [inputs_for(tt, seeded.seed, 0, r, n) for r in range(pool.size)]
+        xs = [inputs_for(tt, seeded.seed, 0, r, n) for r in range(rank_pool.world_size)]
         for variant in (0, 1):
             for rank, per_rank in enumerate(outputs):
                 what = f"all_reduce {tt.name} {op.name} n={n} rank={rank} in_place={variant}"
@@ -229,25 +231,28 @@ def test_all_reduce(pool, seeded, case):
 
 
 @pytest.mark.parametrize("tt", ALL_TYPES, ids=lambda t: t.name)
-def test_reduce(pool, seeded, tt):
-    root = int(seeded.rng().integers(pool.size))
-    outputs = pool.run(rank_reduce, tt.name, root, seeded.seed)
+def test_reduce(rank_pool, seeded, tt):
+    root = int(seeded.rng().integers(rank_pool.world_size))
+    outputs = rank_pool.run(rank_reduce, tt.name, root, seeded.seed)
     for i, (op, n) in enumerate(reduce_plan(tt)):
-        xs = [inputs_for(tt, seeded.seed, 1, r, n) for r in range(pool.size)]
+        xs = [inputs_for(tt, seeded.seed, 1, r, n) for r in range(rank_pool.world_size)]
         out, in_place = outputs[root][i]
         check_reduction(tt, op, out, xs, _scalar(op), f"reduce {op.name} n={n} root={root}")
         check_reduction(tt, op, in_place, xs, _scalar(op), f"in-place reduce {op.name} n={n}")
-        for rank in range(pool.size):
+        for rank in range(rank_pool.world_size):
             if rank != root:  # sendbuff of non-roots is input only
                 assert_bytes_equal(outputs[rank][i][1], xs[rank], f"non-root {rank} touched")
 
 
 @pytest.mark.parametrize("tt", ALL_TYPES, ids=lambda t: t.name)
-def test_reduce_scatter(pool, seeded, tt):
-    outputs = pool.run(rank_reduce_scatter, tt.name, seeded.seed)
+def test_reduce_scatter(rank_pool, seeded, tt):
+    outputs = rank_pool.run(rank_reduce_scatter, tt.name, seeded.seed)
     for i, (op, n) in enumerate(reduce_plan(tt)):
-        xs = [inputs_for(tt, seeded.seed, 2, r, n * pool.size) for r in range(pool.size)]
-        for rank in range(pool.size):
+        xs = [
+            inputs_for(tt, seeded.seed, 2, r, n * rank_pool.world_size)
+            for r in range(rank_pool.world_size)
+        ]
+        for rank in range(rank_pool.world_size):
             blocks = [x[rank * n : (rank + 1) * n] for x in xs]
             for variant in (0, 1):
                 what = f"reduce_scatter {op.name} n={n} rank={rank} in_place={variant}"
@@ -258,10 +263,10 @@ def test_reduce_scatter(pool, seeded, tt):
 @pytest.mark.parametrize(
     "operation", ["broadcast", "all_gather", "gather", "scatter", "all_to_all"]
 )
-def test_data_movement(pool, seeded, operation, tt):
-    root = int(seeded.rng().integers(pool.size))
-    outputs = pool.run(rank_movement, tt.name, operation, root, seeded.seed)
-    size = pool.size
+def test_data_movement(rank_pool, seeded, operation, tt):
+    root = int(seeded.rng().integers(rank_pool.world_size))
+    outputs = rank_pool.run(rank_movement, tt.name, operation, root, seeded.seed)
+    size = rank_pool.world_size
     for i, n in enumerate(sizes_for(tt)):
         what = f"{operation} {tt.name} n={n} root={root}"
         for rank in range(size):
@@ -298,9 +303,9 @@ def test_data_movement(pool, seeded, operation, tt):
 
 @pytest.mark.parametrize("gapped", [False, True], ids=["packed", "gapped"])
 @pytest.mark.parametrize("tt", ALL_TYPES, ids=lambda t: t.name)
-def test_all_to_all_v(pool, seeded, tt, gapped):
-    outputs = pool.run(rank_all_to_all_v, tt.name, seeded.seed, gapped)
-    size = pool.size
+def test_all_to_all_v(rank_pool, seeded, tt, gapped):
+    outputs = rank_pool.run(rank_all_to_all_v, tt.name, seeded.seed, gapped)
+    size = rank_pool.world_size
     for i, n in enumerate(sizes_for(tt)[:3] + [sizes_for(tt)[3] // size]):
         counts = v_counts(seeded.seed, n, size)
         for rank in range(size):
@@ -328,12 +333,12 @@ def test_all_to_all_v(pool, seeded, tt, gapped):
     [(tt, op) for tt in ALL_TYPES for op in invalid_ops(tt)],
     ids=_ids,
 )
-def test_invalid_op_for_dtype(pool, case):
+def test_invalid_op_for_dtype(rank_pool, case):
     tt, op = case
-    for error, after in pool.run(rank_invalid_op, tt.name, op):
+    for error, after in rank_pool.run(rank_invalid_op, tt.name, op):
         assert isinstance(error, spyreccl_core.InvalidArgumentError), error
         assert error.code == spyreccl_core.Result.INVALID_ARGUMENT
-        assert after == pool.size
+        assert after == rank_pool.world_size
 
 
 def rank_split(comm, seed):
@@ -352,10 +357,10 @@ def rank_split(comm, seed):
         return sub.rank, sub.size, x, out, gathered
 
 
-def test_split(pool, seeded):
-    results = pool.run(rank_split, seeded.seed)
-    members = [r for r in range(pool.size) if r % 2 == 0]
-    for rank in range(pool.size):
+def test_split(rank_pool, seeded):
+    results = rank_pool.run(rank_split, seeded.seed)
+    members = [r for r in range(rank_pool.world_size) if r % 2 == 0]
+    for rank in range(rank_pool.world_size):
         if rank not in members:
             assert results[rank] is None
             continue
@@ -374,8 +379,8 @@ def rank_multidimensional(comm, seed):
     return x, out
 
 
-def test_multidimensional_buffers(pool, seeded):
-    results = pool.run(rank_multidimensional, seeded.seed)
+def test_multidimensional_buffers(rank_pool, seeded):
+    results = rank_pool.run(rank_multidimensional, seeded.seed)
     expected = np.maximum.reduce([x for x, _ in results])
     for _, out in results:
         assert out.shape == (3, 5, 7)

@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 import pytest
-from rank_pool import RankFailure
-from shm import assert_no_leftovers, entries, mapped_segments
 
 import spyreccl_core
 from spyreccl_core import DataType, ReduceOp
+from spyreccl_testing import RankError
+from spyreccl_testing.shm import assert_no_leftovers, mapped_segments, spyreccl_segments
 
 
 def _catch(fn, *args, **kwargs):
@@ -60,8 +60,8 @@ def rank_mismatch(comm, kind):
 
 
 @pytest.mark.parametrize("kind", ["count", "op", "collective", "root"])
-def test_mismatch_detected_on_every_rank(pool, kind):
-    for rank, (error, broken) in enumerate(pool.run(rank_mismatch, kind)):
+def test_mismatch_detected_on_every_rank(rank_pool, kind):
+    for rank, (error, broken) in enumerate(rank_pool.run(rank_mismatch, kind)):
         assert isinstance(error, spyreccl_core.MismatchError), (rank, error)
         assert error.code == spyreccl_core.Result.MISMATCH
         # The library's detailed message (naming both sides), not the generic code text.
@@ -93,9 +93,9 @@ def rank_timeout(comm, timeout_s):
     return error, elapsed
 
 
-def test_timeout_on_absent_peer(pool):
+def test_timeout_on_absent_peer(rank_pool):
     timeout_s = 0.5
-    error, elapsed = pool.run(rank_timeout, timeout_s)[0]
+    error, elapsed = rank_pool.run(rank_timeout, timeout_s)[0]
     assert isinstance(error, spyreccl_core.TimeoutError), error
     assert isinstance(error, TimeoutError)  # also the builtin
     assert timeout_s <= elapsed < timeout_s + 1.5, elapsed
@@ -116,8 +116,8 @@ def rank_abort_from_thread(comm, how):
 
 
 @pytest.mark.parametrize("how", ["abort", "destroy"])
-def test_abort_from_another_thread_unblocks(pool, how):
-    error, elapsed, closed = pool.run(rank_abort_from_thread, how)[0]
+def test_abort_from_another_thread_unblocks(rank_pool, how):
+    error, elapsed, closed = rank_pool.run(rank_abort_from_thread, how)[0]
     assert isinstance(error, spyreccl_core.AbortedError), error
     assert error.code == spyreccl_core.Result.ABORTED
     assert 0.25 < elapsed < 2.0, elapsed
@@ -145,8 +145,8 @@ def rank_concurrent_use(comm):
     return outcome
 
 
-def test_second_thread_gets_invalid_usage(pool):
-    outcome = pool.run(rank_concurrent_use)[0]
+def test_second_thread_gets_invalid_usage(rank_pool):
+    outcome = rank_pool.run(rank_concurrent_use)[0]
     assert isinstance(outcome["second"], spyreccl_core.InvalidUsageError)
     assert "another thread" in str(outcome["second"])
     assert isinstance(outcome["blocked"], spyreccl_core.AbortedError)
@@ -161,8 +161,8 @@ def rank_after_destroy(comm):
     return error
 
 
-def test_use_after_destroy(pool):
-    for error in pool.run(rank_after_destroy):
+def test_use_after_destroy(rank_pool):
+    for error in rank_pool.run(rank_after_destroy):
         assert isinstance(error, spyreccl_core.InvalidUsageError)
         assert "destroyed" in str(error)
 
@@ -187,7 +187,7 @@ def _doomed_rank(rank, size, uid, conn):
 
 
 def test_sigkilled_rank_raises_remote_error_and_leaves_no_segments():
-    before = entries()
+    before = spyreccl_segments()
     size = 3
     uid = spyreccl_core.UniqueId().to_bytes()
     ctx = multiprocessing.get_context("fork")
@@ -237,7 +237,7 @@ def _solo_init(rank, size, uid, conn):
 
 def test_init_timeout_without_peers_leaves_no_segments():
     """Rank 0 creates the segment but nobody joins: TimeoutError and nothing left behind."""
-    before = entries()
+    before = spyreccl_segments()
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_solo_init, args=(0, 2, spyreccl_core.UniqueId().to_bytes(), child))
@@ -254,9 +254,9 @@ def rank_segments(comm):
     return sorted(mapped_segments())
 
 
-def test_pool_segments_are_unlinked_while_in_use(pool):
+def test_pool_segments_are_unlinked_while_in_use(rank_pool):
     """Segments are unlinked once every rank attached: even a live pool leaves nothing."""
-    for paths in pool.run(rank_segments):
+    for paths in rank_pool.run(rank_segments):
         assert paths
         assert not [p for p in paths if os.path.exists(p)]
 
@@ -266,8 +266,8 @@ def rank_bf16_dump(comm):
     return comm.dump_state()
 
 
-def test_dump_state_mentions_recent_collective(pool):
-    for rank, text in enumerate(pool.run(rank_bf16_dump)):
+def test_dump_state_mentions_recent_collective(rank_pool):
+    for rank, text in enumerate(rank_pool.run(rank_bf16_dump)):
         assert f"rank {rank}" in text
         assert "bfloat16" in text
 
@@ -275,15 +275,20 @@ def test_dump_state_mentions_recent_collective(pool):
 def rank_raise_on_zero(comm):
     if comm.rank == 0:
         raise KeyError("raised on purpose")
-    comm.barrier()  # blocks until the pool aborts it
+    comm.barrier()  # fails once rank 0's wrapper destroyed its communicator
 
 
-def test_pool_recovers_from_a_failing_case(pool):
+def test_pool_recovers_from_a_failing_case(rank_pool):
     """The test harness itself: one rank raising must not hang the others or the pool."""
-    with pytest.raises(RankFailure, match="raised on purpose") as info:
-        pool.run(rank_raise_on_zero)
-    # The blocked ranks were unblocked (aborted, or refused to start on an aborted
-    # communicator) and reported too.
-    for rank in range(1, pool.size):
-        assert f"--- rank {rank} ---" in str(info.value)
-    assert len(pool.run(rank_segments)) == pool.size
+    start = time.monotonic()
+    with pytest.raises(RankError, match="raised on purpose") as info:
+        rank_pool.run(rank_raise_on_zero)
+    failures = info.value.failures
+    assert failures[0].kind == "raised" and "KeyError" in failures[0].exc_type
+    # The blocked ranks were released by rank 0's communicator going away (RemoteError), not
+    # killed as stalled after the pool's grace period.
+    for rank in range(1, rank_pool.world_size):
+        assert failures[rank].kind == "raised", failures[rank].render()
+        assert "RemoteError" in failures[rank].exc_type, failures[rank].render()
+    assert time.monotonic() - start < rank_pool.failure_grace
+    assert len(rank_pool.run(rank_segments)) == rank_pool.world_size

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import STAGING_BYTES
-from dtypes import ALL_TYPES, TYPES_BY_NAME
-from reference import assert_bytes_equal, inputs_for
+from core_support import ALL_TYPES, STAGING_BYTES, TYPES_BY_NAME, assert_bytes_equal, inputs_for
 
 import spyreccl_core
 
@@ -38,10 +36,10 @@ def rank_pairwise(comm, name, seed):
 
 
 @pytest.mark.parametrize("tt", ALL_TYPES, ids=lambda t: t.name)
-def test_send_recv(pool, seeded, tt):
-    results = pool.run(rank_pairwise, tt.name, seeded.seed)
+def test_send_recv(rank_pool, seeded, tt):
+    results = rank_pool.run(rank_pairwise, tt.name, seeded.seed)
     for i, n in enumerate(message_sizes(tt.storage.itemsize)):
-        for peer in range(1, pool.size):
+        for peer in range(1, rank_pool.world_size):
             sent = inputs_for(tt, seeded.seed, peer, 0, n)
             assert_bytes_equal(results[peer][i], sent, f"n={n} at rank {peer}")
             assert_bytes_equal(results[0][i][peer - 1], sent, f"n={n} echo from {peer}")
@@ -64,8 +62,8 @@ def rank_fifo(comm, seed):
     return None
 
 
-def test_fifo_order(pool, seeded):
-    got = pool.run(rank_fifo, seeded.seed)[1]
+def test_fifo_order(rank_pool, seeded):
+    got = rank_pool.run(rank_fifo, seeded.seed)[1]
     for k, buf in enumerate(got):
         np.testing.assert_array_equal(buf, np.full(100 + k, k, dtype=np.int32))
 
@@ -86,10 +84,10 @@ def rank_ring(comm, seed, n):
 
 
 @pytest.mark.parametrize("n", [0, 1001, 5 * STAGING_BYTES // 8 + 3])
-def test_group_ring_exchange(pool, seeded, n):
-    results = pool.run(rank_ring, seeded.seed, n)
-    for rank in range(pool.size):
-        left = (rank - 1) % pool.size
+def test_group_ring_exchange(rank_pool, seeded, n):
+    results = rank_pool.run(rank_ring, seeded.seed, n)
+    for rank in range(rank_pool.world_size):
+        left = (rank - 1) % rank_pool.world_size
         assert_bytes_equal(results[rank][1], results[left][0], f"rank {rank} from {left}")
 
 
@@ -109,9 +107,9 @@ def rank_group_all_pairs(comm, seed):
     return sends, recvs
 
 
-def test_group_all_pairs(pool, seeded):
-    results = pool.run(rank_group_all_pairs, seeded.seed)
-    for rank in range(pool.size):
+def test_group_all_pairs(rank_pool, seeded):
+    results = rank_pool.run(rank_group_all_pairs, seeded.seed)
+    for rank in range(rank_pool.world_size):
         for peer, got in results[rank][1].items():
             np.testing.assert_array_equal(got, results[peer][0][rank])
 
@@ -129,9 +127,9 @@ def rank_any_source(comm, seed):
     return seen
 
 
-def test_recv_any_source(pool, seeded):
-    seen = pool.run(rank_any_source, seeded.seed)[0]
-    assert sorted(source for source, _ in seen) == list(range(1, pool.size))
+def test_recv_any_source(rank_pool, seeded):
+    seen = rank_pool.run(rank_any_source, seeded.seed)[0]
+    assert sorted(source for source, _ in seen) == list(range(1, rank_pool.world_size))
     for source, buf in seen:
         np.testing.assert_array_equal(buf, np.full(33, source, dtype=np.int16))
 
@@ -154,7 +152,7 @@ def rank_destroy_inside_group(comm):
     return str(error), y
 
 
-def test_destroy_refused_while_group_pending(pool):
-    for rank, (error, y) in enumerate(pool.run(rank_destroy_inside_group)):
+def test_destroy_refused_while_group_pending(rank_pool):
+    for rank, (error, y) in enumerate(rank_pool.run(rank_destroy_inside_group)):
         assert "pending in an open group" in error
-        np.testing.assert_array_equal(y, np.full(10, (rank - 1) % pool.size))
+        np.testing.assert_array_equal(y, np.full(10, (rank - 1) % rank_pool.world_size))

@@ -56,6 +56,12 @@ class FunctionRef:
     def describe(self) -> str:
         return f"{os.path.basename(self.path)}::{self.qualname}"
 
+    def resolve(self) -> Any:
+        """The function itself, loaded the way the workers load tasks (test files by path,
+        with assertion rewriting, once per process). Lets a task receive another function as
+        an argument: pass FunctionRef.from_callable(fn), call ref.resolve() on the rank."""
+        return resolve(self)
+
 
 def resolve(ref: FunctionRef) -> Any:
     module = _import_module(ref)

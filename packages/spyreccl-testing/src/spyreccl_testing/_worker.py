@@ -44,6 +44,8 @@ class WorkerSpec:
     shared_dir: str
     generation: int
     env: dict[str, str] = field(default_factory=dict)
+    device_id: bool = False
+    task_wrapper: _tasks.FunctionRef | None = None
 
 
 SKIP_KIND = "pytest.skip"
@@ -95,6 +97,10 @@ def _init_rank(spec: WorkerSpec) -> RankContext:
         }
         if backend is not None:
             kwargs["backend"] = backend
+        if spec.device_id:
+            # Binds the group to this rank's device up front (eager init), as training
+            # scripts do with device_id=torch.device("cuda", local_rank).
+            kwargs["device_id"] = torch.device("spyre", spec.rank)
         dist.init_process_group(**kwargs)
     return RankContext(
         rank=spec.rank,
@@ -122,17 +128,26 @@ def _wants_ctx(fn: Any) -> bool:
     return cached
 
 
-def _run_task(payload: bytes, ctx: RankContext) -> bytes:
+def _with_ctx(fn: Any, kwargs: dict[str, Any], ctx: RankContext, what: str) -> dict[str, Any]:
+    if not _wants_ctx(fn):
+        return kwargs
+    if "ctx" in kwargs:
+        raise TypeError(
+            f"{what}: 'ctx' is reserved for the RankContext the pool passes; rename the keyword "
+            "argument"
+        )
+    return {**kwargs, "ctx": ctx}
+
+
+def _run_task(payload: bytes, ctx: RankContext, wrapper: Any) -> bytes:
     ref, args, kwargs = pickle.loads(payload)
     fn = _tasks.resolve(ref)
-    if _wants_ctx(fn):
-        if "ctx" in kwargs:
-            raise TypeError(
-                f"{ref.describe()}: 'ctx' is reserved for the RankContext the pool passes; "
-                "rename the keyword argument"
-            )
-        kwargs = {**kwargs, "ctx": ctx}
-    result = fn(*args, **kwargs)
+    if wrapper is None:
+        result = fn(*args, **_with_ctx(fn, kwargs, ctx, ref.describe()))
+    else:
+        # The wrapper decides how the task is called (e.g. with a per-rank communicator as its
+        # first argument); it gets the RankContext whether or not the task wants it.
+        result = wrapper(fn, args, _with_ctx(fn, kwargs, ctx, ref.describe()), ctx)
     try:
         return pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
@@ -173,6 +188,11 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+    try:
+        wrapper = _tasks.resolve(spec.task_wrapper) if spec.task_wrapper is not None else None
+    except BaseException as exc:
+        conn.send_bytes(pickle.dumps(("init_error", _exception_kind(exc), _format(exc))))
+        os._exit(1)
     conn.send_bytes(pickle.dumps(("ready", {"pid": os.getpid(), "rank": spec.rank})))
 
     while True:
@@ -184,7 +204,7 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
             break
         _, task_id, payload = message
         try:
-            reply = ("ok", task_id, _run_task(payload, ctx))
+            reply = ("ok", task_id, _run_task(payload, ctx, wrapper))
         except BaseException as exc:  # SystemExit / pytest.skip in a task are results too
             reply = ("error", task_id, _exception_kind(exc), _format(exc))
         try:

@@ -10,10 +10,12 @@ import importlib.metadata
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from spyreccl_testing import _procutil
 from spyreccl_testing.pool import RankPool
+from spyreccl_testing.seeds import fresh_seed
 
 _DEFAULT_WORLD_SIZES = "2 3"
 
@@ -41,7 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "rank_pool_options(**kwargs): RankPool keyword arguments (backend=, set_device=, env=, "
-        "distributed=, ...) for the module's rank_pool; read from the module level only",
+        "distributed=, device_id=, task_wrapper=, ...) for the module's rank_pool, plus "
+        "shared=True to reuse one pool per world size and options across the session; read "
+        "from the module level only, on top of the rank_pool_defaults fixture",
     )
 
 
@@ -133,13 +137,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # -- fixtures --------------------------------------------------------------------------------
 
 
-def _pool_options(node: pytest.Item | pytest.Collector) -> dict[str, Any]:
+def _pool_options(node: pytest.Item | pytest.Collector, defaults: dict[str, Any]) -> dict[str, Any]:
+    options = dict(defaults)
     marker = node.get_closest_marker("rank_pool_options")
-    if marker is None:
-        return {}
-    if marker.args:
-        raise pytest.UsageError("rank_pool_options takes keyword arguments only")
-    return dict(marker.kwargs)
+    if marker is not None:
+        if marker.args:
+            raise pytest.UsageError("rank_pool_options takes keyword arguments only")
+        options.update(marker.kwargs)
+    return options
 
 
 def _close_and_check(pools: list[RankPool], baseline: set[str], check_shm: bool) -> None:
@@ -156,11 +161,65 @@ def _close_and_check(pools: list[RankPool], baseline: set[str], check_shm: bool)
             )
 
 
+def _freeze(value: Any) -> Any:
+    """A hashable stand-in for a pool option, equal for equal settings (functions by name)."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple | set | frozenset):
+        return tuple(_freeze(v) for v in value)
+    if callable(value):
+        return ("callable", getattr(value, "__module__", ""), getattr(value, "__qualname__", ""))
+    return value
+
+
+class SharedPools:
+    """The session's shared pools, one per (world size, options): modules whose rank_pool
+    options say shared=True reuse a pool (and its workers' imports, e.g. torch's ~3 s per rank)
+    instead of starting their own. Closed, and /dev/shm checked, at the end of the session."""
+
+    def __init__(self) -> None:
+        self.pools: dict[Any, RankPool] = {}
+        self.baseline = _procutil.list_spyreccl_shm()
+
+    def get(self, world_size: int, options: dict[str, Any]) -> RankPool:
+        key = (world_size, _freeze(options))
+        pool = self.pools.get(key)
+        if pool is None:
+            pool = self.pools[key] = RankPool(world_size, **options)
+        return pool
+
+
+@pytest.fixture(scope="session")
+def rank_pool_defaults() -> dict[str, Any]:
+    """Default RankPool options of every rank_pool in scope; the module's rank_pool_options
+    marker overrides them key by key. Override this fixture in a conftest.py to configure a
+    whole test directory (e.g. distributed=False and a task_wrapper for torch-free tests)."""
+    return {}
+
+
+@pytest.fixture(scope="session")
+def shared_rank_pools(request: pytest.FixtureRequest) -> Iterator[SharedPools]:
+    """The registry behind rank_pool_options(shared=True)."""
+    shared = SharedPools()
+    try:
+        yield shared
+    finally:
+        _close_and_check(
+            list(shared.pools.values()),
+            shared.baseline,
+            request.config.getini("spyreccl_check_shm"),
+        )
+
+
 @pytest.fixture(scope="module")
-def rank_pool(request: pytest.FixtureRequest) -> Iterator[RankPool]:
+def rank_pool(
+    request: pytest.FixtureRequest, rank_pool_defaults: dict[str, Any]
+) -> Iterator[RankPool]:
     """A RankPool shared by the tests of one module, parametrized over world sizes (marker
-    `world_sizes`, default 2 and 3). Pool options come from a module-level
-    `pytestmark = pytest.mark.rank_pool_options(...)`."""
+    `world_sizes`, default 2 and 3). Pool options: the rank_pool_defaults fixture, overridden by
+    a module-level `pytestmark = pytest.mark.rank_pool_options(...)`. With shared=True the pool
+    is the session's pool for that world size and options, started once for all such modules
+    (safe when the modules leave the process group as they found it)."""
     world_size = getattr(request, "param", None)
     if world_size is None:
         sizes = _default_world_sizes(request.config)
@@ -169,8 +228,13 @@ def rank_pool(request: pytest.FixtureRequest) -> Iterator[RankPool]:
         raise pytest.UsageError(
             f"rank_pool: world size must be an integer >= 1, got {world_size!r}"
         )
+    options = _pool_options(request.node, rank_pool_defaults)
+    if options.pop("shared", False):
+        shared: SharedPools = request.getfixturevalue("shared_rank_pools")
+        yield shared.get(world_size, options)
+        return
     baseline = _procutil.list_spyreccl_shm()
-    pool = RankPool(world_size, **_pool_options(request.node))
+    pool = RankPool(world_size, **options)
     try:
         yield pool
     finally:
@@ -193,3 +257,39 @@ def make_pool(request: pytest.FixtureRequest) -> Iterator[Callable[..., RankPool
         yield factory
     finally:
         _close_and_check(pools, baseline, request.config.getini("spyreccl_check_shm"))
+
+
+# -- seeds -----------------------------------------------------------------------------------
+
+
+class Seeded:
+    """A fresh seed for one test (os.urandom, or SPYRECCL_TEST_SEED to replay a failure) and
+    numpy generators derived from it. The seed is shown with the test's failure report."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def rng(self, *stream: int) -> np.random.Generator:
+        """A generator for one independent stream of this test's randomness (e.g. per rank)."""
+        return np.random.default_rng([self.seed, *stream])
+
+
+_SEED_ATTR = "_spyreccl_seed"
+
+
+@pytest.fixture
+def seeded(request: pytest.FixtureRequest) -> Seeded:
+    """A fresh Seeded for this test; on failure the report gets a "spyreccl random seed"
+    section with the value to put into SPYRECCL_TEST_SEED."""
+    value = Seeded(fresh_seed())
+    setattr(request.node, _SEED_ATTR, value.seed)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    seed = getattr(item, _SEED_ATTR, None)
+    if report.failed and seed is not None:
+        report.sections.append(("spyreccl random seed", f"SPYRECCL_TEST_SEED={seed}"))
+    return report

@@ -7,8 +7,11 @@ ranks blocked inside a collective, so the pool is then torn down completely (eve
 killed and reaped) and started afresh by the next run: one broken case never cascades into the
 following ones.
 
-Workers are started with the 'spawn' method (forking a process that imported torch is unsafe)
-and die with the test process (PR_SET_PDEATHSIG plus a parent-watch thread).
+Workers are started with the 'spawn' method (forking a process that imported torch is unsafe),
+except torch-free pools in a test process without torch, which fork: a forked worker starts in
+milliseconds with numpy & co already imported, where a spawned one pays an interpreter start
+and every import again. Workers die with the test process (PR_SET_PDEATHSIG plus a
+parent-watch thread).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -100,6 +104,15 @@ class RankPool:
     pg_timeout: the process group's own timeout (bounds collectives inside the backend).
     failure_grace: seconds the other ranks get to finish or fail after the first rank failed,
         before they are considered stalled (blocked on the failed rank) and killed.
+    device_id: pass device_id=torch.device("spyre", rank) to init_process_group (binds the
+        group to the rank's device and initialises the backend eagerly).
+    start_method: "spawn", "fork" or None (the default: "fork" for a torch-free pool while the
+        test process has not imported torch, else "spawn").
+    task_wrapper: a module-level function wrapper(task, args, kwargs, ctx) -> result through
+        which the ranks call every task. It lets torch-free pools hand tasks a per-rank
+        resource formed once per pool start (spyreccl-core's tests pass each task its rank's
+        Communicator this way) and react to a failing task (e.g. abort that resource so that
+        the peers blocked on it fail fast instead of stalling).
     """
 
     def __init__(
@@ -114,6 +127,9 @@ class RankPool:
         start_timeout: float = 180.0,
         pg_timeout: float = 300.0,
         failure_grace: float = 3.0,
+        device_id: bool = False,
+        task_wrapper: Callable[..., Any] | None = None,
+        start_method: str | None = None,
     ):
         if world_size < 1:
             raise ValueError(f"RankPool: world_size must be >= 1, got {world_size}")
@@ -121,6 +137,17 @@ class RankPool:
             raise ValueError(f"RankPool: rendezvous must be 'file' or 'tcp', got {rendezvous!r}")
         if set_device and not distributed:
             raise ValueError("RankPool: set_device=True needs distributed=True (it uses torch)")
+        if start_method not in (None, "spawn", "fork"):
+            raise ValueError(
+                f"RankPool: start_method must be 'spawn', 'fork' or None, got {start_method!r}"
+            )
+        if start_method == "fork" and distributed:
+            raise ValueError(
+                "RankPool: start_method='fork' needs distributed=False (a process that imported "
+                "torch cannot be forked safely)"
+            )
+        if device_id and not distributed:
+            raise ValueError("RankPool: device_id=True needs distributed=True (init_process_group)")
         self.world_size = world_size
         self.backend = backend
         self.distributed = distributed
@@ -130,6 +157,13 @@ class RankPool:
         self.start_timeout = start_timeout
         self.pg_timeout = pg_timeout
         self.failure_grace = failure_grace
+        self.device_id = device_id
+        self.task_wrapper = task_wrapper
+        # Resolved now, so that a wrapper the workers could not import fails here, in the test
+        # process, with the reason.
+        self._wrapper_ref = (
+            FunctionRef.from_callable(task_wrapper) if task_wrapper is not None else None
+        )
         self.generation = 0  # number of starts so far
         self._workers: list[_Worker] = []
         self._shared_dir: str | None = None
@@ -139,7 +173,7 @@ class RankPool:
         # keeps every later test of the module from paying for another doomed spawn.
         self._start_error: RankError | None = None
         self._lock = threading.Lock()
-        self._mp = multiprocessing.get_context("spawn")
+        self.start_method = start_method
         _live_pools.add(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -203,6 +237,7 @@ class RankPool:
         else:
             init_method = f"tcp://127.0.0.1:{port}"
         use_pdeathsig = threading.current_thread() is threading.main_thread()
+        mp = multiprocessing.get_context(self._start_method())
         for rank in range(self.world_size):
             env = {
                 "MASTER_ADDR": "127.0.0.1",
@@ -232,9 +267,11 @@ class RankPool:
                 shared_dir=self._shared_dir,
                 generation=self.generation,
                 env=env,
+                device_id=self.device_id,
+                task_wrapper=self._wrapper_ref,
             )
-            parent_conn, child_conn = self._mp.Pipe(duplex=True)
-            process = self._mp.Process(
+            parent_conn, child_conn = mp.Pipe(duplex=True)
+            process = mp.Process(
                 target=worker_main,
                 args=(child_conn, spec),
                 name=f"spyreccl-rank{rank}",
@@ -269,6 +306,14 @@ class RankPool:
             except RankError as exc:
                 self._start_error = exc
                 raise
+
+    def _start_method(self) -> str:
+        if self.start_method is not None:
+            return self.start_method
+        # Decided at every start: the test process may have imported torch since the last one.
+        if self.distributed or "torch" in sys.modules:
+            return "spawn"
+        return "fork"
 
     def _teardown(
         self, graceful: bool, dump_stacks: set[int] | frozenset[int] = frozenset()

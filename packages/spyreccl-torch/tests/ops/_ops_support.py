@@ -31,9 +31,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from spyreccl_testing import RankContext
-from spyreccl_testing.accuracy import assert_close_dtype, premul_sum
-from spyreccl_testing.inputs import random_tensor, rank_seed
+from spyreccl_testing import FunctionRef, RankContext, RankPool
+from spyreccl_testing.accuracy import assert_close_dtype, gloo_tolerance, premul_sum
+from spyreccl_testing.inputs import fresh_seed, random_tensor, rank_seed
 
 # -- the matrix ----------------------------------------------------------------------------
 
@@ -77,6 +77,14 @@ POOL_OPTIONS: dict[str, Any] = {
     },
 }
 # Apply with `pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)` in a test module.
+
+# The same pools, started once per world size for the whole session instead of once per
+# module: each rank pays ~3 s to import torch and join the group, on a 2-core machine. Safe for
+# modules that only issue collectives on the default group and leave no state behind (no
+# subgroups, no timeouts that abort the group, no profiler sessions); a failing batch restarts
+# the shared pool like any other. Apply with
+# `pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)`.
+SHARED_POOL_OPTIONS: dict[str, Any] = {**POOL_OPTIONS, "shared": True}
 
 RUN_TIMEOUT = 300.0  # seconds for one batch of cases (the machine is shared and has 2 cores)
 
@@ -131,21 +139,8 @@ def reduce_cases(
     async_modes: Sequence[bool] = (False, True),
 ) -> list[tuple]:
     """(dtype, op, size, async_op) for every combination; `size` is whatever the module's
-    check function takes (an element count or a shape).
-
-    One exception keeps the run time in budget: the reference of a 64-bit integer AVG sums in
-    Python integers (exact beyond 64 bits), ~10 us per element, so its large case runs in one
-    mode (synchronous) only.
-    """
-    cases = []
-    for op in ops:
-        for size in sizes:
-            for a in async_modes:
-                slow_reference = op == "AVG" and dtype == torch.int64 and numel(size) >= LARGE
-                if slow_reference and a != async_modes[0]:
-                    continue
-                cases.append((dtype, op, size, a))
-    return cases
+    check function takes (an element count or a shape)."""
+    return [(dtype, op, size, a) for op in ops for size in sizes for a in async_modes]
 
 
 def numel(size: Any) -> int:
@@ -230,35 +225,12 @@ def check_result(
     what: str,
     op: str | None = None,
 ) -> None:
-    """Backend result vs the independent reference, with the dtype's default tolerance
-    (`op`: the reduce op that produced it, if any)."""
+    """Backend result vs the independent reference, with the dtype's default tolerance (for
+    16/8-bit floats: 2 ulps plus the float32-accumulation absolute term that covers results
+    where the ranks' values cancel, e.g. bfloat16 PREMUL_SUM under a fused multiply-add).
+    `op` (the reduce op that produced it) is kept for the failure message."""
     assert actual.device.type == "spyre", f"{what}: result moved to {actual.device}"
-    assert_close_dtype(
-        actual.cpu(),
-        expected,
-        dtype,
-        world_size,
-        seed=seed,
-        what=what,
-        **_accumulation_tolerance(dtype, op, world_size),
-    )
-
-
-def _accumulation_tolerance(dtype: torch.dtype, op: str | None, world_size: int) -> dict:
-    """PREMUL_SUM on bfloat16 needs an absolute term on top of the 2-ulp budget.
-
-    The backend accumulates sum_r(f * x_r) in float32, where the compiler may contract
-    `acc + f * x` into a fused multiply-add: when the terms cancel exactly (x_1 == -x_0, common
-    for 8-bit mantissas) the result is the rounding residue of one product (~1e-8, within
-    float32 accumulation error) instead of 0. bfloat16 has float32's exponent range and keeps
-    that residue, while the reference (exact, then rounded once) gives 0, whose ulp is
-    subnormal-tiny. float16 and float8 flush such residues to 0 when rounding.
-    """
-    if op != "PREMUL_SUM" or dtype != torch.bfloat16:
-        return {}
-    # |f * x_r| < 2 (f < 2, |x_r| < 1): float32 accumulation over n terms errs by at most
-    # n * 2 * 2**-24 in absolute terms; 2 ulps of bfloat16 relative otherwise.
-    return {"rtol": 2.0 * 2.0**-7, "atol": world_size * 2.0 * 2.0**-23}
+    assert_close_dtype(actual.cpu(), expected, dtype, world_size, seed=seed, what=what)
 
 
 def check_gloo(
@@ -268,21 +240,20 @@ def check_gloo(
     world_size: int,
     seed: int,
     what: str,
+    op: str = "SUM",
 ) -> None:
-    """Backend result vs gloo's on the same CPU inputs.
-
-    gloo reduces 16-bit floats in their own precision: every partial sum (magnitude up to
-    world_size for inputs in [-1, 1)) is rounded, so where the ranks' values cancel, gloo's
-    answer is off by up to (world_size - 1) roundings of a partial sum - many ulps of the small
-    result. The budget for 16-bit floats is therefore absolute at that scale; the precise check
-    is the one against the float64 reference.
-    """
-    tolerance: dict[str, float] = {}
-    if dtype in (torch.float16, torch.bfloat16):
-        eps = torch.finfo(dtype).eps
-        tolerance = {"rtol": 2.0 * eps, "atol": world_size * world_size * eps}
+    """Backend result vs gloo's on the same CPU inputs, within gloo_tolerance: gloo reduces
+    16-bit floats in their own precision (and AVG rounds the sum, then the quotient), so its
+    answer is the less precise one; the strict check is the one against the float64
+    reference."""
     assert_close_dtype(
-        actual.cpu(), gloo, dtype, world_size, seed=seed, what=f"{what} vs gloo", **tolerance
+        actual.cpu(),
+        gloo,
+        dtype,
+        world_size,
+        seed=seed,
+        what=f"{what} vs gloo",
+        **gloo_tolerance(dtype, world_size, op),
     )
 
 
@@ -393,6 +364,29 @@ def run_cases(
                 f"{base_seed}) raised {type(exc).__name__}: {exc}{earlier}"
             ) from exc
     return failures
+
+
+def _run_batch_on_rank(
+    check: FunctionRef, cases: Sequence[tuple], base_seed: int, ctx: RankContext
+):
+    return run_cases(check.resolve(), cases, base_seed, ctx)
+
+
+def run_batch(
+    rank_pool: RankPool,
+    check: Callable[..., None],
+    cases: Sequence[tuple],
+    what: str,
+    timeout: float = RUN_TIMEOUT,
+) -> None:
+    """The body of a table-driven test: runs check(case, seed, ctx) for every case on every
+    rank in one pool.run (fresh base seed), then fails with every rank's failures and the seed
+    to replay. `check` must be a module-level function of the test module."""
+    seed = fresh_seed()
+    results = rank_pool.run(
+        _run_batch_on_rank, FunctionRef.from_callable(check), cases, seed, timeout=timeout
+    )
+    assert_ranks_passed(results, seed, what)
 
 
 def _describe(case: tuple) -> str:

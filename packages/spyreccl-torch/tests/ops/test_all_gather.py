@@ -12,22 +12,20 @@ import torch
 import torch.distributed as dist
 from _ops_support import (
     DTYPES,
-    POOL_OPTIONS,
-    RUN_TIMEOUT,
     SHAPES,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_exact,
     check_untouched,
     device,
     dtype_id,
     gloo_moves,
     issue,
-    run_cases,
+    run_batch,
 )
 
-from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
+from spyreccl_testing.inputs import poison_, random_tensor, rank_seed
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 
 def _block_shapes(kind, shape, world):
@@ -102,10 +100,6 @@ def _check(case, seed, ctx):
         _check_all_gather(case, seed, ctx)
 
 
-def run_all_gather(cases, base_seed, ctx):
-    return run_cases(_check, cases, base_seed, ctx)
-
-
 _KIND_SHAPES = {
     "even": SHAPES,
     "uneven": ((0,), (1001,)),
@@ -115,12 +109,10 @@ _KIND_SHAPES = {
 
 @pytest.mark.parametrize("kind", list(_KIND_SHAPES))
 def test_all_gather(rank_pool, kind):
-    seed = fresh_seed()
     cases = [
         (kind, dtype, shape, async_op)
         for dtype in DTYPES
         for shape in _KIND_SHAPES[kind]
         for async_op in (False, True)
     ]
-    results = rank_pool.run(run_all_gather, cases, seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, f"all_gather ({kind})")
+    run_batch(rank_pool, _check, cases, f"all_gather ({kind})")

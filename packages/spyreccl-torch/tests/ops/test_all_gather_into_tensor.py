@@ -13,9 +13,7 @@ import torch.distributed as dist
 from _ops_support import (
     DTYPES,
     LARGE,
-    POOL_OPTIONS,
-    RUN_TIMEOUT,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_exact,
     check_untouched,
     device,
@@ -23,12 +21,12 @@ from _ops_support import (
     gloo_moves,
     issue,
     rank_inputs,
-    run_cases,
+    run_batch,
 )
 
-from spyreccl_testing.inputs import fresh_seed, poison_
+from spyreccl_testing.inputs import poison_
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 KINDS = ("concat", "stacked", "single", "in_place", "coalesced")
 # Leading dimension first: the concatenated output stacks the ranks' blocks along dim 0.
@@ -100,18 +98,12 @@ def _check_coalesced(dtype, shape, async_op, seed, ctx, what):
         check_exact(output, torch.cat(inputs[i]), seed, world, f"{what}: output {i}")
 
 
-def run_gather_into(cases, base_seed, ctx):
-    return run_cases(_check_gather_into, cases, base_seed, ctx)
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_all_gather_into_tensor(rank_pool, kind):
-    seed = fresh_seed()
     cases = [
         (kind, dtype, shape, async_op)
         for dtype in DTYPES
         for shape in _SHAPES
         for async_op in (False, True)
     ]
-    results = rank_pool.run(run_gather_into, cases, seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, f"all_gather into tensor ({kind})")
+    run_batch(rank_pool, _check_gather_into, cases, f"all_gather into tensor ({kind})")

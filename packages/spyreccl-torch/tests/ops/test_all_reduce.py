@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from _ops_support import (
-    POOL_OPTIONS,
     RUN_TIMEOUT,
     SHAPES,
+    SHARED_POOL_OPTIONS,
     assert_ranks_passed,
     case_seed,
     check_gloo,
@@ -31,13 +31,13 @@ from _ops_support import (
     reduction_valid,
     reference_op,
     rejection_pattern,
-    run_cases,
+    run_batch,
 )
 
 from spyreccl_testing.accuracy import reference_reduce
 from spyreccl_testing.inputs import fresh_seed
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 
 def _check_all_reduce(case, seed, ctx):
@@ -63,20 +63,17 @@ def _check_all_reduce(case, seed, ctx):
     expected = reference_reduce(inputs, reference_op(op, factor), dtype)
     check_result(tensor, expected, dtype, world, seed, what, op)
     if on_cpu is not None:
-        check_gloo(tensor, on_cpu, dtype, world, seed, what)
-
-
-def run_all_reduce(cases, base_seed, ctx):
-    return run_cases(_check_all_reduce, cases, base_seed, ctx)
+        check_gloo(tensor, on_cpu, dtype, world, seed, what, op)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
 def test_all_reduce(rank_pool, dtype):
-    seed = fresh_seed()
-    results = rank_pool.run(
-        run_all_reduce, reduce_cases(dtype, sizes=SHAPES), seed, timeout=RUN_TIMEOUT
+    run_batch(
+        rank_pool,
+        _check_all_reduce,
+        reduce_cases(dtype, sizes=SHAPES),
+        f"all_reduce {dtype_id(dtype)}",
     )
-    assert_ranks_passed(results, seed, f"all_reduce {dtype_id(dtype)}")
 
 
 # Operations kept in flight together: (dtype, op, numel). Mixed sizes make later operations

@@ -11,9 +11,7 @@ import pytest
 import torch.distributed as dist
 from _ops_support import (
     LARGE,
-    POOL_OPTIONS,
-    RUN_TIMEOUT,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_result,
     device,
     dist_op,
@@ -27,13 +25,12 @@ from _ops_support import (
     reduction_valid,
     reference_op,
     rejection_pattern,
-    run_cases,
+    run_batch,
 )
 
 from spyreccl_testing.accuracy import reference_reduce
-from spyreccl_testing.inputs import fresh_seed
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 # Lists of shapes reduced together: small mixed ones, and one beyond the staging chunk.
 _SHAPE_LISTS = (
@@ -62,13 +59,7 @@ def _check_coalesced(case, seed, ctx):
         check_result(tensor, expected, dtype, world, seed, f"{what} tensor {i}", op)
 
 
-def run_coalesced(cases, base_seed, ctx):
-    return run_cases(_check_coalesced, cases, base_seed, ctx)
-
-
 @pytest.mark.parametrize("dtype", dtype_params())
 def test_all_reduce_coalesced(rank_pool, dtype):
-    seed = fresh_seed()
     cases = reduce_cases(dtype, sizes=_SHAPE_LISTS)
-    results = rank_pool.run(run_coalesced, cases, seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, f"all_reduce_coalesced {dtype_id(dtype)}")
+    run_batch(rank_pool, _check_coalesced, cases, f"all_reduce_coalesced {dtype_id(dtype)}")

@@ -10,20 +10,18 @@ import torch.distributed as dist
 from _ops_support import (
     DTYPES,
     LARGE,
-    POOL_OPTIONS,
-    RUN_TIMEOUT,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_exact,
     check_untouched,
     device,
     dtype_id,
     issue,
-    run_cases,
+    run_batch,
 )
 
-from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
+from spyreccl_testing.inputs import poison_, random_tensor, rank_seed
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 
 def _block_shape(base, tail, sender, receiver, world, uneven):
@@ -58,21 +56,15 @@ def _check_all_to_all(case, seed, ctx):
         check_exact(outputs[p], expected, seed, world, f"{what}: block from rank {p}")
 
 
-def run_all_to_all(cases, base_seed, ctx):
-    return run_cases(_check_all_to_all, cases, base_seed, ctx)
-
-
 # (rows per block, trailing shape, uneven): empty, single, odd 2-d rows, beyond the chunk.
 _LAYOUTS = ((0, (), True), (1, (), False), (143, (7,), True), (LARGE // 3, (3,), True))
 
 
 def test_all_to_all(rank_pool):
-    seed = fresh_seed()
     cases = [
         (dtype, base, tail, uneven, async_op)
         for dtype in DTYPES
         for base, tail, uneven in _LAYOUTS
         for async_op in (False, True)
     ]
-    results = rank_pool.run(run_all_to_all, cases, seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, "all_to_all")
+    run_batch(rank_pool, _check_all_to_all, cases, "all_to_all")

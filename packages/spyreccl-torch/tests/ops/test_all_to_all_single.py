@@ -10,21 +10,19 @@ import torch.distributed as dist
 from _ops_support import (
     DTYPES,
     LARGE,
-    POOL_OPTIONS,
-    RUN_TIMEOUT,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_exact,
     check_untouched,
     device,
     dtype_id,
     gloo_moves,
     issue,
-    run_cases,
+    run_batch,
 )
 
-from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
+from spyreccl_testing.inputs import poison_, random_tensor, rank_seed
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 
 def _split_matrix(kind, seed, rows, world):
@@ -87,10 +85,6 @@ def _check(case, seed, ctx):
         check_exact(output, on_cpu, seed, world, f"{what} vs gloo")
 
 
-def run_all_to_all_single(cases, base_seed, ctx):
-    return run_cases(_check, cases, base_seed, ctx)
-
-
 # (rows per rank pair, trailing shape); the last one is beyond the staging chunk.
 _LAYOUTS = {
     "equal": ((0, ()), (1, ()), (143, (7,)), (LARGE // 3, ())),
@@ -101,12 +95,10 @@ _LAYOUTS = {
 
 @pytest.mark.parametrize("kind", list(_LAYOUTS))
 def test_all_to_all_single(rank_pool, kind):
-    seed = fresh_seed()
     cases = [
         (kind, dtype, rows, tail, async_op)
         for dtype in DTYPES
         for rows, tail in _LAYOUTS[kind]
         for async_op in (False, True)
     ]
-    results = rank_pool.run(run_all_to_all_single, cases, seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, f"all_to_all_single ({kind})")
+    run_batch(rank_pool, _check, cases, f"all_to_all_single ({kind})")

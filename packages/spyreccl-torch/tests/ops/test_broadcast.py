@@ -9,10 +9,8 @@ import torch
 import torch.distributed as dist
 from _ops_support import (
     DTYPES,
-    POOL_OPTIONS,
-    RUN_TIMEOUT,
     SHAPES,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_exact,
     check_untouched,
     device,
@@ -20,12 +18,12 @@ from _ops_support import (
     gloo_moves,
     issue,
     rank_inputs,
-    run_cases,
+    run_batch,
 )
 
-from spyreccl_testing.inputs import fresh_seed, poison_
+from spyreccl_testing.inputs import poison_
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 
 def _check_broadcast(case, seed, ctx):
@@ -51,12 +49,7 @@ def _check_broadcast(case, seed, ctx):
         check_exact(tensor, on_cpu, seed, world, f"{what} vs gloo")
 
 
-def run_broadcast(cases, base_seed, ctx):
-    return run_cases(_check_broadcast, cases, base_seed, ctx)
-
-
 def test_broadcast(rank_pool):
-    seed = fresh_seed()
     world = rank_pool.world_size
     cases = [
         (dtype, shape, async_op, root)
@@ -65,5 +58,4 @@ def test_broadcast(rank_pool):
         for async_op in (False, True)
         for root in range(world)
     ]
-    results = rank_pool.run(run_broadcast, cases, seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, "broadcast")
+    run_batch(rank_pool, _check_broadcast, cases, "broadcast")

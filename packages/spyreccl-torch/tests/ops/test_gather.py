@@ -9,10 +9,8 @@ import torch
 import torch.distributed as dist
 from _ops_support import (
     DTYPES,
-    POOL_OPTIONS,
-    RUN_TIMEOUT,
     SHAPES,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_exact,
     check_untouched,
     device,
@@ -20,12 +18,12 @@ from _ops_support import (
     gloo_moves,
     issue,
     rank_inputs,
-    run_cases,
+    run_batch,
 )
 
-from spyreccl_testing.inputs import fresh_seed, poison_
+from spyreccl_testing.inputs import poison_
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 
 def _check_gather(case, seed, ctx):
@@ -53,12 +51,7 @@ def _check_gather(case, seed, ctx):
                 check_exact(outputs[r], on_cpu[r], seed, world, f"{what}: block {r} vs gloo")
 
 
-def run_gather(cases, base_seed, ctx):
-    return run_cases(_check_gather, cases, base_seed, ctx)
-
-
 def test_gather(rank_pool):
-    seed = fresh_seed()
     world = rank_pool.world_size
     cases = [
         (dtype, shape, async_op, root)
@@ -67,5 +60,4 @@ def test_gather(rank_pool):
         for async_op in (False, True)
         for root in range(world)
     ]
-    results = rank_pool.run(run_gather, cases, seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, "gather")
+    run_batch(rank_pool, _check_gather, cases, "gather")

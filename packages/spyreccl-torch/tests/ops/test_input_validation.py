@@ -16,22 +16,20 @@ import pytest
 import torch
 import torch.distributed as dist
 from _ops_support import (
-    POOL_OPTIONS,
-    RUN_TIMEOUT,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_exact,
     check_result,
     check_untouched,
     device,
     expect_rejection,
     rank_inputs,
-    run_cases,
+    run_batch,
 )
 
 from spyreccl_testing.accuracy import reference_reduce
-from spyreccl_testing.inputs import fresh_seed, poison_
+from spyreccl_testing.inputs import poison_
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 CPU_MESSAGE = (
     "spyreccl handles spyre tensors only; for CPU tensors use "
@@ -373,12 +371,6 @@ def _check(case, seed, ctx):
         _group_usable(ctx, name)
 
 
-def run_validation(cases, base_seed, ctx):
-    return run_cases(_check, cases, base_seed, ctx)
-
-
 @pytest.mark.parametrize("name", list(_REJECTIONS) + list(_VALID))
 def test_input_validation(rank_pool, name):
-    seed = fresh_seed()
-    results = rank_pool.run(run_validation, [(name,)], seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, name)
+    run_batch(rank_pool, _check, [(name,)], name)

@@ -7,10 +7,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 from _ops_support import (
-    POOL_OPTIONS,
-    RUN_TIMEOUT,
     SHAPES,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_gloo,
     check_result,
     check_untouched,
@@ -27,13 +25,12 @@ from _ops_support import (
     reduction_valid,
     reference_op,
     rejection_pattern,
-    run_cases,
+    run_batch,
 )
 
 from spyreccl_testing.accuracy import reference_reduce
-from spyreccl_testing.inputs import fresh_seed
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 
 def _check_reduce(case, seed, ctx):
@@ -62,18 +59,12 @@ def _check_reduce(case, seed, ctx):
     expected = reference_reduce(inputs, reference_op(op, factor), dtype)
     check_result(tensor, expected, dtype, world, seed, what, op)
     if on_cpu is not None:
-        check_gloo(tensor, on_cpu, dtype, world, seed, what)
-
-
-def run_reduce(cases, base_seed, ctx):
-    return run_cases(_check_reduce, cases, base_seed, ctx)
+        check_gloo(tensor, on_cpu, dtype, world, seed, what, op)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
 def test_reduce(rank_pool, dtype):
-    seed = fresh_seed()
     world = rank_pool.world_size
     # The root rotates with the case index, so every rank is root for every size.
     cases = [(*c, i % world) for i, c in enumerate(reduce_cases(dtype, sizes=SHAPES))]
-    results = rank_pool.run(run_reduce, cases, seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, f"reduce {dtype_id(dtype)}")
+    run_batch(rank_pool, _check_reduce, cases, f"reduce {dtype_id(dtype)}")

@@ -8,10 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from _ops_support import (
-    POOL_OPTIONS,
-    RUN_TIMEOUT,
     SHAPES,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_gloo,
     check_result,
     check_untouched,
@@ -28,13 +26,13 @@ from _ops_support import (
     reduction_valid,
     reference_op,
     rejection_pattern,
-    run_cases,
+    run_batch,
 )
 
 from spyreccl_testing.accuracy import reference_reduce
-from spyreccl_testing.inputs import fresh_seed, poison_
+from spyreccl_testing.inputs import poison_
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 
 def _block_shapes(kind, shape, world):
@@ -71,17 +69,11 @@ def _check_reduce_scatter(case, seed, ctx):
     expected = reference_reduce(blocks[rank], reference_op(op, factor), dtype)
     check_result(output, expected, dtype, world, seed, what, op)
     if on_cpu is not None:
-        check_gloo(output, on_cpu, dtype, world, seed, what)
-
-
-def run_reduce_scatter(cases, base_seed, ctx):
-    return run_cases(_check_reduce_scatter, cases, base_seed, ctx)
+        check_gloo(output, on_cpu, dtype, world, seed, what, op)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
 def test_reduce_scatter(rank_pool, dtype):
-    seed = fresh_seed()
     cases = [("even", *c) for c in reduce_cases(dtype, sizes=SHAPES)]
     cases += [("uneven", *c) for c in reduce_cases(dtype, sizes=((0,), (1001,)))]
-    results = rank_pool.run(run_reduce_scatter, cases, seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, f"reduce_scatter {dtype_id(dtype)}")
+    run_batch(rank_pool, _check_reduce_scatter, cases, f"reduce_scatter {dtype_id(dtype)}")

@@ -15,10 +15,8 @@ import torch
 import torch.distributed as dist
 from _ops_support import (
     LARGE,
-    POOL_OPTIONS,
     REDUCE_OPS,
-    RUN_TIMEOUT,
-    assert_ranks_passed,
+    SHARED_POOL_OPTIONS,
     check_gloo,
     check_result,
     check_untouched,
@@ -35,13 +33,13 @@ from _ops_support import (
     reduction_valid,
     reference_op,
     rejection_pattern,
-    run_cases,
+    run_batch,
 )
 
 from spyreccl_testing.accuracy import reference_reduce
-from spyreccl_testing.inputs import fresh_seed, poison_
+from spyreccl_testing.inputs import poison_
 
-pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
+pytestmark = pytest.mark.rank_pool_options(**SHARED_POOL_OPTIONS)
 
 _SHAPES = ((0,), (1,), (7, 11, 13), (LARGE,))
 _SECONDARY_OPS = ("SUM", "MAX", "PREMUL_SUM")
@@ -103,7 +101,7 @@ def _check(case, seed, ctx):
     )
     check_result(output, expected, dtype, world, seed, what, op)
     if on_cpu is not None:
-        check_gloo(output, on_cpu, dtype, world, seed, what)
+        check_gloo(output, on_cpu, dtype, world, seed, what, op)
 
 
 def _check_coalesced(dtype, op, factor, shape, async_op, seed, ctx, what):
@@ -129,13 +127,8 @@ def _check_coalesced(dtype, op, factor, shape, async_op, seed, ctx, what):
         check_result(outputs[i], expected, dtype, world, seed, f"{what}: output {i}", op)
 
 
-def run_reduce_scatter_tensor(cases, base_seed, ctx):
-    return run_cases(_check, cases, base_seed, ctx)
-
-
 @pytest.mark.parametrize("dtype", dtype_params())
 def test_reduce_scatter_tensor(rank_pool, dtype):
-    seed = fresh_seed()
     cases = [("concat", *c) for c in reduce_cases(dtype, REDUCE_OPS, _SHAPES)]
     for kind in ("stacked", "single", "in_place"):
         cases += [(kind, *c) for c in reduce_cases(dtype, _SECONDARY_OPS, _SHAPES)]
@@ -145,5 +138,4 @@ def test_reduce_scatter_tensor(rank_pool, dtype):
     # swallowed into that batch.
     valid = [op for op in _SECONDARY_OPS if reduction_valid(dtype, op)]
     cases += [("coalesced", *c) for c in reduce_cases(dtype, valid, _SHAPES)]
-    results = rank_pool.run(run_reduce_scatter_tensor, cases, seed, timeout=RUN_TIMEOUT)
-    assert_ranks_passed(results, seed, f"reduce_scatter into tensor {dtype_id(dtype)}")
+    run_batch(rank_pool, _check, cases, f"reduce_scatter into tensor {dtype_id(dtype)}")
