@@ -33,7 +33,7 @@ def test_sweep_all_levels_odd_world_size(tmp_path, capsys):
         t = r["time_us"]
         assert 0 < t["min_us"] <= t["p10_us"] <= t["median_us"] <= t["p90_us"] <= t["max_us"]
         assert r["nranks"] == 3 and t["iters"] >= 3
-    for level in ("core", "spyreccl", "gloo"):
+    for level in ("core", "core-host", "spyreccl", "gloo"):
         assert sizes_by[(level, "barrier")] == [0]
         # 4 B all-gather at 3 ranks rounds up to one float per rank (12 B); 128 B -> 120 B
         assert sizes_by[(level, "all_gather_into_tensor")] == [12, 120, 4092]
@@ -44,6 +44,43 @@ def test_sweep_all_levels_odd_world_size(tmp_path, capsys):
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
     text = capsys.readouterr().out
     assert "# all_to_all_single  float32  3 ranks" in text
+
+
+def test_sweep_direct_transfers_are_checked(tmp_path):
+    """512 KiB: above the direct-transfer threshold, so the core level (arena buffers) and
+    spyre tensors (arena-allocated) take the direct path; every result is verified."""
+    out = tmp_path / "direct.json"
+    rc = main(
+        [
+            "--nproc",
+            "2",
+            "--min",
+            "512K",
+            "--max",
+            "512K",
+            "--ops",
+            "all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single",
+            "--levels",
+            "core,spyreccl",
+            "--json",
+            str(out),
+            "--no-plot",
+            *_FAST,
+        ]
+    )
+    assert rc == 0
+    rows = _load(out)["results"]
+    assert {(r["level"], r["op"]) for r in rows} == {
+        (lv, op)
+        for lv in ("core", "spyreccl")
+        for op in (
+            "all_reduce",
+            "all_gather_into_tensor",
+            "reduce_scatter_tensor",
+            "broadcast",
+            "all_to_all_single",
+        )
+    }
 
 
 def test_threshold_mode(tmp_path):

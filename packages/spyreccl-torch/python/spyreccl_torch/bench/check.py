@@ -46,4 +46,4 @@ def expected_blocks(op: str, rank: int, nranks: int) -> list[int] | None:
 
 def result_is_send(op: str, level: str) -> bool:
     """True when the operation writes its result into the input buffer (in place)."""
-    return op == "broadcast" or (op == "all_reduce" and level != "core")
+    return op == "broadcast" or (op == "all_reduce" and not level.startswith("core"))

@@ -1,4 +1,7 @@
-"""One rank of the ``core`` level: spyreccl_core collectives on numpy buffers, no torch.
+"""One rank of the ``core`` / ``core-host`` levels: spyreccl_core collectives, no torch.
+
+``memory`` (an argument) chooses the buffers: "arena" (spyreccl_core.empty: large
+collectives read peers' buffers in place) or "host" (numpy.empty: staged transfers).
 
 This file is executed with :func:`runpy.run_path` in a fresh spawn process (see
 ``launcher.RankJob``), never imported as part of ``spyreccl_torch``: importing the package
@@ -10,7 +13,7 @@ modules ``timing.py`` and ``check.py``, loaded by file path.
 The parent passes ``SPYRECCL_BENCH_ARGS`` (a dict) as a global: rank, nranks, conn (the write
 end of the report pipe), unique_id (bytes), dtype, numpy_dtype, reinterpret, cases (list
 of dicts, see plan.Case), policy (dict of timing.LoopPolicy fields), check (bool: verify
-each case's result once before timing it, see check.py), timeout_s.
+each case's result once before timing it, see check.py), timeout_s, memory.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class _Case:
     """Buffers and the one-operation closure of a case on this rank."""
 
     def __init__(
-        self, core: Any, comm: Any, case: dict, dtype: Any, np_dtype: str, rank: int
+        self, core: Any, comm: Any, case: dict, dtype: Any, np_dtype: str, rank: int, memory: str
     ) -> None:
         import numpy as np
 
@@ -55,8 +58,9 @@ class _Case:
         # Written once so that every page is private and resident before timing: a fresh
         # np.empty/np.zeros maps the shared zero page, which would make the first timed
         # reads look faster than memory.
-        send = self.send = np.empty(case["send_elems"], dtype=np_dtype)
-        recv = self.recv = np.empty(case["recv_elems"], dtype=np_dtype)
+        empty = core.empty if memory == "arena" else np.empty
+        send = self.send = empty(case["send_elems"], dtype=np_dtype)
+        recv = self.recv = empty(case["recv_elems"], dtype=np_dtype)
         send.fill(0)
         recv.fill(0)
         kw = {} if dtype is None else {"dtype": dtype}
@@ -168,7 +172,7 @@ def _run(args: dict) -> None:
             return float(probe[0])
 
         for case in args["cases"]:
-            c = _Case(core, comm, case, dtype, np_dtype, rank)
+            c = _Case(core, comm, case, dtype, np_dtype, rank, args.get("memory", "host"))
             if args["check"]:
                 _check(check, np, c, case, rank, nranks, np_dtype, reinterpret)
             idle = c.step is None

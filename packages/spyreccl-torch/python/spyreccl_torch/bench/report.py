@@ -16,8 +16,13 @@ __all__ = [
     "write_json",
 ]
 
-_LEVEL_ORDER = ("core", "spyreccl", "gloo")
-_LEVEL_STYLE = {"core": ("tab:green", "s"), "spyreccl": ("tab:blue", "o"), "gloo": ("tab:red", "^")}
+_LEVEL_ORDER = ("core", "core-host", "spyreccl", "gloo")
+_LEVEL_STYLE = {
+    "core": ("tab:green", "s"),
+    "core-host": ("tab:olive", "D"),
+    "spyreccl": ("tab:blue", "o"),
+    "gloo": ("tab:red", "^"),
+}
 
 
 def format_bytes(n: float) -> str:

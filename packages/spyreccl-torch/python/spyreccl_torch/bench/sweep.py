@@ -16,9 +16,13 @@ from .plan import DTYPES, Case, build_plan
 from .stats import bandwidths, combine_ranks, summarize
 from .timing import LoopPolicy
 
-__all__ = ["ALL_LEVELS", "SweepConfig", "run_sweep"]
+__all__ = ["ALL_LEVELS", "CORE_LEVELS", "SweepConfig", "run_sweep"]
 
-ALL_LEVELS = ("core", "spyreccl", "gloo")
+# core: spyreccl_core on arrays from spyreccl_core.empty (the memory arena: large collectives
+# read peers' buffers in place); core-host: the same on ordinary numpy arrays (staged through
+# shared memory); spyreccl: torch.distributed on spyre tensors; gloo: CPU tensors (baseline).
+ALL_LEVELS = ("core", "core-host", "spyreccl", "gloo")
+CORE_LEVELS = ("core", "core-host")
 _CORE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_worker.py")
 
 
@@ -80,13 +84,14 @@ def _job_args(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> 
         "timeout_s": cfg.timeout_s,
         "check": cfg.check,
     }
-    if level == "core":
+    if level in CORE_LEVELS:
         import spyreccl_core
 
         args.update(
             unique_id=spyreccl_core.UniqueId().to_bytes(),
             numpy_dtype=info.numpy,
             reinterpret=info.reinterpret,
+            memory="arena" if level == "core" else "host",
         )
     else:
         args.update(level=level, init_method=f"file://{os.path.join(workdir, 'store')}")
@@ -96,7 +101,7 @@ def _job_args(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> 
 def _start(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> RankJob:
     args = _job_args(level, cfg, cases, workdir)
     name = f"{level} x{cfg.nranks}"
-    if level == "core":
+    if level in CORE_LEVELS:
         return RankJob(name, cfg.nranks, args, script=_CORE_SCRIPT, env=cfg.env)
     from .torch_worker import run_rank
 

@@ -67,7 +67,7 @@ def run_threshold(args: argparse.Namespace) -> int:
                         ops=["all_reduce"],
                         sizes=sizes,
                         dtype=args.dtype,
-                        levels=("core",),
+                        levels=("core-host",),
                         policy=policy,
                         timeout_s=args.timeout,
                         env=env,
@@ -79,7 +79,7 @@ def run_threshold(args: argparse.Namespace) -> int:
     rows: list[dict] = []
     with progress_bar(sum(len(p) for p in plans), enabled=not args.no_progress) as bar:
         for (value, cfg), plan in zip(configs, plans):
-            level_rows, _ = run_level("core", cfg, plan, bar)
+            level_rows, _ = run_level("core-host", cfg, plan, bar)
             for r in level_rows:
                 r["oneshot_max"] = value
                 r["busbw_frac_memcpy"] = r["busbw_gbps"] / memcpy.median_gbps
