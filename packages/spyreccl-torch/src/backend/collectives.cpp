@@ -24,12 +24,13 @@ constexpr Usage kMove = Usage::kDataMovement;
 constexpr Usage kReduce = Usage::kReduction;
 
 OpRecord newOp(c10d::OpType type, const char* name, const char* profilingTitle,
-               std::chrono::milliseconds timeout, const DeviceChecker& devices) {
+               std::chrono::milliseconds timeout, bool asyncOp, const DeviceChecker& devices) {
   OpRecord op;
   op.type = type;
   op.name = name;
   op.profilingTitle = profilingTitle;
   op.timeout = timeout;
+  op.asyncOp = asyncOp;
   op.devices = devices.devices();
   return op;
 }
@@ -207,7 +208,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::broadcast(std::vector<at::T
   CommBuffer buffer = isRoot ? CommBuffer::input(tensors[0], kMove, kOp, "tensors[0]")
                              : CommBuffer::output(tensors[0], kMove, kOp, "tensors[0]");
 
-  OpRecord op = newOp(c10d::OpType::BROADCAST, kOp, "spyreccl:broadcast", opts.timeout, devices);
+  OpRecord op = newOp(c10d::OpType::BROADCAST, kOp, "spyreccl:broadcast", opts.timeout,
+                      opts.asyncOp, devices);
   op.inputs = tensors;
   op.outputs = tensors;
   op.inNelems = op.outNelems = tensors[0].numel();
@@ -225,7 +227,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allreduce(std::vector<at::T
   devices.add(tensors[0], "tensors[0]");
   const ReduceSpec spec = checkReduceOp(opts.reduceOp, tensors[0].scalar_type(), kOp);
 
-  OpRecord op = newOp(c10d::OpType::ALLREDUCE, kOp, "spyreccl:all_reduce", opts.timeout, devices);
+  OpRecord op = newOp(c10d::OpType::ALLREDUCE, kOp, "spyreccl:all_reduce", opts.timeout,
+                      opts.asyncOp, devices);
   op.inputs = tensors;
   op.outputs = tensors;
   op.inNelems = op.outNelems = tensors[0].numel();
@@ -248,7 +251,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allreduce_coalesced(
   }
 
   OpRecord op = newOp(c10d::OpType::ALLREDUCE_COALESCED, kOp, "spyreccl:all_reduce_coalesced",
-                      opts.timeout, devices);
+                      opts.timeout, opts.asyncOp, devices);
   op.inputs = tensors;
   op.outputs = tensors;
   op.inNelems = op.outNelems = totalNumel(tensors);
@@ -274,7 +277,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::reduce(std::vector<at::Tens
   const ReduceSpec spec = checkReduceOp(opts.reduceOp, tensors[0].scalar_type(), kOp);
   const int root = static_cast<int>(opts.rootRank);
 
-  OpRecord op = newOp(c10d::OpType::REDUCE, kOp, "spyreccl:reduce", opts.timeout, devices);
+  OpRecord op =
+      newOp(c10d::OpType::REDUCE, kOp, "spyreccl:reduce", opts.timeout, opts.asyncOp, devices);
   op.inputs = tensors;
   op.outputs = tensors;
   op.inNelems = op.outNelems = tensors[0].numel();
@@ -321,7 +325,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allgather(
   checkNumel(outList[rank_], input.numel(), kOp, indexedName("outputTensors", 0, rank_),
              "(it receives this rank's own 'inputTensors[0]')");
 
-  OpRecord op = newOp(c10d::OpType::ALLGATHER, kOp, "spyreccl:all_gather", opts.timeout, devices);
+  OpRecord op = newOp(c10d::OpType::ALLGATHER, kOp, "spyreccl:all_gather", opts.timeout,
+                      opts.asyncOp, devices);
   op.inputs = inputs;
   op.outputs = outList;
   op.inNelems = input.numel();
@@ -358,8 +363,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::_allgather_base(
   devices.add(output, "outputBuffer");
   checkGatherBase(output, input, size_, kOp, "outputBuffer", "inputBuffer");
 
-  OpRecord op =
-      newOp(c10d::OpType::_ALLGATHER_BASE, kOp, "spyreccl:_allgather_base", opts.timeout, devices);
+  OpRecord op = newOp(c10d::OpType::_ALLGATHER_BASE, kOp, "spyreccl:_allgather_base", opts.timeout,
+                      opts.asyncOp, devices);
   op.inputs = {input};
   op.outputs = {output};
   op.inNelems = input.numel();
@@ -396,7 +401,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allgather_coalesced(
   }
 
   OpRecord op = newOp(c10d::OpType::ALLGATHER_COALESCED, kOp, "spyreccl:all_gather_coalesced",
-                      opts.timeout, devices);
+                      opts.timeout, opts.asyncOp, devices);
   op.inputs = inputs;
   for (const auto& list : outputLists) {
     op.outputs.insert(op.outputs.end(), list.begin(), list.end());
@@ -436,7 +441,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allgather_into_tensor_coale
   }
 
   OpRecord op = newOp(c10d::OpType::COALESCED, kOp, "spyreccl:all_gather_into_tensor_coalesced",
-                      opts.timeout, devices);
+                      opts.timeout, opts.asyncOp, devices);
   op.inputs = inputs;
   op.outputs = outputs;
   op.inNelems = totalNumel(inputs);
@@ -482,7 +487,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::gather(
                 " (only the root, rank ", root, ", receives)");
   }
 
-  OpRecord op = newOp(c10d::OpType::GATHER, kOp, "spyreccl:gather", opts.timeout, devices);
+  OpRecord op =
+      newOp(c10d::OpType::GATHER, kOp, "spyreccl:gather", opts.timeout, opts.asyncOp, devices);
   op.inputs = inputs;
   op.outputs = outList;
   op.inNelems = input.numel();
@@ -532,7 +538,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::scatter(
                 " (only the root, rank ", root, ", sends)");
   }
 
-  OpRecord op = newOp(c10d::OpType::SCATTER, kOp, "spyreccl:scatter", opts.timeout, devices);
+  OpRecord op =
+      newOp(c10d::OpType::SCATTER, kOp, "spyreccl:scatter", opts.timeout, opts.asyncOp, devices);
   op.inputs = inList;
   op.outputs = outputs;
   op.inNelems = totalNumel(inList);
@@ -579,8 +586,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::reduce_scatter(
              "(its reduction lands in this rank's 'outputTensors[0]')");
   const ReduceSpec spec = checkReduceOp(opts.reduceOp, output.scalar_type(), kOp);
 
-  OpRecord op =
-      newOp(c10d::OpType::REDUCE_SCATTER, kOp, "spyreccl:reduce_scatter", opts.timeout, devices);
+  OpRecord op = newOp(c10d::OpType::REDUCE_SCATTER, kOp, "spyreccl:reduce_scatter", opts.timeout,
+                      opts.asyncOp, devices);
   op.inputs = inList;
   op.outputs = outputs;
   op.inNelems = totalNumel(inList);
@@ -618,7 +625,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::_reduce_scatter_base(
   const ReduceSpec spec = checkReduceOp(opts.reduceOp, output.scalar_type(), kOp);
 
   OpRecord op = newOp(c10d::OpType::_REDUCE_SCATTER_BASE, kOp, "spyreccl:_reduce_scatter_base",
-                      opts.timeout, devices);
+                      opts.timeout, opts.asyncOp, devices);
   op.inputs = {input};
   op.outputs = {output};
   op.inNelems = input.numel();
@@ -648,8 +655,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::reduce_scatter_tensor_coale
     specs.push_back(checkReduceOp(opts.reduceOp, outputs[i].scalar_type(), kOp));
   }
 
-  OpRecord op = newOp(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, kOp,
-                      "spyreccl:reduce_scatter_tensor_coalesced", opts.timeout, devices);
+  OpRecord op =
+      newOp(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, kOp,
+            "spyreccl:reduce_scatter_tensor_coalesced", opts.timeout, opts.asyncOp, devices);
   op.inputs = inputs;
   op.outputs = outputs;
   op.inNelems = totalNumel(inputs);
@@ -686,8 +694,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::alltoall_base(
   const std::vector<int64_t> outSplits =
       resolveSplits(outputSplitSizes, output, size_, kOp, "outputSplitSizes", "outputBuffer");
 
-  OpRecord op =
-      newOp(c10d::OpType::ALLTOALL_BASE, kOp, "spyreccl:all_to_all", opts.timeout, devices);
+  OpRecord op = newOp(c10d::OpType::ALLTOALL_BASE, kOp, "spyreccl:all_to_all", opts.timeout,
+                      opts.asyncOp, devices);
   op.inputs = {input};
   op.outputs = {output};
   op.inNelems = input.numel();
@@ -742,7 +750,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::alltoall(std::vector<at::Te
     recvElements.push_back(outputs[p].numel());
   }
 
-  OpRecord op = newOp(c10d::OpType::ALLTOALL, kOp, "spyreccl:all_to_all", opts.timeout, devices);
+  OpRecord op = newOp(c10d::OpType::ALLTOALL, kOp, "spyreccl:all_to_all", opts.timeout,
+                      opts.asyncOp, devices);
   op.inputs = inputs;
   op.outputs = outputs;
   op.inNelems = totalNumel(inputs);
@@ -765,83 +774,64 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::alltoall(std::vector<at::Te
 
 // --- point-to-point -------------------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::send(std::vector<at::Tensor>& tensors,
-                                                          int dstRank, int tag) {
-  static constexpr const char* kOp = "send";
-  checkUsable(kOp);
-  checkSingleTensor(tensors.size(), kOp, "tensors");
-  checkRank(dstRank, size_, kOp, "dstRank");
-  TORCH_CHECK(dstRank != rank_, "spyreccl ", kOp, ": argument 'dstRank' is ", dstRank,
-              ", this rank itself; sending to oneself is not supported");
-  DeviceChecker devices(kOp);
+c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::pointToPoint(std::vector<at::Tensor>& tensors,
+                                                                  PeerCall call) {
+  const bool sends = call.kind == PeerCall::Kind::kSend;
+  const bool anySource = call.kind == PeerCall::Kind::kRecvAnySource;
+  const char* opName = sends ? "send" : anySource ? "recvAnysource" : "recv";
+  checkUsable(opName);
+  TORCH_CHECK(!(anySource && coalescing_), "spyreccl ", opName,
+              ": a receive from any source cannot be part of a coalescing batch");
+  checkSingleTensor(tensors.size(), opName, "tensors");
+  if (!anySource) {
+    const char* peerArg = sends ? "dstRank" : "srcRank";
+    checkRank(call.peer, size_, opName, peerArg);
+    TORCH_CHECK(call.peer != rank_, "spyreccl ", opName, ": argument '", peerArg, "' is ",
+                call.peer, ", this rank itself; ", sends ? "sending to" : "receiving from",
+                " oneself is not supported");
+  }
+  DeviceChecker devices(opName);
   devices.add(tensors[0], "tensors[0]");
 
-  OpRecord op = newOp(c10d::OpType::SEND, kOp, "spyreccl:send", c10d::kUnsetTimeout, devices);
-  op.inputs = tensors;
-  op.inNelems = tensors[0].numel();
+  OpRecord op = sends ? newOp(c10d::OpType::SEND, opName, "spyreccl:send", c10d::kUnsetTimeout,
+                              /*asyncOp=*/true, devices)
+                : anySource ? newOp(c10d::OpType::RECVANYSOURCE, opName, "spyreccl:recvAnySource",
+                                    c10d::kUnsetTimeout, /*asyncOp=*/true, devices)
+                            : newOp(c10d::OpType::RECV, opName, "spyreccl:recv",
+                                    c10d::kUnsetTimeout, /*asyncOp=*/true, devices);
   op.dtype = tensors[0].scalar_type();
   Step step;
-  step.p2p = true;
-  step.buffers = {CommBuffer::input(tensors[0], kMove, kOp, "tensors[0]")};
-  step.issue = [dstRank, tag](const Buffers& b, spyrecclComm_t comm) {
-    checkCore(spyrecclSend(b[0].data(), b[0].count(), b[0].dtype(), dstRank, tag, comm), comm,
-              "send to rank " + std::to_string(dstRank));
-  };
+  if (sends) {
+    op.inputs = tensors;
+    op.inNelems = tensors[0].numel();
+    step.buffers = {CommBuffer::input(tensors[0], kMove, opName, "tensors[0]")};
+  } else {
+    op.outputs = tensors;
+    op.outNelems = tensors[0].numel();
+    step.buffers = {CommBuffer::output(tensors[0], kMove, opName, "tensors[0]")};
+  }
+  if (anySource) {
+    call.source = std::make_shared<int>(-1);
+    op.sourceRank = call.source;
+  }
+  step.peerCall = std::move(call);
   op.steps.push_back(std::move(step));
   return submit(std::move(op));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::send(std::vector<at::Tensor>& tensors,
+                                                          int dstRank, int tag) {
+  return pointToPoint(tensors, PeerCall{PeerCall::Kind::kSend, dstRank, tag, nullptr});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::recv(std::vector<at::Tensor>& tensors,
                                                           int srcRank, int tag) {
-  static constexpr const char* kOp = "recv";
-  checkUsable(kOp);
-  checkSingleTensor(tensors.size(), kOp, "tensors");
-  checkRank(srcRank, size_, kOp, "srcRank");
-  TORCH_CHECK(srcRank != rank_, "spyreccl ", kOp, ": argument 'srcRank' is ", srcRank,
-              ", this rank itself; receiving from oneself is not supported");
-  DeviceChecker devices(kOp);
-  devices.add(tensors[0], "tensors[0]");
-
-  OpRecord op = newOp(c10d::OpType::RECV, kOp, "spyreccl:recv", c10d::kUnsetTimeout, devices);
-  op.outputs = tensors;
-  op.outNelems = tensors[0].numel();
-  op.dtype = tensors[0].scalar_type();
-  Step step;
-  step.p2p = true;
-  step.buffers = {CommBuffer::output(tensors[0], kMove, kOp, "tensors[0]")};
-  step.issue = [srcRank, tag](const Buffers& b, spyrecclComm_t comm) {
-    checkCore(spyrecclRecv(b[0].data(), b[0].count(), b[0].dtype(), srcRank, tag, comm), comm,
-              "recv from rank " + std::to_string(srcRank));
-  };
-  op.steps.push_back(std::move(step));
-  return submit(std::move(op));
+  return pointToPoint(tensors, PeerCall{PeerCall::Kind::kRecv, srcRank, tag, nullptr});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::recvAnysource(std::vector<at::Tensor>& tensors,
                                                                    int tag) {
-  static constexpr const char* kOp = "recvAnysource";
-  checkUsable(kOp);
-  TORCH_CHECK(!coalescing_, "spyreccl ", kOp,
-              ": a receive from any source cannot be part of a coalescing batch");
-  checkSingleTensor(tensors.size(), kOp, "tensors");
-  DeviceChecker devices(kOp);
-  devices.add(tensors[0], "tensors[0]");
-
-  OpRecord op = newOp(c10d::OpType::RECVANYSOURCE, kOp, "spyreccl:recvAnySource",
-                      c10d::kUnsetTimeout, devices);
-  op.outputs = tensors;
-  op.outNelems = tensors[0].numel();
-  op.dtype = tensors[0].scalar_type();
-  op.sourceRank = std::make_shared<int>(-1);
-  Step step;  // not p2p: the core does not allow it inside a group
-  step.buffers = {CommBuffer::output(tensors[0], kMove, kOp, "tensors[0]")};
-  step.issue = [tag, source = op.sourceRank](const Buffers& b, spyrecclComm_t comm) {
-    checkCore(
-        spyrecclRecvAnySource(b[0].data(), b[0].count(), b[0].dtype(), tag, source.get(), comm),
-        comm, kOp);
-  };
-  op.steps.push_back(std::move(step));
-  return submit(std::move(op));
+  return pointToPoint(tensors, PeerCall{PeerCall::Kind::kRecvAnySource, -1, tag, nullptr});
 }
 
 // --- barriers -------------------------------------------------------------------------------
@@ -849,8 +839,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::recvAnysource(std::vector<a
 c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::barrier(const c10d::BarrierOptions& opts) {
   static constexpr const char* kOp = "barrier";
   checkUsable(kOp);
-  OpRecord op =
-      newOp(c10d::OpType::BARRIER, kOp, "spyreccl:barrier", opts.timeout, DeviceChecker(kOp));
+  OpRecord op = newOp(c10d::OpType::BARRIER, kOp, "spyreccl:barrier", opts.timeout, opts.asyncOp,
+                      DeviceChecker(kOp));
   Step step;
   step.issue = [](const Buffers&, spyrecclComm_t comm) {
     checkCore(spyrecclBarrier(comm), comm, kOp);

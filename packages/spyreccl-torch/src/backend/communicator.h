@@ -4,8 +4,9 @@
 // Why shared: a Work may outlive its process group and still needs to abort the
 // communicator when a wait() on it times out (the NCCL-watchdog behaviour). The core allows
 // spyrecclCommAbort and spyrecclCommSetTimeout from any thread, while communication happens
-// on the group's progress thread only; spyrecclCommDestroy runs when the last owner lets go,
-// which is after the progress thread has been joined.
+// on one thread at a time: the group's progress thread, or the calling thread for an inline
+// operation while the progress thread is idle; spyrecclCommDestroy runs when the last owner
+// lets go, which is after the progress thread has been joined.
 #pragma once
 
 #include <atomic>
@@ -35,7 +36,10 @@ class Communicator {
   bool aborted() const { return aborted_.load(); }
   std::string abortReason() const;
 
-  // Bounds the waits of the next core calls. Progress thread only (cheap when unchanged).
+  // Bounds the waits of the next core calls (cheap when unchanged). Called by the thread
+  // that runs the group's operations: the progress thread, or the caller on the inline
+  // fast path, which only runs while the progress thread is idle (ProgressThread::idle()
+  // orders it after the progress thread's last use).
   void useTimeout(std::chrono::milliseconds timeout);
 
   // Human readable state dump from the core (recent operations, what peers announced).

@@ -4,11 +4,14 @@
 #include "backend/process_group_spyreccl.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <unordered_map>
 
 #include <ATen/ThreadLocalState.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 
@@ -51,9 +54,63 @@ void checkTimeout(std::chrono::milliseconds timeout, const char* what) {
               " ms");
 }
 
-// Runs the core calls of one operation. Consecutive point-to-point steps are issued inside
-// one spyrecclGroupStart/End so that they progress together (a ring exchange posted as
-// isend + irecv would otherwise deadlock once messages exceed the staging area).
+// What a failed send/recv is called in its error message: the operation, its sequence
+// number and the peer, like the core names collectives ("allreduce seq 12").
+std::string describePeerCall(const PeerCall& call, uint64_t seq) {
+  const std::string tag = " (tag " + std::to_string(call.tag) + ")";
+  switch (call.kind) {
+    case PeerCall::Kind::kSend:
+      return "send seq " + std::to_string(seq) + " to rank " + std::to_string(call.peer) + tag;
+    case PeerCall::Kind::kRecv:
+      return "recv seq " + std::to_string(seq) + " from rank " + std::to_string(call.peer) + tag;
+    case PeerCall::Kind::kRecvAnySource:
+      return "recvAnysource seq " + std::to_string(seq) + " from any rank" + tag;
+  }
+  return "point-to-point seq " + std::to_string(seq);
+}
+
+// The operations of one spyrecclGroupStart/End, for the message of a failed group.
+std::string describePeerGroup(const std::vector<Step>& steps, size_t begin, size_t end) {
+  constexpr size_t kMaxNamed = 4;
+  std::string text = "batched send/recv (";
+  for (size_t i = begin; i < end && i < begin + kMaxNamed; ++i) {
+    text += (i == begin ? "" : ", ") + describePeerCall(*steps[i].peerCall, steps[i].seq);
+  }
+  if (end - begin > kMaxNamed) {
+    text += ", and " + std::to_string(end - begin - kMaxNamed) + " more";
+  }
+  return text + ")";
+}
+
+void issuePeerCall(const Step& step, spyrecclComm_t comm) {
+  const PeerCall& call = *step.peerCall;
+  const CommBuffer& b = step.buffers.at(0);
+  spyrecclResult_t result = spyrecclSuccess;
+  switch (call.kind) {
+    case PeerCall::Kind::kSend:
+      result = spyrecclSend(b.data(), b.count(), b.dtype(), call.peer, call.tag, comm);
+      break;
+    case PeerCall::Kind::kRecv:
+      result = spyrecclRecv(b.data(), b.count(), b.dtype(), call.peer, call.tag, comm);
+      break;
+    case PeerCall::Kind::kRecvAnySource:
+      result =
+          spyrecclRecvAnySource(b.data(), b.count(), b.dtype(), call.tag, call.source.get(), comm);
+      break;
+  }
+  if (result != spyrecclSuccess) {
+    throwCoreError(result, comm, describePeerCall(call, step.seq));
+  }
+}
+
+void issue(const Step& step, spyrecclComm_t comm) {
+  if (step.peerCall) {
+    issuePeerCall(step, comm);
+  } else {
+    step.issue(step.buffers, comm);
+  }
+}
+
 void runSingleStep(Step& step, spyrecclComm_t comm) {
   if (step.before) {
     step.before();
@@ -61,7 +118,7 @@ void runSingleStep(Step& step, spyrecclComm_t comm) {
   for (auto& buffer : step.buffers) {
     buffer.prepare();
   }
-  step.issue(step.buffers, comm);
+  issue(step, comm);
   for (const auto& buffer : step.buffers) {
     buffer.commit();
   }
@@ -70,6 +127,9 @@ void runSingleStep(Step& step, spyrecclComm_t comm) {
   }
 }
 
+// Consecutive point-to-point steps are issued inside one spyrecclGroupStart/End so that
+// they progress together (the sends and receives of batch_isend_irecv would otherwise
+// deadlock once messages exceed the staging area).
 void runP2PGroup(std::vector<Step>& steps, size_t begin, size_t end, spyrecclComm_t comm) {
   for (size_t i = begin; i < end; ++i) {
     if (steps[i].before) {
@@ -83,7 +143,7 @@ void runP2PGroup(std::vector<Step>& steps, size_t begin, size_t end, spyrecclCom
   std::exception_ptr issueError;
   for (size_t i = begin; i < end && !issueError; ++i) {
     try {
-      steps[i].issue(steps[i].buffers, comm);
+      issuePeerCall(steps[i], comm);
     } catch (...) {
       issueError = std::current_exception();
     }
@@ -93,7 +153,9 @@ void runP2PGroup(std::vector<Step>& steps, size_t begin, size_t end, spyrecclCom
   if (issueError) {
     std::rethrow_exception(issueError);
   }
-  checkCore(endResult, comm, "batched send/recv");
+  if (endResult != spyrecclSuccess) {
+    throwCoreError(endResult, comm, describePeerGroup(steps, begin, end));
+  }
   for (size_t i = begin; i < end; ++i) {
     for (const auto& buffer : steps[i].buffers) {
       buffer.commit();
@@ -104,16 +166,18 @@ void runP2PGroup(std::vector<Step>& steps, size_t begin, size_t end, spyrecclCom
   }
 }
 
+bool groupable(const Step& step) { return step.peerCall && step.peerCall->groupable(); }
+
 void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
   size_t i = 0;
   while (i < steps.size()) {
-    if (!steps[i].p2p) {
+    if (!groupable(steps[i])) {
       runSingleStep(steps[i], comm);
       ++i;
       continue;
     }
     size_t end = i;
-    while (end < steps.size() && steps[end].p2p) {
+    while (end < steps.size() && groupable(steps[end])) {
       ++end;
     }
     if (end - i == 1) {
@@ -122,6 +186,30 @@ void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
       runP2PGroup(steps, i, end, comm);
     }
     i = end;
+  }
+}
+
+// Runs the steps of one operation against `comm` and completes `work` with the outcome, on
+// whichever thread executes the operation (the progress thread, or the caller for the
+// inline fast path). Errors never escape: wait() rethrows them.
+void executeOp(WorkSpyreccl& work, std::vector<Step>& steps, std::chrono::milliseconds timeout,
+               Communicator& comm, const std::shared_ptr<int>& sourceRank) noexcept {
+  try {
+    if (comm.aborted()) {
+      std::rethrow_exception(makeDistBackendError(
+          "spyreccl: " + work.description() +
+          " was not run because the communicator was aborted: " + comm.abortReason()));
+    }
+    comm.useTimeout(timeout);
+    runSteps(steps, comm.get());
+    steps.clear();  // drop staging buffers before waking waiters
+    if (sourceRank) {
+      work.setSourceRank(*sourceRank);
+    }
+    work.finishSuccess();
+  } catch (...) {
+    steps.clear();
+    work.finishError(std::current_exception());
   }
 }
 
@@ -141,23 +229,7 @@ class OpJob : public ProgressThread::Job {
   void run() noexcept override {
     // Grad mode, profiler state, ... of the thread that issued the operation.
     at::ThreadLocalStateGuard tlsGuard(tls_);
-    try {
-      if (comm_->aborted()) {
-        std::rethrow_exception(makeDistBackendError(
-            "spyreccl: " + work_->description() +
-            " was not run because the communicator was aborted: " + comm_->abortReason()));
-      }
-      comm_->useTimeout(timeout_);
-      runSteps(steps_, comm_->get());
-      steps_.clear();  // drop staging buffers before waking waiters
-      if (sourceRank_) {
-        work_->setSourceRank(*sourceRank_);
-      }
-      work_->finishSuccess();
-    } catch (...) {
-      steps_.clear();
-      work_->finishError(std::current_exception());
-    }
+    executeOp(*work_, steps_, timeout_, *comm_, sourceRank_);
   }
 
   void cancel(std::exception_ptr reason) noexcept override {
@@ -223,6 +295,7 @@ ProcessGroupSpyreccl::ProcessGroupSpyreccl(const c10::intrusive_ptr<c10d::Store>
   TORCH_CHECK(store, "spyreccl: a Store is required to create a process group");
   checkTimeout(options_->timeout, "Options.timeout");
   init();
+  cacheConstants();
 
   // Rank 0 creates the id and publishes it; the others fetch it. A 1-rank group needs no
   // exchange at all.
@@ -278,6 +351,7 @@ ProcessGroupSpyreccl::ProcessGroupSpyreccl(SplitTag, std::shared_ptr<Communicato
                                            int size, c10::intrusive_ptr<Options> options)
     : c10d::Backend(rank, size), options_(std::move(options)), comm_(std::move(comm)) {
   init();
+  cacheConstants();
   startProgressThread();
   setSequenceNumberForGroup();
 }
@@ -294,10 +368,47 @@ void ProcessGroupSpyreccl::startProgressThread() {
   progress_ = std::make_unique<ProgressThread>(label());
 }
 
-std::string ProcessGroupSpyreccl::label() const {
+namespace {
+
+size_t inlineMaxBytesFromEnv() {
+  const char* value = std::getenv(kInlineMaxBytesEnv);
+  if (value == nullptr || value[0] == '\0') {
+    return kDefaultInlineMaxBytes;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long parsed = std::strtoull(value, &end, 10);
+  TORCH_CHECK(errno == 0 && end != value && *end == '\0' && value[0] != '-',
+              "spyreccl: ", kInlineMaxBytesEnv, "='", value,
+              "' is not a byte count; expected a non-negative integer (0 disables running "
+              "small synchronous collectives on the calling thread)");
+  return static_cast<size_t>(parsed);
+}
+
+}  // namespace
+
+void ProcessGroupSpyreccl::cacheConstants() {
   const std::string& name = options_->group_name;
-  return "process group '" + (name.empty() ? std::string("<unnamed>") : name) + "' (rank " +
-         std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+  label_ = std::make_shared<const std::string>(
+      "process group '" + (name.empty() ? std::string("<unnamed>") : name) + "' (rank " +
+      std::to_string(rank_) + " of " + std::to_string(size_) + ")");
+
+  const auto& globalRanks = options_->global_ranks_in_group;
+  globalRankStart_ = 0;
+  globalRankStride_ = 1;
+  if (!globalRanks.empty()) {
+    globalRankStart_ = static_cast<int>(globalRanks[0]);
+    globalRankStride_ = globalRanks.size() > 1
+                            ? static_cast<int>(globalRanks[1]) - static_cast<int>(globalRanks[0])
+                            : 0;
+    for (size_t i = 2; i < globalRanks.size(); ++i) {
+      if (static_cast<int>(globalRanks[i] - globalRanks[i - 1]) != globalRankStride_) {
+        globalRankStride_ = -1;  // not an arithmetic progression
+        break;
+      }
+    }
+  }
+  inlineMaxBytes_ = inlineMaxBytesFromEnv();
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupSpyreccl::getBackendOptions() {
@@ -320,41 +431,61 @@ std::chrono::milliseconds ProcessGroupSpyreccl::effectiveTimeout(
 
 // --- submission -----------------------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
-  const uint64_t seq = ++seq_;
+void ProcessGroupSpyreccl::recordParamComms(const OpRecord& op, uint64_t seq) {
+  // Emits a "record_param_comms" event carrying the collective's name, sizes and dtype; it
+  // spans the enqueueing. Building it costs several microseconds (a shared debug-info
+  // object, IValue lists of the tensors), and only record-function callbacks (profiler,
+  // execution trace observer) read it: skip it when none is registered.
+  if (!at::hasCallbacks()) {
+    return;
+  }
+  RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP(static_cast<int>(seq), std::make_tuple(pg_uid_, pg_desc_),
+                                        op.inputs, op.outputs, rank_, op.name, op.inNelems,
+                                        op.outNelems, op.dtype, op.inSplitSizes, op.outSplitSizes,
+                                        globalRankStart_, globalRankStride_, size_, op.asyncOp);
+}
 
-  // Rank layout of the group in the default group, for the profiler's comms metadata.
-  int globalRankStart = 0;
-  int globalRankStride = 1;
-  const auto& globalRanks = options_->global_ranks_in_group;
-  if (!globalRanks.empty()) {
-    globalRankStart = static_cast<int>(globalRanks[0]);
-    globalRankStride = globalRanks.size() > 1
-                           ? static_cast<int>(globalRanks[1]) - static_cast<int>(globalRanks[0])
-                           : 0;
-    for (size_t i = 2; i < globalRanks.size(); ++i) {
-      if (static_cast<int>(globalRanks[i] - globalRanks[i - 1]) != globalRankStride) {
-        globalRankStride = -1;  // not an arithmetic progression
-        break;
-      }
+bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
+  // Inline only when it cannot be observed except as lower latency:
+  //  - the caller waits on the Work right away (async_op=False), so blocking in the call
+  //    instead of in wait() changes nothing for it, and no computation it meant to overlap
+  //    with the operation is delayed;
+  //  - a collective: an inline blocking send could deadlock an exchange whose matching
+  //    receive the caller posts next (point-to-point keeps to the progress thread);
+  //  - nothing queued or running on the progress thread, so issue order is kept and the
+  //    communicator is used by one thread at a time (idle() orders us after its last job;
+  //    only this thread posts);
+  //  - a small payload, so an abort or a timeout is the only thing that can keep the
+  //    calling thread long.
+  if (inlineMaxBytes_ == 0 || op.asyncOp || !progress_->idle()) {
+    return false;
+  }
+  for (const Step& step : op.steps) {
+    if (step.peerCall) {
+      return false;
     }
   }
-  // Emits a "record_param_comms" event carrying the collective's name, sizes and dtype; it
-  // spans the enqueueing. The Work below opens the asynchronous range named
-  // op.profilingTitle, which ends when the operation completes.
-  RECORD_PARAM_COMMS_DATA(static_cast<int>(seq), std::make_tuple(pg_uid_, pg_desc_), op.inputs,
-                          op.outputs, rank_, op.name, op.inNelems, op.outNelems, op.dtype,
-                          op.inSplitSizes, op.outSplitSizes, globalRankStart, globalRankStride,
-                          size_);
+  const auto payload = static_cast<size_t>(std::max(op.inNelems, op.outNelems)) *
+                       static_cast<size_t>(c10::elementSize(op.dtype));
+  return payload <= inlineMaxBytes_;
+}
 
-  const std::string description =
-      std::string(op.name) + " #" + std::to_string(seq) + " on " + label();
+c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
+  const uint64_t seq = ++seq_;
+  for (Step& step : op.steps) {
+    step.seq = seq;
+  }
+  recordParamComms(op, seq);
+  // The Work's constructor opens the asynchronous range named op.profilingTitle, which ends
+  // when the operation completes. Without callbacks there is nobody to record it.
+  const char* profilingTitle = at::hasCallbacks() ? op.profilingTitle : nullptr;
+
   if (coalescing_) {
     if (!batchWork_) {
       batch_.devices = op.devices;
       batchWork_ = c10::make_intrusive<WorkSpyreccl>(
           rank_, c10d::OpType::COALESCED, seq, "spyreccl:coalesced", op.inputs, op.devices, comm_,
-          "coalesced batch starting with " + description, /*submitted=*/false);
+          op.name, label_, "coalesced batch starting with ", /*submitted=*/false);
       batch_.timeout = op.timeout;
     } else if (!op.devices.empty()) {
       if (batch_.devices.empty()) {
@@ -373,9 +504,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
     return batchWork_;
   }
 
-  auto work = c10::make_intrusive<WorkSpyreccl>(rank_, op.type, seq, op.profilingTitle, op.inputs,
-                                                op.devices, comm_, description);
+  auto work = c10::make_intrusive<WorkSpyreccl>(rank_, op.type, seq, profilingTitle, op.inputs,
+                                                std::move(op.devices), comm_, op.name, label_);
   work->addOutputs(op.outputs);
+  if (runsInline(op)) {
+    // The fast path of small synchronous collectives: no hand-off to the progress thread
+    // (two thread wake-ups, tens of microseconds on a loaded machine).
+    executeOp(*work, op.steps, effectiveTimeout(op.timeout), *comm_, op.sourceRank);
+    return work;
+  }
   progress_->post(std::make_unique<OpJob>(work, std::move(op.steps), effectiveTimeout(op.timeout),
                                           comm_, std::move(op.sourceRank)));
   return work;
@@ -417,8 +554,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::endCoalescing() {
     const uint64_t seq = ++seq_;
     work = c10::make_intrusive<WorkSpyreccl>(
         rank_, c10d::OpType::COALESCED, seq, "spyreccl:coalesced", std::nullopt,
-        std::vector<c10::Device>{}, comm_,
-        "empty coalesced batch #" + std::to_string(seq) + " on " + label());
+        std::vector<c10::Device>{}, comm_, "coalesced batch", label_, "empty ");
   }
   work->markSubmitted();
   progress_->post(std::make_unique<OpJob>(work, std::move(batch_.steps),

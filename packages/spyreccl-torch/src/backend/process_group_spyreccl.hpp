@@ -3,8 +3,10 @@
 // Modelled on ProcessGroupGloo: every operation is validated on the calling thread, turned
 // into a list of core calls ("steps") and queued on the group's progress thread, which runs
 // them in issue order against the group's spyreccl communicator and completes the returned
-// WorkSpyreccl. The communicator is created at construction (rank 0 publishes a
-// spyrecclUniqueId in the c10d Store) or by spyrecclCommSplit from a parent group.
+// WorkSpyreccl. Small synchronous collectives issued while the progress thread is idle run
+// on the calling thread instead (the inline fast path, see submit()): same Work, same
+// errors, without the hand-off between threads. The communicator is created at construction (rank 0
+// publishes a spyrecclUniqueId in the c10d Store) or by spyrecclCommSplit from a parent group.
 //
 // Only the spyreccl C API (spyreccl.h) is used; tensors reach it exclusively through
 // tensor_translation.h.
@@ -19,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,16 +39,39 @@ class WorkSpyreccl;
 
 constexpr const char* kBackendName = "spyreccl";
 
-// One core call of an operation and what has to happen around it on the progress thread:
-// before() (e.g. pack a tensor list into a flat buffer) → buffers[i].prepare() → issue() →
-// buffers[i].commit() → after() (e.g. unpack). Point-to-point steps of one batch are issued
-// together inside spyrecclGroupStart/End, so before()/after() of those run outside the group.
+// Synchronous collectives (async_op=False) whose payload is at most this many bytes run on
+// the calling thread when nothing is queued on the group's progress thread; the
+// environment variable overrides it (read when a group is created; 0 disables).
+constexpr const char* kInlineMaxBytesEnv = "SPYRECCL_INLINE_MAX_BYTES";
+constexpr size_t kDefaultInlineMaxBytes = 64 * 1024;
+
+// A send or receive. The runner issues it itself (alone, or with its neighbours inside one
+// spyrecclGroupStart/End) so that a failure can name the operation's sequence number.
+struct PeerCall {
+  enum class Kind { kSend, kRecv, kRecvAnySource };
+  Kind kind = Kind::kSend;
+  int peer = -1;  // kRecvAnySource: unknown until the message arrives
+  int tag = 0;
+  // kRecvAnySource: where the runner stores the sender's rank.
+  std::shared_ptr<int> source;
+  // The core does not allow a receive from any source inside a group.
+  bool groupable() const { return kind != Kind::kRecvAnySource; }
+};
+
+// One core call of an operation and what has to happen around it: before() (e.g. pack a
+// tensor list into a flat buffer) → buffers[i].prepare() → the call → buffers[i].commit()
+// → after() (e.g. unpack). The call is issue() for collectives and `peerCall` (on
+// buffers[0]) for point-to-point steps. Consecutive groupable point-to-point steps of one
+// batch are issued together inside spyrecclGroupStart/End, so before()/after() of those
+// run outside the group.
 struct Step {
-  bool p2p = false;
   std::vector<CommBuffer> buffers;
   std::function<void()> before;
   std::function<void(const std::vector<CommBuffer>& buffers, spyrecclComm_t comm)> issue;
+  std::optional<PeerCall> peerCall;
   std::function<void()> after;
+  // The sequence number of the operation the step belongs to (set by submit).
+  uint64_t seq = 0;
 };
 
 // Everything ProcessGroupSpyreccl::submit needs to know about one operation.
@@ -58,7 +84,10 @@ struct OpRecord {
   std::vector<c10::Device> devices;  // device list of the future
   std::vector<Step> steps;
   std::chrono::milliseconds timeout{-1};  // kUnsetTimeout: the group's timeout
-  // recvAnysource: where the progress thread stores the sender's rank.
+  // The c10d options' asyncOp: false when the caller waits on the Work right away
+  // (torch.distributed's async_op=False), which allows running the operation inline.
+  bool asyncOp = true;
+  // recvAnysource: where the runner stores the sender's rank.
   std::shared_ptr<int> sourceRank;
   // RECORD_PARAM_COMMS metadata
   int64_t inNelems = 0;
@@ -183,16 +212,32 @@ class ProcessGroupSpyreccl : public c10d::Backend {
                        c10::intrusive_ptr<Options> options);
 
   void startProgressThread();
+  // Per-group constants computed once (label, profiler rank layout, inline threshold).
+  void cacheConstants();
   void checkUsable(const char* opName) const;
-  std::string label() const;
+  const std::string& label() const { return *label_; }
+  // Whether `op` may run on the calling thread (see the inline fast path in submit()).
+  bool runsInline(const OpRecord& op) const;
+  void recordParamComms(const OpRecord& op, uint64_t seq);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds requested) const;
-  // Queues the operation (or adds it to the open coalescing batch) and returns its Work.
+  // send / recv / recvAnysource: validation and the one step they share.
+  c10::intrusive_ptr<c10d::Work> pointToPoint(std::vector<at::Tensor>& tensors, PeerCall call);
+  // Queues the operation (or adds it to the open coalescing batch, or runs it inline) and
+  // returns its Work.
   c10::intrusive_ptr<c10d::Work> submit(OpRecord op);
   // Runs `fn(comm)` on the progress thread after everything queued before it and waits.
   void runSynchronously(const char* opName, std::chrono::milliseconds timeout,
                         std::function<void(spyrecclComm_t)> fn);
 
   c10::intrusive_ptr<Options> options_;
+  // "process group 'name' (rank r of n)", shared with the Works for their messages.
+  std::shared_ptr<const std::string> label_;
+  // Rank layout of the group in the default group, for the profiler's comms metadata.
+  int globalRankStart_ = 0;
+  int globalRankStride_ = 1;
+  // Largest payload (bytes) of a synchronous collective that runs inline on the calling
+  // thread; 0 disables the inline path.
+  size_t inlineMaxBytes_ = 0;
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<ProgressThread> progress_;
   std::atomic<uint64_t> seq_{0};

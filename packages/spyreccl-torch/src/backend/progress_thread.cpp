@@ -23,6 +23,7 @@ void ProgressThread::post(std::unique_ptr<Job> job) {
       throw std::runtime_error("spyreccl: " + name_ +
                                " has been shut down or aborted; it accepts no more operations");
     }
+    outstanding_.fetch_add(1, std::memory_order_relaxed);
     queue_.push_back(std::move(job));
   }
   cv_.notify_one();
@@ -41,6 +42,7 @@ void ProgressThread::stop(bool drain, std::exception_ptr reason) {
   cv_.notify_all();
   for (auto& job : cancelled) {
     job->cancel(reason);
+    outstanding_.fetch_sub(1, std::memory_order_release);
   }
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
     thread_.join();
@@ -65,6 +67,10 @@ void ProgressThread::loop() {
       queue_.pop_front();
     }
     job->run();
+    job.reset();
+    // Release: whatever the job did to the communicator happens-before a caller that sees
+    // idle() and then runs an operation inline on its own thread.
+    outstanding_.fetch_sub(1, std::memory_order_release);
   }
 }
 

@@ -3,11 +3,14 @@
 //
 // Why a thread: spyreccl collectives are blocking host calls, while c10d's contract is that
 // collectives return a Work immediately (async_op=True) and execute in issue order. One
-// thread per group keeps the core's "one thread at a time per communicator" rule trivially
-// true and preserves ordering; different groups progress concurrently.
+// thread per group keeps the core's "one thread at a time per communicator" rule and
+// preserves ordering; different groups progress concurrently. The one exception, small
+// synchronous collectives run by the caller, waits for idle() (see ProcessGroupSpyreccl).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <deque>
 #include <exception>
 #include <memory>
@@ -42,6 +45,12 @@ class ProgressThread {
 
   bool stopped() const;
 
+  // True when every posted job has finished running (nothing queued, nothing in flight).
+  // Lock-free. A true answer is stable as long as the caller posts nothing: only post()
+  // adds work. It also orders the caller after the last job (acquire), so the caller may
+  // then use the communicator that job used.
+  bool idle() const { return outstanding_.load(std::memory_order_acquire) == 0; }
+
  private:
   void loop();
 
@@ -51,6 +60,8 @@ class ProgressThread {
   std::deque<std::unique_ptr<Job>> queue_;
   bool stopping_ = false;
   bool accepting_ = true;
+  // Jobs posted and not yet finished (run or cancelled).
+  std::atomic<size_t> outstanding_{0};
   std::thread thread_;
 };
 

@@ -12,16 +12,23 @@ namespace spyreccl_torch {
 WorkSpyreccl::WorkSpyreccl(int rank, c10d::OpType opType, uint64_t seq, const char* profilingTitle,
                            const std::optional<std::vector<at::Tensor>>& inputs,
                            std::vector<c10::Device> devices, std::shared_ptr<Communicator> comm,
-                           std::string description, bool submitted)
+                           const char* opName, std::shared_ptr<const std::string> groupLabel,
+                           const char* prefix, bool submitted)
     : c10d::Work(rank, opType, profilingTitle, inputs),
       seq_(seq),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()), std::move(devices))),
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(), std::move(devices))),
       comm_(std::move(comm)),
-      description_(std::move(description)),
+      opName_(opName),
+      prefix_(prefix),
+      groupLabel_(std::move(groupLabel)),
       submitted_(submitted) {}
 
 WorkSpyreccl::~WorkSpyreccl() = default;
+
+std::string WorkSpyreccl::description() const {
+  return std::string(prefix_) + opName_ + " #" + std::to_string(seq_) + " on " + *groupLabel_;
+}
 
 void WorkSpyreccl::addOutputs(const std::vector<at::Tensor>& outputs) {
   outputs_.insert(outputs_.end(), outputs.begin(), outputs.end());
@@ -33,16 +40,17 @@ std::vector<at::Tensor> WorkSpyreccl::result() {
 }
 
 bool WorkSpyreccl::wait(std::chrono::milliseconds timeout) {
-  TORCH_CHECK(submitted_.load(), "spyreccl: wait() on ", description_,
-              ", which is part of a coalescing batch that has not been submitted yet; "
-              "wait on the Work returned by endCoalescing() (the end of the "
-              "_coalescing_manager / batch_isend_irecv block) instead");
+  if (!submitted_.load()) {
+    // A placeholder until endCoalescing (see work.h); waiting for the batch here would
+    // wait forever, since only the caller can submit it.
+    return true;
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {
     cv_.wait(lock, [this] { return completed_; });
   } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
     lock.unlock();
-    const std::string message = "spyreccl: wait() on " + description_ + " timed out after " +
+    const std::string message = "spyreccl: wait() on " + description() + " timed out after " +
                                 std::to_string(timeout.count()) +
                                 " ms; the communicator was aborted because the operation can "
                                 "no longer complete consistently on all ranks";
@@ -56,12 +64,14 @@ bool WorkSpyreccl::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-void WorkSpyreccl::abort() { comm_->abort("spyreccl: Work.abort() was called on " + description_); }
+void WorkSpyreccl::abort() {
+  comm_->abort("spyreccl: Work.abort() was called on " + description());
+}
 
 int WorkSpyreccl::sourceRank() const {
   const int rank = sourceRank_.load();
   TORCH_CHECK(rank >= 0, "spyreccl: sourceRank() is only available on the completed Work of a ",
-              "recv from any source (", description_, ")");
+              "recv from any source (", description(), ")");
   return rank;
 }
 

@@ -23,18 +23,24 @@ class Communicator;
 
 class WorkSpyreccl : public c10d::Work {
  public:
-  // `description` names the operation for messages ("allreduce #12 on group 'default_pg'").
-  // `submitted` is false for operations recorded inside startCoalescing/endCoalescing: they
-  // only run once endCoalescing submits the batch.
+  // The operation is described lazily (only messages need the text): `prefix` + `opName`
+  // + " #" + seq + " on " + *groupLabel, e.g. "allreduce #12 on process group 'default_pg'
+  // (rank 0 of 2)". `submitted` is false for operations recorded inside
+  // startCoalescing/endCoalescing: they only run once endCoalescing submits the batch.
   WorkSpyreccl(int rank, c10d::OpType opType, uint64_t seq, const char* profilingTitle,
                const std::optional<std::vector<at::Tensor>>& inputs,
                std::vector<c10::Device> devices, std::shared_ptr<Communicator> comm,
-               std::string description, bool submitted = true);
+               const char* opName, std::shared_ptr<const std::string> groupLabel,
+               const char* prefix = "", bool submitted = true);
   ~WorkSpyreccl() override;
 
   std::vector<at::Tensor> result() override;
   // Waits for completion. With a timeout, a wait that expires aborts the communicator (the
   // operation can no longer finish consistently on all ranks) and throws DistBackendError.
+  // On the Work of an operation recorded inside a coalescing batch that has not been
+  // submitted yet, returns at once (like NCCL's): torch waits on the Work of every
+  // synchronous call inside _coalescing_manager, and the results only exist once the batch
+  // has run (wait on the Work returned by endCoalescing for them).
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   // Spyre memory is written by the host: once completed, results are visible to everyone.
   void synchronize() override {}
@@ -49,14 +55,16 @@ class WorkSpyreccl : public c10d::Work {
   void setSourceRank(int rank) { sourceRank_.store(rank); }
   void finishSuccess();
   void finishError(std::exception_ptr error);
-  const std::string& description() const { return description_; }
+  std::string description() const;
 
  private:
   const uint64_t seq_;
   std::vector<at::Tensor> outputs_;  // immutable once submitted
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<Communicator> comm_;
-  const std::string description_;
+  const char* const opName_;
+  const char* const prefix_;
+  const std::shared_ptr<const std::string> groupLabel_;
   std::atomic<bool> submitted_;
   std::atomic<int> sourceRank_{-1};
 };

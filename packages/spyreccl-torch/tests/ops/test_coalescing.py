@@ -21,7 +21,6 @@ from _ops_support import (
     run_cases,
 )
 
-from spyreccl_testing import RankError
 from spyreccl_testing.accuracy import reference_reduce
 from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
 
@@ -148,15 +147,11 @@ def test_batched_point_to_point_all_pairs(rank_pool):
     assert_ranks_passed(rank_pool.run(run_coalescing, cases, seed, timeout=RUN_TIMEOUT), seed, "")
 
 
-# Last test of the module: when it fails, torch's coalescing state of the group stays open,
-# and the pool (torn down by the failure) is not reused.
-@pytest.mark.xfail(
-    raises=RankError,
-    strict=True,
-    reason="a synchronous collective inside _coalescing_manager (torch then calls wait() on "
-    "the Work it returns) fails in spyreccl: 'wait() on coalesced batch ... which is part of a "
-    "coalescing batch that has not been submitted yet'",
-)
+# Synchronous collectives inside _coalescing_manager: torch waits on the Work of each right
+# away, before the batch is submitted; like NCCL's, that wait returns at once and the results
+# are there once the manager's block ends. Last test of the module: when it fails, torch's
+# coalescing state of the group stays open, and the pool (torn down by the failure) is not
+# reused.
 def test_coalescing_manager_synchronous_operations(rank_pool):
     seed = fresh_seed()
     cases = [("mixed", False, a) for a in (False, True)]

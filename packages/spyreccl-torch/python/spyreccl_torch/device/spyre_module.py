@@ -114,9 +114,17 @@ def _lazy_init() -> None:
     """Nothing to initialise (see :func:`is_initialized`)."""
 
 
+_device_count: int | None = None
+
+
 def device_count() -> int:
     """Number of emulated devices (``SPYRECCL_SPYRE_DEVICE_COUNT``, default 8)."""
-    return int(_ops().device_count())
+    # Fixed for the life of the process (the C++ side reads the variable once), so one
+    # operator call is enough; device validation runs on hot paths such as synchronize().
+    global _device_count
+    if _device_count is None:
+        _device_count = int(_ops().device_count())
+    return _device_count
 
 
 def current_device() -> int:
@@ -132,7 +140,10 @@ def set_device(device: _DeviceLike) -> None:
 def synchronize(device: _DeviceLike = None) -> None:
     """Waits for all work on ``device``: a no-op, since every spyre operator has completed
     when it returns. The device is still validated."""
-    _device_index(device)
+    # Called around every timed step: the common no-argument call (the current device,
+    # always valid) returns without asking the C++ side anything.
+    if device is not None:
+        _device_index(device)
 
 
 class device:

@@ -1,0 +1,301 @@
+"""The inline fast path: small synchronous collectives run on the calling thread.
+
+A synchronous collective (async_op=False) whose payload is at most SPYRECCL_INLINE_MAX_BYTES
+runs on the thread that calls it when nothing is queued on the group's progress thread;
+everything else is queued. These tests check that the two paths cannot be told apart except
+by latency: same results (float64 references, and bit-identical between the paths), issue
+order kept when an asynchronous operation is still queued, errors raised on the calling rank
+from Work.wait() as before, and SPYRECCL_INLINE_MAX_BYTES=0 disabling the path.
+
+Which path ran is observed through the Work of a ProcessGroup call with
+``opts.asyncOp = False``: an inline operation has completed when the call returns; a queued
+one whose peer is still asleep has not.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce
+from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
+
+# A small threshold keeps the "too large for the inline path" cases cheap.
+INLINE_MAX_BYTES = 4096
+ENV = "SPYRECCL_INLINE_MAX_BYTES"
+
+pytestmark = pytest.mark.rank_pool_options(
+    backend="cpu:gloo,spyre:spyreccl", set_device=True, env={ENV: str(INLINE_MAX_BYTES)}
+)
+
+RUN_TIMEOUT = 300.0
+# Long enough that a queued operation cannot complete while its peer sleeps, even on a loaded
+# 2-core machine; short enough to keep the tests quick.
+PEER_DELAY_S = 0.5
+
+
+def _group_with_inline_max(value: str | None):
+    """A new group (gloo for CPU, spyreccl for spyre) whose spyreccl backend read `value`
+    from SPYRECCL_INLINE_MAX_BYTES (None: the variable unset, i.e. the built-in default)."""
+    saved = os.environ.get(ENV)
+    try:
+        if value is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = value
+        return dist.new_group()
+    finally:
+        if saved is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = saved
+
+
+def _sync_all_reduce(tensor: torch.Tensor, group, op=dist.ReduceOp.SUM):
+    """all_reduce through the ProcessGroup API exactly as dist.all_reduce(async_op=False)
+    issues it, but returning the Work (dist.all_reduce waits on it and drops it)."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op
+    opts.asyncOp = False
+    return group.allreduce([tensor], opts)
+
+
+# --------------------------------------------------------------------------------------------
+# identical results on both paths
+# --------------------------------------------------------------------------------------------
+
+# (operation, dtype, numel): numels of 0, 1, odd, and just above INLINE_MAX_BYTES for float32
+# (which takes the queued path in both groups).
+_CASES = [
+    ("all_reduce_sum", torch.float32, 0),
+    ("all_reduce_sum", torch.float32, 1),
+    ("all_reduce_sum", torch.float32, 1001),
+    ("all_reduce_sum", torch.float32, INLINE_MAX_BYTES // 4 + 1),
+    ("all_reduce_avg", torch.bfloat16, 333),
+    ("all_reduce_max", torch.int32, 77),
+    ("all_reduce_sum", torch.float64, 129),
+    ("broadcast", torch.float16, 555),
+    ("all_gather", torch.float32, 101),
+    ("reduce_scatter", torch.float32, 97),
+    ("all_to_all", torch.int64, 13),
+]
+
+
+def _inputs(seed: int, case_index: int, dtype: torch.dtype, shape, world: int):
+    return [
+        random_tensor(shape, dtype, "cpu", rank_seed(seed + case_index, r), nranks=world)
+        for r in range(world)
+    ]
+
+
+def _run_case(case, index, seed, group, ctx) -> torch.Tensor:
+    """Runs one case on `group` with the public API (synchronous) and checks it against the
+    float64 / exact reference. Returns this rank's output."""
+    name, dtype, numel = case
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    what = f"{name} {dtype} numel={numel} seed={seed}"
+    if name.startswith("all_reduce"):
+        op = name.split("_")[-1]
+        inputs = _inputs(seed, index, dtype, (numel,), world)
+        tensor = inputs[rank].to(dev)
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()), group=group)
+        expected = reference_reduce(inputs, op, dtype)
+        assert_close_dtype(tensor, expected, dtype, world, seed=seed, what=what)
+        return tensor.cpu()
+    if name == "broadcast":
+        root = world - 1
+        source = _inputs(seed, index, dtype, (numel,), world)[root]
+        tensor = (
+            source.to(dev) if rank == root else poison_(torch.empty(numel, dtype=dtype, device=dev))
+        )
+        dist.broadcast(tensor, src=root, group=group)
+        assert torch.equal(tensor.cpu(), source), what
+        return tensor.cpu()
+    if name == "all_gather":
+        inputs = _inputs(seed, index, dtype, (numel,), world)
+        out = poison_(torch.empty(numel * world, dtype=dtype, device=dev))
+        dist.all_gather_single(out, inputs[rank].to(dev), group=group)
+        assert torch.equal(out.cpu(), torch.cat(inputs)), what
+        return out.cpu()
+    if name == "reduce_scatter":
+        inputs = _inputs(seed, index, dtype, (numel * world,), world)
+        out = poison_(torch.empty(numel, dtype=dtype, device=dev))
+        dist.reduce_scatter_single(out, inputs[rank].to(dev), group=group)
+        expected = reference_reduce(inputs, "sum", dtype)[rank * numel : (rank + 1) * numel]
+        assert_close_dtype(out, expected, dtype, world, seed=seed, what=what)
+        return out.cpu()
+    if name == "all_to_all":
+        inputs = _inputs(seed, index, dtype, (numel * world,), world)
+        out = poison_(torch.empty(numel * world, dtype=dtype, device=dev))
+        dist.all_to_all_single(out, inputs[rank].to(dev), group=group)
+        expected = torch.cat([inputs[r][rank * numel : (rank + 1) * numel] for r in range(world)])
+        assert torch.equal(out.cpu(), expected), what
+        return out.cpu()
+    raise AssertionError(name)
+
+
+def run_both_paths(seed, ctx):
+    queued = _group_with_inline_max("0")
+    for index, case in enumerate(_CASES):
+        inline_out = _run_case(case, index, seed, None, ctx)
+        queued_out = _run_case(case, index, seed, queued, ctx)
+        assert torch.equal(inline_out, queued_out), (
+            f"{case}: the inline and the queued path disagree (seed {seed})"
+        )
+    dist.barrier(group=queued)
+    dist.barrier()
+
+    # The small synchronous all_reduces above did run inline: completed when the call returns.
+    tensor = torch.full((7,), float(ctx.rank + 1), device=ctx.device)
+    work = _sync_all_reduce(tensor, dist.group.WORLD)
+    completed_on_return = work.is_completed()
+    work.wait()
+    expected = float(sum(range(1, ctx.world_size + 1)))
+    assert tensor.cpu().tolist() == [expected] * 7
+    assert completed_on_return, "a small synchronous all_reduce did not run inline"
+    dist.destroy_process_group(queued)
+
+
+def test_inline_and_queued_paths_give_identical_results(rank_pool):
+    rank_pool.run(run_both_paths, fresh_seed(), timeout=RUN_TIMEOUT)
+
+
+# --------------------------------------------------------------------------------------------
+# issue order with operations already queued
+# --------------------------------------------------------------------------------------------
+
+
+def run_order_after_async(seed, async_numel, ctx):
+    """An asynchronous all_reduce (queued) followed by a small synchronous one. One rank
+    arrives late, so the asynchronous one is still queued or running when the others issue
+    the synchronous one: that one must queue behind it (running it inline would run two
+    collectives at once on one communicator, in a different order than the late rank)."""
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    first_inputs = _inputs(seed, 0, torch.float32, (async_numel,), world)
+    second_inputs = _inputs(seed, 1, torch.float32, (5,), world)
+    first = first_inputs[rank].to(dev)
+    second = second_inputs[rank].to(dev)
+    dist.barrier()
+    if rank == world - 1:
+        time.sleep(PEER_DELAY_S)
+    first_work = dist.all_reduce(first, async_op=True)
+    second_work = _sync_all_reduce(second, dist.group.WORLD)
+    second_work.wait()
+    # Issue order: the first operation completed no later than the second.
+    assert first_work.is_completed(), "the synchronous all_reduce overtook the queued one"
+    first_work.wait()
+    assert_close_dtype(
+        first, reference_reduce(first_inputs, "sum"), torch.float32, world, seed=seed
+    )
+    assert_close_dtype(
+        second, reference_reduce(second_inputs, "sum"), torch.float32, world, seed=seed
+    )
+
+
+@pytest.mark.parametrize("async_numel", [3, 65_537], ids=["small-async", "large-async"])
+def test_synchronous_collective_queues_behind_an_async_one(rank_pool, async_numel):
+    rank_pool.run(run_order_after_async, fresh_seed(), async_numel, timeout=RUN_TIMEOUT)
+
+
+# --------------------------------------------------------------------------------------------
+# errors on the inline path
+# --------------------------------------------------------------------------------------------
+
+
+def run_mismatch_inline(ctx):
+    group = _group_with_inline_max(None)
+    numel = 5 if ctx.rank == 0 else 7  # both far below the threshold
+    tensor = torch.ones(numel, device=ctx.device)
+    work = _sync_all_reduce(tensor, group)
+    inline = work.is_completed()
+    try:
+        work.wait()
+    except dist.DistBackendError as exc:
+        message = str(exc)
+    else:
+        raise AssertionError(f"rank {ctx.rank}: a count mismatch did not raise")
+    return inline, message
+
+
+def test_mismatch_on_the_inline_path_raises_on_every_rank(rank_pool):
+    for rank, (inline, message) in enumerate(rank_pool.run(run_mismatch_inline, timeout=120)):
+        assert inline, f"rank {rank}: the mismatched all_reduce was not run inline"
+        assert "spyrecclMismatch" in message and "allreduce" in message, f"rank {rank}: {message}"
+
+
+GROUP_TIMEOUT_S = 2.0
+
+
+def run_timeout_inline(ctx):
+    group = dist.new_group(timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    result = None
+    if ctx.rank == 0:  # the others never join
+        tensor = torch.ones(3, device=ctx.device)
+        start = time.monotonic()
+        work = _sync_all_reduce(tensor, group)
+        returned = time.monotonic() - start
+        try:
+            work.wait()
+        except dist.DistBackendError as exc:
+            result = (returned, time.monotonic() - start, str(exc))
+        else:
+            raise AssertionError("an all_reduce without peers did not time out")
+    dist.barrier()
+    return result
+
+
+def test_timeout_on_the_inline_path_raises_on_the_calling_rank(rank_pool):
+    returned, elapsed, message = rank_pool.run(run_timeout_inline, timeout=120)[0]
+    # Inline: the core's timeout bounded the call itself.
+    assert GROUP_TIMEOUT_S * 0.9 <= returned <= GROUP_TIMEOUT_S + 20.0, (returned, message)
+    assert elapsed - returned < 1.0, (returned, elapsed)
+    assert "imeout" in message and "allreduce" in message, message
+
+
+# --------------------------------------------------------------------------------------------
+# SPYRECCL_INLINE_MAX_BYTES
+# --------------------------------------------------------------------------------------------
+
+
+def run_probe_path(value, numel, ctx):
+    """Whether a synchronous all_reduce of `numel` float32 on a group created with
+    SPYRECCL_INLINE_MAX_BYTES=`value` ran inline (completed on return although the last rank
+    joins PEER_DELAY_S later)."""
+    group = _group_with_inline_max(value)
+    dist.barrier(group=group)
+    tensor = torch.full((numel,), float(ctx.rank + 1), device=ctx.device)
+    if ctx.rank == ctx.world_size - 1:
+        time.sleep(PEER_DELAY_S)
+    work = _sync_all_reduce(tensor, group)
+    completed_on_return = work.is_completed()
+    work.wait()
+    expected = float(sum(range(1, ctx.world_size + 1)))
+    assert torch.equal(tensor.cpu(), torch.full((numel,), expected)), "wrong all_reduce result"
+    dist.destroy_process_group(group)
+    return completed_on_return
+
+
+@pytest.mark.parametrize(
+    ("value", "numel", "inline"),
+    [
+        ("0", 1, False),  # disabled
+        ("4096", 1024, True),  # exactly at the threshold
+        ("4096", 1025, False),  # one element above
+        (None, 16 * 1024, True),  # default threshold: 64 KiB
+        (None, 16 * 1024 + 1, False),
+    ],
+    ids=["disabled", "at-threshold", "above-threshold", "default-at", "default-above"],
+)
+def test_inline_max_bytes_selects_the_path(rank_pool, value, numel, inline):
+    results = rank_pool.run(run_probe_path, value, numel, timeout=RUN_TIMEOUT)
+    # The last rank's call starts after the others arrived; only the early ranks can tell.
+    for rank, completed_on_return in enumerate(results[:-1]):
+        assert completed_on_return == inline, (
+            f"rank {rank}: {ENV}={value}, {numel} float32: expected the "
+            f"{'inline' if inline else 'queued'} path"
+        )
