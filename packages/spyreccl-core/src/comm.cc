@@ -76,7 +76,10 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
   } else {
     c.chunkBytes = envBytes("SPYRECCL_CHUNK_BYTES", c.chunkBytes);
     c.p2pChunkBytes = envBytes("SPYRECCL_P2P_CHUNK_BYTES", c.p2pChunkBytes);
-    c.oneshotMaxBytes = envBytes("SPYRECCL_ALLREDUCE_ONESHOT_MAX", c.oneshotMaxBytes);
+    if (envString("SPYRECCL_ALLREDUCE_ONESHOT_MAX")) {
+      c.oneshotMaxBytes = envBytes("SPYRECCL_ALLREDUCE_ONESHOT_MAX", c.oneshotMaxBytes);
+      c.oneshotAuto = false;
+    }
     c.direct = envFlag("SPYRECCL_DIRECT", c.direct);
     c.directMinBytes = envBytes("SPYRECCL_DIRECT_MIN_BYTES", c.directMinBytes);
   }

@@ -31,7 +31,16 @@ struct CommConfig {
   int64_t timeoutMs = 1800000;
   size_t chunkBytes = 1 << 20;
   size_t p2pChunkBytes = 256 << 10;
+  // Largest allreduce/reduce (bytes) using the one-shot algorithm. Unless set explicitly
+  // (SPYRECCL_ALLREDUCE_ONESHOT_MAX), it depends on the communicator's size: one-shot reads
+  // n copies of the message, so its advantage (one synchronisation) shrinks as n grows;
+  // measured crossovers on the dev machine (docs/performance.md): 64 KiB at 2 ranks,
+  // about 16 KiB at 3 and 4 ranks.
   size_t oneshotMaxBytes = 64 << 10;
+  bool oneshotAuto = true;
+  size_t oneshotMax(int nranks) const {
+    return oneshotAuto ? (nranks <= 2 ? size_t{64} << 10 : size_t{16} << 10) : oneshotMaxBytes;
+  }
   // Direct transfers (algorithms/direct.h) between buffers in the ranks' memory arenas, for
   // collectives moving at least directMinBytes per rank.
   bool direct = true;

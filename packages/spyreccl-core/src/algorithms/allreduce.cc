@@ -1,8 +1,9 @@
 // allreduce and reduce.
 //
-// Small messages (<= SPYRECCL_ALLREDUCE_ONESHOT_MAX, default 64 KiB) use one-shot: one
-// step in which every rank posts its whole input and then reduces all n staging buffers in
-// rank order. Latency is one synchronisation; the n-fold read is cheap at these sizes.
+// Small messages (<= SPYRECCL_ALLREDUCE_ONESHOT_MAX; default 64 KiB at 2 ranks, 16 KiB at
+// more, see CommConfig) use one-shot: one step in which every rank posts its whole input
+// and then reduces all n staging buffers in rank order. Latency is one synchronisation;
+// the n-fold read is cheap at these sizes.
 //
 // Larger messages use a pipelined reduce-scatter + allgather through the staging buffers.
 // Data is cut into blocks of n segments (one chunk of staging per rank); rank p owns
@@ -108,7 +109,7 @@ void reduceImpl(Communicator& c, Kind kind, const void* sendbuff, void* recvbuff
   const bool writes = root < 0 || c.rank() == root;
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
-  const size_t oneShotMax = std::min(c.config().oneshotMaxBytes, c.layout().chunkBytes());
+  const size_t oneShotMax = std::min(c.config().oneshotMax(c.nranks()), c.layout().chunkBytes());
   std::optional<DirectTransfer> x;
   if (beginDirect(c, scope, count * esize, x, send, count * esize, recv,
                   writes ? count * esize : 0) &&

@@ -3,6 +3,7 @@
 //   SPYRECCL_CHUNK_BYTES           collective staging bytes per rank per slot (default 1 MiB)
 //   SPYRECCL_P2P_CHUNK_BYTES       send/recv staging bytes per pair per slot (default 256 KiB)
 //   SPYRECCL_ALLREDUCE_ONESHOT_MAX largest allreduce (bytes) using the one-shot algorithm
+//                                  (default: 64 KiB at 2 ranks, 16 KiB at more)
 //   SPYRECCL_DIRECT                0 disables direct transfers between memory arenas
 //   SPYRECCL_DIRECT_MIN_BYTES      smallest collective (bytes per rank) using them (256 KiB)
 //   SPYRECCL_DUMP_DIR              directory receiving state dumps on timeouts/peer failures
