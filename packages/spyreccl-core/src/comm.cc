@@ -248,6 +248,7 @@ void Communicator::probeDirect(const Descriptor* announce) {
   // a refused mapping disables it for good.
   constexpr uint64_t kNone = ~0ull;
   const memory::Arena* arena = memory::Arena::existing();
+  if (arena != nullptr && !arena->shareable()) arena = nullptr;  // a forked child's
   const uint32_t s = beginStep();
   control(rank_)->xfer[s & 1][0] = arena ? static_cast<uint64_t>(arena->fd()) : kNone;
   control(rank_)->xfer[s & 1][1] = arena ? arena->size() : 0;

@@ -528,8 +528,10 @@ SPYRECCL_API spyrecclResult_t spyrecclGroupEnd(void);
  * reserved at the physical memory size, which peers map read-only on the first large
  * collective of a communicator — this needs the same permission as ptrace-reading the
  * peer (same user; relaxed Yama/seccomp policies); without it every collective is staged.
- * Blocks are page aligned (4096 bytes). After fork() the child owns a private copy of
- * every live block at the same addresses.
+ * Blocks are page aligned (4096 bytes). After fork() the child's arena is a private
+ * copy-on-write mapping at the same addresses (nothing the child writes reaches the
+ * parent; pages the child has not written yet still show the parent's later writes); the
+ * child's collectives on it are staged.
  *
  * spyrecclMemAlloc: *ptr receives a block of at least `size` bytes (size 0 gives a valid
  * one-page block). Errors: spyrecclInvalidArgument (ptr NULL), spyrecclSystemError (the

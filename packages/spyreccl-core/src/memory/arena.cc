@@ -129,7 +129,9 @@ bool Arena::release(void* p) {
   size_t len = it->second;
   impl_->live.erase(it);
   impl_->inUse -= len;
-  if (len >= kPunchBytes) {
+  // Punching frees the file's pages, which a forked child (private mapping of the same
+  // file) must never do: they are its parent's.
+  if (len >= kPunchBytes && shareable_) {
     // Best effort: if the kernel refuses, the pages merely stay resident.
     (void)::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
                       static_cast<off_t>(len));
@@ -165,33 +167,21 @@ void Arena::privatizeInChild() {
   Arena* a = existing();
   if (a == nullptr) return;
   // Only this thread exists in the child; the mutex was taken in the prepare handler.
-  Impl& impl = *a->impl_;
-  int fd = memfdCreate("spyreccl-arena");
-  bool ok = fd >= 0 && ::ftruncate(fd, static_cast<off_t>(a->size_)) == 0;
-  void* fresh =
-      ok ? ::mmap(nullptr, a->size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0)
-         : MAP_FAILED;
-  if (fresh == MAP_FAILED) {
-    // Without a private copy the child would write into its parent's memory: refuse to
+  // Remapping the same file MAP_PRIVATE at the same address makes every page copy-on-write
+  // for the child: O(1) at fork (no copy of the live blocks, which may be a whole model),
+  // and nothing the child writes reaches the parent. The child's arena is no longer
+  // shareable: its blocks are not what the file holds, so peers must never map it.
+  void* at = ::mmap(a->base_, a->size_, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_NORESERVE | MAP_FIXED, a->fd_, 0);
+  if (at == MAP_FAILED) {
+    // Without a private mapping the child would write into its parent's memory: refuse to
     // continue rather than corrupt data silently.
     static const char msg[] = "spyreccl: cannot give the forked child a private memory arena\n";
     (void)!::write(2, msg, sizeof(msg) - 1);
     ::_exit(127);
   }
-  for (const auto& [off, len] : impl.live) {
-    std::memcpy(static_cast<uint8_t*>(fresh) + off, a->base_ + off, len);
-  }
-  ::munmap(fresh, a->size_);
-  void* at = ::mmap(a->base_, a->size_, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_NORESERVE | MAP_FIXED, fd, 0);
-  if (at == MAP_FAILED) {
-    static const char msg[] = "spyreccl: cannot map the forked child's memory arena\n";
-    (void)!::write(2, msg, sizeof(msg) - 1);
-    ::_exit(127);
-  }
-  ::close(a->fd_);
-  a->fd_ = fd;
-  impl.mu.unlock();
+  a->shareable_ = false;
+  a->impl_->mu.unlock();
 }
 
 size_t Arena::bytesInUse() const {

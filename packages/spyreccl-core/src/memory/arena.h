@@ -14,10 +14,13 @@
 // memory goes back to the system like free() of an mmap'ed block would.
 //
 // fork(): a child must not share its parent's arena (tensors would silently alias across
-// the two processes, where fork promises a private copy). The child therefore gets a new
-// memfd holding a copy of every live block, mapped at the same address (pthread_atfork),
-// so every pointer it inherited stays valid and private. Processes that fork and exec
-// (or use vfork / posix_spawn, as Python's subprocess does) pay nothing.
+// the two processes, where fork promises a private copy). A pthread_atfork handler remaps
+// the arena MAP_PRIVATE at the same address in the child: every inherited pointer stays
+// valid, pages become copy-on-write, and nothing the child writes reaches the parent, at
+// no cost at fork time (a DataLoader worker forked after the model was built copies
+// nothing). The child's arena is then private — never shared with peers, so collectives
+// there are staged — and, as with any MAP_PRIVATE file mapping, a page the child has not
+// written yet still shows the parent's later writes to it.
 //
 // Thread-safety: every member function may be called from any thread.
 #pragma once
@@ -53,6 +56,8 @@ class Arena {
   }
   size_t size() const { return size_; }
   int fd() const { return fd_; }
+  // False in a forked child (see above): peers must not map this arena then.
+  bool shareable() const { return shareable_; }
   // Bytes currently handed out (for tests and diagnostics).
   size_t bytesInUse() const;
 
@@ -66,6 +71,7 @@ class Arena {
   static void unlockAfterFork();
   static void privatizeInChild();
   int fd_;
+  bool shareable_ = true;
   uint8_t* const base_;
   const size_t size_;
   Impl* impl_;

@@ -101,17 +101,25 @@ SPY_TEST(memory_bad_arguments) {
   });
 }
 
-// After fork() the child sees its parent's data at the same addresses, but in a private
-// copy: neither process's writes reach the other, and both keep allocating.
+// After fork() the child sees its parent's data at the same addresses, but privately:
+// neither process's writes reach the other, both keep allocating, and the child freeing
+// an inherited block leaves the parent's memory alone.
 SPY_TEST(memory_fork_private) {
   runRanks(single(), [](RankContext&) {
     const size_t n = 1 << 20;
     void* p = nullptr;
     if (!SPY_CHECK_OK(spyrecclMemAlloc(&p, n), nullptr)) return;
     fill(p, n, 1);
+    // Large enough that freeing it gives its pages back to the system — which the child,
+    // whose arena maps the parent's file privately, must never do to the parent.
+    const size_t big = 32 << 20;
+    void* shared = nullptr;
+    if (!SPY_CHECK_OK(spyrecclMemAlloc(&shared, big), nullptr)) return;
+    fill(shared, big, 5);
     pid_t child = ::fork();
     if (child == 0) {
       int bad = holds(p, n, 1) ? 0 : 1;
+      if (spyrecclMemFree(shared) != spyrecclSuccess) bad |= 8;
       fill(p, n, 2);  // must not reach the parent
       void* q = nullptr;
       if (spyrecclMemAlloc(&q, n) != spyrecclSuccess) bad |= 2;
@@ -127,8 +135,10 @@ SPY_TEST(memory_fork_private) {
     ::waitpid(child, &status, 0);
     SPY_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
               "child: status 0x%x (1: did not inherit the data, 2: cannot allocate, 4: saw the "
-              "parent's writes)",
+              "parent's writes, 8: cannot free an inherited block)",
               status);
+    SPY_CHECK(holds(shared, big, 5), "the child's free of an inherited block cleared the parent's");
+    SPY_CHECK_OK(spyrecclMemFree(shared), nullptr);
     SPY_CHECK_OK(spyrecclMemFree(p), nullptr);
   });
 }
