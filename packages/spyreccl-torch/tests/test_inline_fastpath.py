@@ -299,3 +299,51 @@ def test_inline_max_bytes_selects_the_path(rank_pool, value, numel, inline):
             f"rank {rank}: {ENV}={value}, {numel} float32: expected the "
             f"{'inline' if inline else 'queued'} path"
         )
+
+
+# --------------------------------------------------------------------------------------------
+# one group used from several threads
+# --------------------------------------------------------------------------------------------
+
+THREADS = 3
+CALLS_PER_THREAD = 150
+
+
+def run_threads_share_a_group(ctx):
+    """Several threads issue small synchronous all_reduces on one group at the same time.
+    Which thread's call pairs with which on the peers is undefined (as with every backend),
+    so every call reduces the same values; what must hold is that the communicator is never
+    used by two threads at once: every result is right, nothing raises or hangs. Mixing in
+    asynchronous calls makes the inline and queued paths alternate under contention."""
+    import threading
+
+    group = _group_with_inline_max(None)
+    errors: list[BaseException] = []
+    wrong: list[str] = []
+
+    def worker(index: int) -> None:
+        try:
+            for call in range(CALLS_PER_THREAD):
+                tensor = torch.full((7,), 1.5, device=ctx.device)
+                if (call + index) % 5 == 0:
+                    dist.all_reduce(tensor, group=group, async_op=True).wait()
+                else:
+                    dist.all_reduce(tensor, group=group)
+                if not torch.equal(tensor.cpu(), torch.full((7,), 1.5 * ctx.world_size)):
+                    wrong.append(f"thread {index} call {call}: {tensor.cpu().tolist()}")
+        except BaseException as exc:  # reported below, with the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=RUN_TIMEOUT)
+    assert not any(t.is_alive() for t in threads), "a thread is stuck in a collective"
+    assert not errors, f"{len(errors)} call(s) raised; first: {errors[0]!r}"
+    assert not wrong, f"{len(wrong)} wrong result(s); first: {wrong[0]}"
+    dist.destroy_process_group(group)
+
+
+def test_threads_sharing_a_group_never_use_the_communicator_together(rank_pool):
+    rank_pool.run(run_threads_share_a_group, timeout=RUN_TIMEOUT)

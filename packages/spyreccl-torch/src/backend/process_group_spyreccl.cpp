@@ -453,8 +453,8 @@ bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
   //  - a collective: an inline blocking send could deadlock an exchange whose matching
   //    receive the caller posts next (point-to-point keeps to the progress thread);
   //  - nothing queued or running on the progress thread, so issue order is kept and the
-  //    communicator is used by one thread at a time (idle() orders us after its last job;
-  //    only this thread posts);
+  //    communicator is used by one thread at a time (idle() orders us after its last job,
+  //    and submitMutex_, held by the caller, keeps other threads from posting meanwhile);
   //  - a small payload, so an abort or a timeout is the only thing that can keep the
   //    calling thread long.
   if (inlineMaxBytes_ == 0 || op.asyncOp || !progress_->idle()) {
@@ -507,6 +507,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
   auto work = c10::make_intrusive<WorkSpyreccl>(rank_, op.type, seq, profilingTitle, op.inputs,
                                                 std::move(op.devices), comm_, op.name, label_);
   work->addOutputs(op.outputs);
+  std::lock_guard<std::mutex> submitting(submitMutex_);
   if (runsInline(op)) {
     // The fast path of small synchronous collectives: no hand-off to the progress thread
     // (two thread wake-ups, tens of microseconds on a loaded machine).
@@ -526,7 +527,10 @@ void ProcessGroupSpyreccl::runSynchronously(const char* opName, std::chrono::mil
               "endCoalescing)");
   auto job = std::make_unique<CallJob>(std::move(fn), effectiveTimeout(timeout), comm_);
   std::future<void> done = job->result();
-  progress_->post(std::move(job));
+  {
+    std::lock_guard<std::mutex> submitting(submitMutex_);
+    progress_->post(std::move(job));
+  }
   done.get();
 }
 
@@ -557,8 +561,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::endCoalescing() {
         std::vector<c10::Device>{}, comm_, "coalesced batch", label_, "empty ");
   }
   work->markSubmitted();
-  progress_->post(std::make_unique<OpJob>(work, std::move(batch_.steps),
-                                          effectiveTimeout(batch_.timeout), comm_));
+  {
+    std::lock_guard<std::mutex> submitting(submitMutex_);
+    progress_->post(std::make_unique<OpJob>(work, std::move(batch_.steps),
+                                            effectiveTimeout(batch_.timeout), comm_));
+  }
   batch_ = OpRecord{};
   return work;
 }

@@ -240,6 +240,12 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   size_t inlineMaxBytes_ = 0;
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<ProgressThread> progress_;
+  // Serialises posting to the progress thread with running inline, across every thread
+  // that uses this group: progress_->idle() only orders an inline operation after jobs
+  // posted before it, so without this a job posted by another thread could start on the
+  // communicator while an inline operation still runs (the core allows one thread at a
+  // time per communicator).
+  std::mutex submitMutex_;
   std::atomic<uint64_t> seq_{0};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> shutDown_{false};
