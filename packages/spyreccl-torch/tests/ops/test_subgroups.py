@@ -129,9 +129,11 @@ def run_split_group(base_seed, ctx):
     times (each split destroyed again), then a split in which only rank 0 takes part.
 
     The parent is not the "cpu:gloo,spyre:spyreccl" default group: splitting that one also
-    splits its gloo backend, and at world size 3 the fourth split of [[0, 2], [1]] hung inside
-    ProcessGroup.split_group on every rank (the same sequence on a spyreccl-only group
-    passes), which is not what this module tests.
+    splits its gloo backend, and torch 2.13 names split groups by hashing their ranks only,
+    so re-splitting the same ranks after destroy_process_group reuses the name, which gloo
+    uses as its store prefix: it finds the destroyed group's keys and hangs (docs/user-guide.md,
+    Troubleshooting). spyreccl keys its store entries per instance, so a spyreccl-only parent
+    splits any number of times, which is what this test checks.
     """
     world, rank = ctx.world_size, ctx.rank
     # torch refuses every split unless the *default* group is bound to a device
