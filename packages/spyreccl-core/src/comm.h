@@ -156,6 +156,11 @@ class Communicator {
   // Start of `peer`'s arena as mapped (read-only) into this process; valid once
   // directCapable() returned true.
   const uint8_t* peerArena(int peer) const { return peerArenas_[peer].base; }
+  // Bytes of that mapping (0 while not mapped).
+  size_t peerArenaBytes(int peer) const { return peerArenas_[peer].bytes; }
+  // Whether an earlier collective established direct transfers (never probes: for
+  // point-to-point, which must not run a collective step).
+  bool directOn() const { return directState_ == DirectState::kOn; }
 
  private:
   struct FlightRecord {

@@ -7,6 +7,17 @@
 // message before touching its buffer, and a refusal is published in the mailbox so the
 // sender fails with the same mismatch instead of waiting for its peer to time out.
 //
+// Direct (rendezvous) messages: once an earlier collective established direct transfers
+// (every rank mapped every peer's memory arena, algorithms/direct.h), a message of at
+// least directMinBytes and larger than the two staging slots (so that its send would wait
+// for the receiver anyway) whose send buffer lies in the sender's arena is posted as a single
+// payload-less chunk flagged kChunkDirect that carries the buffer's arena offset. The
+// receiver validates it like any first chunk and then copies the whole message straight
+// out of the sender's arena: one copy instead of two. Because the receiver reads the
+// sender's buffer in place, such a send completes only once its chunk is consumed (a
+// staged send completes once its last chunk is posted). Point-to-point never probes for
+// direct transfers itself: that is a collective step, and a send involves one peer only.
+//
 // Blocked senders and receivers sleep on their own rank's doorbell, which every peer
 // bumps after posting to or draining from one of this rank's mailboxes; one word covers
 // any number of pending operations (groups, receive from any source).
@@ -16,11 +27,13 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "memory/arena.h"
 #include "transport/wait.h"
 
 namespace spyreccl::algorithms {
 
 using transport::ChunkHeader;
+using transport::kChunkDirect;
 using transport::MailboxControl;
 
 namespace {
@@ -48,14 +61,56 @@ bool rejected(const P2POp& op) {
          outbox(*op.comm, op.peer)->rejectedSeq.load(std::memory_order_acquire) == op.msgSeq + 1;
 }
 
+// Whether the receiver consumed the direct chunk of `op` (and so is done with its buffer).
+// The sender posts nothing more to this peer until then, so the count stops right there.
+bool directConsumed(const P2POp& op) {
+  return outbox(*op.comm, op.peer)->consumed.load(std::memory_order_acquire) == op.directChunk + 1;
+}
+
 // True when trySend/tryRecv would make progress (or fail) now.
 bool canProgress(const P2POp& op) {
   Communicator& c = *op.comm;
   if (op.isSend) {
+    if (op.direct) return directConsumed(op) || rejected(op);
     uint32_t consumed = outbox(c, op.peer)->consumed.load(std::memory_order_acquire);
     return c.p2p(op.peer).postedChunks - consumed < 2 || rejected(op);
   }
   return inbox(c, op.peer)->posted.load(std::memory_order_acquire) != c.p2p(op.peer).consumedChunks;
+}
+
+// Arena offset of the whole send buffer of `op` when the message may go direct, else -1.
+int64_t directOffset(const P2POp& op, size_t total) {
+  const Communicator& c = *op.comm;
+  // Only messages that fill both staging slots: a staged send of up to two chunks returns
+  // without its receiver, and code that sends before it receives relies on that, while a
+  // larger staged send waits for its receiver anyway, as a direct one does.
+  if (total == 0 || total < c.config().directMinBytes || total <= 2 * c.layout().p2pChunkBytes() ||
+      !c.directOn()) {
+    return -1;
+  }
+  const memory::Arena* arena = memory::Arena::existing();
+  if (arena == nullptr || !arena->shareable()) return -1;  // peers cannot read it
+  return arena->offsetOf(op.sendBuf, total);
+}
+
+// Posts the single chunk of a direct message (a free slot was checked by the caller).
+void postDirect(P2POp& op, uint32_t posted, uint64_t arenaOffset, size_t total) {
+  Communicator& c = *op.comm;
+  ChunkHeader* h = c.layout().slot(c.base(), c.rank(), op.peer, posted);
+  h->msgSeq = op.msgSeq;
+  h->count = op.count;
+  h->totalBytes = total;
+  h->offset = 0;
+  h->bytes = 0;
+  h->dtype = op.dtype;
+  h->tag = op.tag;
+  h->flags = kChunkDirect;
+  h->arenaOffset = arenaOffset;
+  op.direct = true;
+  op.directChunk = posted;
+  c.p2p(op.peer).postedChunks = posted + 1;
+  outbox(c, op.peer)->posted.store(posted + 1, std::memory_order_release);
+  ringDoorbell(c, op.peer);
 }
 
 bool trySend(P2POp& op) {
@@ -70,13 +125,25 @@ bool trySend(P2POp& op) {
                    signature(op.count, op.dtype, op.tag).c_str(), op.peer,
                    signature(mb->expectCount, mb->expectDtype, mb->expectTag).c_str());
   }
+  const size_t total = op.count * kernels::dtypeSize(op.dtype);
+  if (op.direct) {
+    // Our buffer stays untouched until the receiver has copied it out of our arena.
+    if (!directConsumed(op)) return false;
+    op.done = total;
+    op.finished = true;
+    return true;
+  }
   const uint32_t posted = st.postedChunks;
   if (posted - mb->consumed.load(std::memory_order_acquire) >= 2) return false;
   if (!op.started) {
     op.msgSeq = st.sendMsgs++;
     op.started = true;
+    const int64_t arenaOffset = directOffset(op, total);
+    if (arenaOffset >= 0) {
+      postDirect(op, posted, static_cast<uint64_t>(arenaOffset), total);
+      return true;
+    }
   }
-  const size_t total = op.count * kernels::dtypeSize(op.dtype);
   const size_t len = std::min(c.layout().p2pChunkBytes(), total - op.done);
   ChunkHeader* h = c.layout().slot(c.base(), c.rank(), op.peer, posted);
   h->msgSeq = op.msgSeq;
@@ -86,6 +153,8 @@ bool trySend(P2POp& op) {
   h->bytes = len;
   h->dtype = op.dtype;
   h->tag = op.tag;
+  h->flags = 0;
+  h->arenaOffset = 0;
   if (len) std::memcpy(transport::Layout::payload(h), op.sendBuf + op.done, len);
   st.postedChunks = posted + 1;
   mb->posted.store(posted + 1, std::memory_order_release);
@@ -93,6 +162,35 @@ bool trySend(P2POp& op) {
   op.done += len;
   op.finished = op.done == total;
   return true;
+}
+
+// Receives the direct message announced by `h` (validated against `op` already): copies it
+// from the sender's arena into our buffer.
+void copyDirect(P2POp& op, const ChunkHeader& h, size_t total) {
+  Communicator& c = *op.comm;
+  const int p = op.peer;
+  if (op.done != 0 || !c.directOn() || c.peerArena(p) == nullptr ||
+      h.arenaOffset > c.peerArenaBytes(p) || total > c.peerArenaBytes(p) - h.arenaOffset) {
+    SPYRECCL_THROW(spyrecclInternalError,
+                   "internal error: recv from rank %d got a direct chunk for message #%llu (arena "
+                   "offset %llu, %zu bytes) that this rank cannot read (direct transfers %s, "
+                   "rank %d's arena mapped with %zu bytes, %zu bytes received already)",
+                   p, static_cast<unsigned long long>(h.msgSeq),
+                   static_cast<unsigned long long>(h.arenaOffset), total,
+                   c.directOn() ? "on" : "off", p, c.peerArenaBytes(p), op.done);
+  }
+  std::memcpy(op.recvBuf, c.peerArena(p) + h.arenaOffset, total);
+  // A sender that failed (or aborted) while its direct send was pending has returned and
+  // may have reused its buffer while we copied it: report the peer's failure rather than
+  // a message that may be torn. Our loads of its buffer must not pass the status load.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (c.control(p)->status.load(std::memory_order_acquire) != transport::kStatusActive) {
+    const std::vector<int> sender{p};
+    c.checkWait(
+        0, true, &sender, [] { return false; }, [&] { return op.describe(); },
+        [](int) { return true; });
+  }
+  op.done = total;
 }
 
 bool tryRecv(P2POp& op) {
@@ -138,8 +236,12 @@ bool tryRecv(P2POp& op) {
                    static_cast<unsigned long long>(h->bytes),
                    static_cast<unsigned long long>(op.msgSeq), op.done);
   }
-  if (h->bytes) std::memcpy(op.recvBuf + op.done, transport::Layout::payload(h), h->bytes);
-  op.done += h->bytes;
+  if (h->flags & kChunkDirect) {
+    copyDirect(op, *h, total);
+  } else {
+    if (h->bytes) std::memcpy(op.recvBuf + op.done, transport::Layout::payload(h), h->bytes);
+    op.done += h->bytes;
+  }
   st.consumedChunks = consumed + 1;
   mb->consumed.store(consumed + 1, std::memory_order_release);
   ringDoorbell(c, op.peer);

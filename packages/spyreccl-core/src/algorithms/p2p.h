@@ -1,4 +1,5 @@
-// Point-to-point messages through the per-pair mailboxes, and GroupStart/End batching.
+// Point-to-point messages through the per-pair mailboxes (staged, or copied straight from
+// the sender's memory arena), and GroupStart/End batching.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +26,11 @@ struct P2POp {
   bool started = false;  // first chunk handled (message number assigned)
   bool finished = false;
   uint64_t msgSeq = 0;  // per-pair message number
+  // A send posted as one direct chunk (index `directChunk` of the pair's stream): it
+  // finishes once the receiver consumed that chunk, i.e. copied the message out of our
+  // arena.
+  bool direct = false;
+  uint32_t directChunk = 0;
 
   std::string describe() const;
 };

@@ -5,7 +5,8 @@
 //   SPYRECCL_ALLREDUCE_ONESHOT_MAX largest allreduce (bytes) using the one-shot algorithm
 //                                  (default: 64 KiB at 2 ranks, 16 KiB at more)
 //   SPYRECCL_DIRECT                0 disables direct transfers between memory arenas
-//   SPYRECCL_DIRECT_MIN_BYTES      smallest collective (bytes per rank) using them (256 KiB)
+//   SPYRECCL_DIRECT_MIN_BYTES      smallest collective (bytes per rank) or send/recv message
+//                                  (also larger than two p2p chunks) using them (256 KiB)
 //   SPYRECCL_DUMP_DIR              directory receiving state dumps on timeouts/peer failures
 #pragma once
 

@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -19,10 +20,13 @@ namespace spyreccl::memory {
 namespace {
 
 constexpr size_t kGranule = 4096;
-// Freed blocks at least this large give their pages back to the system (like glibc's
-// largest mmap threshold); smaller ones stay resident for reuse, which spares the page
-// faults of re-touching them when the same sizes are allocated again.
+// Freed blocks stay resident for reuse (re-touching punched pages costs a page fault per
+// 4 KiB, which a training loop that frees and reallocates the same activations every step
+// would pay forever), up to kRetainBytes of freed memory; beyond that, and for any block of
+// kPunchBytes or more (like glibc's largest mmap threshold), freed pages go back to the
+// system. So the process's footprint is its live memory plus at most kRetainBytes.
 constexpr size_t kPunchBytes = 32 << 20;
+constexpr size_t kRetainBytes = 32 << 20;
 
 size_t reserveBytes() {
   // Sparse: only touched pages cost memory. A process cannot use more than the machine
@@ -51,6 +55,12 @@ struct Arena::Impl {
   std::multimap<size_t, size_t> freeByLength;  // length -> offset (best fit)
   std::unordered_map<size_t, size_t> live;     // offset -> length
   size_t inUse = 0;
+  // End of the highest block ever handed out: pages above it were never touched.
+  size_t highWater = 0;
+  // Estimate of freed bytes whose pages are still resident (see kRetainBytes): grows when
+  // a block is freed without punching, shrinks when an allocation reuses space below the
+  // high-water mark (best fit hands out recently freed blocks first).
+  size_t retained = 0;
 
   void addFree(size_t off, size_t len) {
     freeByOffset.emplace(off, len);
@@ -116,6 +126,10 @@ void* Arena::allocate(size_t bytes) {
   if (have > len) impl_->addFree(off + len, have - len);
   impl_->live.emplace(off, len);
   impl_->inUse += len;
+  if (off < impl_->highWater) {
+    impl_->retained -= std::min(impl_->retained, std::min(len, impl_->highWater - off));
+  }
+  impl_->highWater = std::max(impl_->highWater, off + len);
   return base_ + off;
 }
 
@@ -131,10 +145,12 @@ bool Arena::release(void* p) {
   impl_->inUse -= len;
   // Punching frees the file's pages, which a forked child (private mapping of the same
   // file) must never do: they are its parent's.
-  if (len >= kPunchBytes && shareable_) {
+  if ((len >= kPunchBytes || impl_->retained + len > kRetainBytes) && shareable_) {
     // Best effort: if the kernel refuses, the pages merely stay resident.
     (void)::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
                       static_cast<off_t>(len));
+  } else {
+    impl_->retained += len;
   }
   // Coalesce with the free neighbours on both sides.
   auto next = impl_->freeByOffset.lower_bound(off);

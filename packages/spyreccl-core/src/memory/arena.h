@@ -8,10 +8,12 @@
 // shareable avoids both: the arena is one sparse memfd; peers map it once (read-only)
 // and then read any buffer in it with plain loads.
 //
-// Layout: one memfd of kReserveBytes (sparse: pages exist only once touched), mapped at
-// a fixed address for the process's lifetime; a best-fit allocator with coalescing hands
-// out page-aligned blocks; freeing a large block punches the pages out of the file so the
-// memory goes back to the system like free() of an mmap'ed block would.
+// Layout: one memfd the size of physical memory (sparse: pages exist only once touched),
+// mapped at a fixed address for the process's lifetime; a best-fit allocator with
+// coalescing hands out page-aligned blocks. Freed blocks stay resident for reuse up to a
+// budget (32 MiB); beyond it, and for blocks of 32 MiB or more, their pages are punched
+// out of the file and go back to the system, so the footprint is live memory plus the
+// budget.
 //
 // fork(): a child must not share its parent's arena (tensors would silently alias across
 // the two processes, where fork promises a private copy). A pthread_atfork handler remaps

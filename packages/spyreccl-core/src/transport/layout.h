@@ -21,7 +21,7 @@ namespace spyreccl::transport {
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 constexpr uint32_t kSegmentMagic = 0x53505347u;  // "SPSG"
-constexpr uint32_t kSegmentVersion = 2;
+constexpr uint32_t kSegmentVersion = 3;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -96,6 +96,13 @@ struct alignas(kCacheLine) MailboxControl {
   int32_t expectTag;
 };
 
+// ChunkHeader::flags
+enum : uint32_t {
+  // The chunk carries no payload: the receiver copies the whole message from the sender's
+  // memory arena at `arenaOffset`, and the sender waits until the chunk is consumed.
+  kChunkDirect = 1u << 0,
+};
+
 // Header of one p2p chunk, followed by its payload in the same slot.
 struct alignas(kCacheLine) ChunkHeader {
   uint64_t msgSeq;      // per-pair message number (0, 1, ...)
@@ -105,7 +112,10 @@ struct alignas(kCacheLine) ChunkHeader {
   uint64_t bytes;       // payload bytes in this chunk
   int32_t dtype;
   int32_t tag;
+  uint32_t flags;        // kChunk* bits
+  uint64_t arenaOffset;  // kChunkDirect: the message's offset in the sender's arena
 };
+static_assert(sizeof(ChunkHeader) == kCacheLine, "a chunk header fills one cache line");
 
 inline size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 

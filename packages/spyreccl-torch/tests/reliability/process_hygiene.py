@@ -53,8 +53,17 @@ def open_fds() -> dict[int, str]:
     return fds
 
 
-def thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
+def thread_count(settle_s: float = 2.0) -> int:
+    """Threads of this process once the count is steady: a thread that was just joined (or a
+    progress thread just stopped) can stay listed in /proc for a moment while it exits, which
+    would make a before/after comparison flaky. Returns after three equal readings 20 ms
+    apart, or the last reading at `settle_s`."""
+    deadline = time.monotonic() + settle_s
+    readings = [len(os.listdir("/proc/self/task"))]
+    while time.monotonic() < deadline and (len(readings) < 3 or len(set(readings[-3:])) > 1):
+        time.sleep(0.02)
+        readings.append(len(os.listdir("/proc/self/task")))
+    return readings[-1]
 
 
 def rss_bytes() -> int:
