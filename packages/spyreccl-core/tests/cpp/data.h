@@ -529,4 +529,36 @@ class Buffer {
   char* data_ = nullptr;
 };
 
+// ---- helpers shared by the test files ------------------------------------------------------
+
+inline bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// Expects `count` elements of `buf` to be rank `src`'s message under `seed` (anyBits).
+inline void checkMessage(const TypeInfo& t, const void* buf, size_t count, uint64_t seed, int src,
+                         const std::string& what) {
+  OutputChecker check(t, what);
+  for (size_t i = 0; i < count; ++i) check.expectBits(buf, i, anyBits(t, seed, src, i));
+  check.report(__FILE__, __LINE__);
+}
+
+// Poison: the complement of the expected message, so no element can pass unwritten.
+inline void poisonMessage(const TypeInfo& t, void* buf, size_t count, uint64_t seed, int src) {
+  for (size_t i = 0; i < count; ++i) storeBits(t, buf, i, ~anyBits(t, seed, src, i) & mask(t));
+}
+
+// A call that started at `startNs` (monotonicNs) and returned `rc` while rank `victim` died:
+// it must fail with spyrecclRemoteError within 2 s of the start, naming the dead rank.
+inline void expectDeathReported(RankContext& ctx, spyrecclResult_t rc, int victim,
+                                int64_t startNs) {
+  const int64_t ms = (monotonicNs() - startNs) / 1000000;
+  SPY_CHECK(rc == spyrecclRemoteError, "expected spyrecclRemoteError, got %s: \"%s\"",
+            spyrecclGetErrorString(rc), spyrecclGetLastError(ctx.comm));
+  SPY_CHECK(ms < 2100, "the death of rank %d was reported after %lld ms", victim, (long long)ms);
+  const std::string msg = spyrecclGetLastError(ctx.comm);
+  SPY_CHECK(contains(msg, "rank " + std::to_string(victim)),
+            "the message should name the dead rank %d: \"%s\"", victim, msg.c_str());
+}
+
 }  // namespace spyreccl_test

@@ -30,10 +30,6 @@ namespace {
 
 using namespace spyreccl_test;
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 // A C caller may pass any int where an enum is expected.
 spyrecclDataType_t rawDataType(int v) {
   spyrecclDataType_t t;

@@ -18,18 +18,6 @@ size_t largeCount(const TypeInfo& t) { return 3 * 16 * 1024 / t.size + 5; }
 
 std::vector<size_t> sizesFor(const TypeInfo& t) { return {0, 1, 7, 1023, largeCount(t)}; }
 
-// Expects `count` elements of `buf` to be rank `src`'s message under `seed`.
-void checkMessage(const TypeInfo& t, const void* buf, size_t count, uint64_t seed, int src,
-                  const std::string& what) {
-  OutputChecker check(t, what);
-  for (size_t i = 0; i < count; ++i) check.expectBits(buf, i, anyBits(t, seed, src, i));
-  check.report(__FILE__, __LINE__);
-}
-
-void poisonMessage(const TypeInfo& t, void* buf, size_t count, uint64_t seed, int src) {
-  for (size_t i = 0; i < count; ++i) storeBits(t, buf, i, ~anyBits(t, seed, src, i) & mask(t));
-}
-
 // Rank 0 sends to the last rank, then the last rank answers; ranks in between stay idle
 // (and must not be disturbed).
 void sendRecvBody(RankContext& ctx) {

@@ -22,10 +22,6 @@ namespace {
 
 using namespace spyreccl_test;
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 // A buffer of `count` elements of `t` in the given kind of memory.
 Buffer bufferIn(Memory memory, const TypeInfo& t, size_t count) {
   const Memory saved = bufferMemory();
@@ -48,18 +44,6 @@ std::vector<size_t> sizesFor(const TypeInfo& t) {
 std::vector<const TypeInfo*> directTypes() {
   return {&typeInfo(spyrecclInt8), &typeInfo(spyrecclFloat16), &typeInfo(spyrecclFloat32),
           &typeInfo(spyrecclUint64), &typeInfo(spyrecclFloat64)};
-}
-
-void checkMessage(const TypeInfo& t, const void* buf, size_t count, uint64_t seed, int src,
-                  const std::string& what) {
-  OutputChecker check(t, what);
-  for (size_t i = 0; i < count; ++i) check.expectBits(buf, i, anyBits(t, seed, src, i));
-  check.report(__FILE__, __LINE__);
-}
-
-// Poison: the complement of the expected message, so no element can pass unwritten.
-void poisonMessage(const TypeInfo& t, void* buf, size_t count, uint64_t seed, int src) {
-  for (size_t i = 0; i < count; ++i) storeBits(t, buf, i, ~anyBits(t, seed, src, i) & mask(t));
 }
 
 // An allreduce on arena buffers: the collective that maps every peer's arena, after which
@@ -342,17 +326,6 @@ void mismatchBody(RankContext& ctx, bool wrongCount) {
 
 void countMismatchBody(RankContext& ctx) { mismatchBody(ctx, true); }
 void tagMismatchBody(RankContext& ctx) { mismatchBody(ctx, false); }
-
-// Expects `rc` to be spyrecclRemoteError naming `victim`, reported within 2 s of `start`.
-void expectDeathReported(RankContext& ctx, spyrecclResult_t rc, int victim, int64_t start) {
-  const int64_t ms = (monotonicNs() - start) / 1000000;
-  SPY_CHECK(rc == spyrecclRemoteError, "expected spyrecclRemoteError, got %s: \"%s\"",
-            spyrecclGetErrorString(rc), spyrecclGetLastError(ctx.comm));
-  SPY_CHECK(ms < 2100, "the death of rank %d was reported after %lld ms", victim, (long long)ms);
-  const std::string msg = spyrecclGetLastError(ctx.comm);
-  SPY_CHECK(contains(msg, "rank " + std::to_string(victim)),
-            "the message should name the dead rank %d: \"%s\"", victim, msg.c_str());
-}
 
 // The receiver dies while a direct send to it waits for its copy: the sender gets
 // spyrecclRemoteError naming it within 2 s.
