@@ -388,15 +388,12 @@ void validateTest() {
       }
     }
   }
+  // Data types and ops outside their enums never reach the kernels: api.cc rejects them from
+  // the raw integers (test_api.cc), and building such an enum value here would itself be
+  // undefined behaviour (UBSan's enum check in `nox -s sanitize`).
   k::ReduceSpec spec;
-  spec.dtype = spyrecclDataType_t(99);
   std::string why;
-  SPY_CHECK(!k::validate(spec, &why) && why.find("99") != std::string::npos,
-            "invalid dtype: \"%s\"", why.c_str());
   spec.dtype = spyrecclFloat32;
-  spec.op = spyrecclRedOp_t(42);
-  SPY_CHECK(!k::validate(spec, &why) && why.find("42") != std::string::npos, "invalid op: \"%s\"",
-            why.c_str());
   spec.op = spyrecclAvg;
   spec.avgDivisor = 0;
   SPY_CHECK(!k::validate(spec, &why), "avg with divisor 0 must be rejected");
