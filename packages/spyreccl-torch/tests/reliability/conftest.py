@@ -1,7 +1,7 @@
 """Fixtures of the reliability suite.
 
 `launcher` is a one-rank, torch-free RankPool (spyreccl-testing) whose worker imports torch
-once and then forks a fresh process group per scenario (see forked_group.py). It is session
+once and then forks a fresh process group per scenario (spyreccl_testing.forked). It is session
 scoped: every module of the suite shares the one torch import, which is what keeps the
 whole directory within its time budget on a 2-core machine.
 """

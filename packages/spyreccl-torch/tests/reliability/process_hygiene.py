@@ -5,41 +5,30 @@ from __future__ import annotations
 import os
 import stat
 import time
-from pathlib import Path
 
-SHM_DIR = Path("/dev/shm")
-SEGMENT_PREFIX = "spyreccl-"
+from spyreccl_testing._procutil import list_spyreccl_shm, new_shm_leftovers
+from spyreccl_testing.shm import mapped_segments
 
+__all__ = [
+    "mapped_segments",
+    "new_segments",
+    "open_fds",
+    "read_dumps",
+    "rss_bytes",
+    "shm_segments",
+    "thread_count",
+    "world_writable",
+]
 
-def shm_segments() -> set[str]:
-    """Names of spyreccl segments currently in /dev/shm."""
-    try:
-        return {p.name for p in SHM_DIR.iterdir() if p.name.startswith(SEGMENT_PREFIX)}
-    except FileNotFoundError:
-        return set()
+# The segment helpers are spyreccl-testing's (one implementation for every test suite);
+# re-exported under the names this suite uses.
+shm_segments = list_spyreccl_shm
 
 
 def new_segments(before: set[str], settle_s: float = 1.0) -> list[str]:
-    """Segments that appeared since `before` and are still there after `settle_s`: other
-    jobs on the machine may be forming communicators right now (spyreccl unlinks a segment
-    once every rank attached), so only persistent ones count as ours."""
-    appeared = shm_segments() - before
-    deadline = time.monotonic() + settle_s
-    while appeared and time.monotonic() < deadline:
-        time.sleep(0.05)
-        appeared &= shm_segments()
-    return sorted(appeared)
-
-
-def mapped_segments(pid: int | str = "self") -> set[str]:
-    """/dev/shm paths of the spyreccl segments process `pid` maps (unlinked ones too)."""
-    paths = set()
-    with open(f"/proc/{pid}/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].startswith(str(SHM_DIR / SEGMENT_PREFIX)):
-                paths.add(fields[5].split(" (deleted)")[0].strip())
-    return paths
+    """Segments that appeared since `before` and are still there after `settle_s` (other jobs
+    on the machine may be forming communicators right now), sorted."""
+    return sorted(new_shm_leftovers(before, settle_s))
 
 
 def open_fds() -> dict[int, str]:

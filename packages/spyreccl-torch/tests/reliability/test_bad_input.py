@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from forked_group import ForkedGroup, results
 
+from spyreccl_testing.forked import ForkedGroup, results
 from spyreccl_testing.inputs import fresh_seed, poison_, poisoned_mask, random_tensor, rank_seed
 
 WORLD_SIZE = 3

@@ -17,9 +17,9 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
-from forked_group import ForkedGroup, results
 
 from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce
+from spyreccl_testing.forked import ForkedGroup, results
 from spyreccl_testing.inputs import fresh_seed, poison_, poisoned_mask, random_tensor, rank_seed
 
 WORLD_SIZE = 3

@@ -1,6 +1,6 @@
 """A rank SIGKILLed in the middle of a stream of collectives.
 
-Every case forks a fresh 3-rank group (forked_group.py) in which all ranks run the same
+Every case forks a fresh 3-rank group (spyreccl_testing.forked) in which all ranks run the same
 operation in a loop; once every rank is inside the loop the launcher SIGKILLs rank 1 at a
 random moment. The survivors must raise within 2 s of the death (the group timeout is 30 s,
 so a detection by timeout cannot pass), with a message naming the operation, its sequence
@@ -20,8 +20,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from forked_group import ForkedGroup
 from process_hygiene import new_segments, read_dumps, shm_segments
+
+from spyreccl_testing.forked import ForkedGroup
 
 WORLD_SIZE = 3
 VICTIM = 1

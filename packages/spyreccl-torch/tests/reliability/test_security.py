@@ -28,8 +28,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from forked_group import ForkedGroup, results
 from process_hygiene import mapped_segments, world_writable
+
+from spyreccl_testing.forked import ForkedGroup, results
 
 SHM = "/dev/shm"
 NONCE = slice(8, 24)

@@ -19,7 +19,6 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
-from forked_group import ForkedGroup, results
 from process_hygiene import (
     mapped_segments,
     new_segments,
@@ -30,6 +29,7 @@ from process_hygiene import (
 )
 
 from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce
+from spyreccl_testing.forked import ForkedGroup, results
 from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
 
 WORLD_SIZE = 3

@@ -1,6 +1,6 @@
 """Bounded waits: group timeouts, setTimeout, Work.wait(timeout), abort from another thread.
 
-Each case forks a fresh 2-rank group (forked_group.py): rank 0 waits in a collective that
+Each case forks a fresh 2-rank group (spyreccl_testing.forked): rank 0 waits in a collective that
 rank 1 never calls. Rank 1 keeps its communicator alive meanwhile (a destroyed or exited
 peer would be reported as departed, not as a timeout) and only moves on once rank 0 touched
 a file saying it is done. The timeout error must arrive within the configured timeout plus a
@@ -19,8 +19,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from forked_group import ForkedGroup, results
 from process_hygiene import read_dumps
+
+from spyreccl_testing.forked import ForkedGroup, results
 
 SLACK_S = 1.5  # scheduling allowance on a loaded 2-core machine
 COUNT = 1001

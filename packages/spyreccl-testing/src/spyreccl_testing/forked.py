@@ -1,4 +1,11 @@
-"""Throw-away process groups forked from a torch-ready launcher process.
+"""Throw-away process groups forked from a torch-ready launcher process (for fault tests).
+
+Use it for scenarios that break their process group on purpose; RankPool (a persistent pool
+of ranks) serves everything else. Example (the launcher is a one-rank torch-free RankPool, as
+in spyreccl-torch's tests/reliability/conftest.py)::
+
+    reports = results(ForkedGroup(3, body, *args, pg_timeout=10).finish(60))
+
 
 Reliability scenarios break their process group on purpose (a rank is SIGKILLed, a
 communicator times out, is aborted or sees mismatched collectives), so each needs a fresh
