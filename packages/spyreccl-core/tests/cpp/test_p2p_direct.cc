@@ -72,6 +72,9 @@ void registerDirect(const char* name, void (*body)(RankContext&), std::vector<in
       opts.nranks = ws;
       opts.label = testName;
       opts.mayDie = mayDie;
+      // The data-path cases move tens of MiB per rank: ~1 s in a release build, ~16 s under
+      // ThreadSanitizer on an idle 2-core machine, more when it is busy.
+      opts.deadlineMs = 120000;
       ::setenv("SPYRECCL_DIRECT_MIN_BYTES", "1", 1);
       runRanks(opts, [body](RankContext& ctx) {
         establishDirect(ctx);
