@@ -14,10 +14,8 @@ constexpr uint64_t kNotInArena = ~0ull;
 DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool announced, const void* a,
                                size_t aBytes, const void* b, size_t bBytes)
     : c_(c), offsets_(2 * static_cast<size_t>(c.nranks())) {
-  memory::Arena* arena = memory::Arena::existing();
-  if (arena != nullptr && !arena->shareable()) arena = nullptr;  // a forked child's
-  auto offsetOf = [arena](const void* p, size_t bytes) {
-    int64_t off = arena && p ? arena->offsetOf(p, bytes) : -1;
+  auto offsetOf = [](const void* p, size_t bytes) {
+    const int64_t off = memory::Arena::sharedOffsetOf(p, bytes);
     return off < 0 ? kNotInArena : static_cast<uint64_t>(off);
   };
   const uint32_t s = c.beginStep();

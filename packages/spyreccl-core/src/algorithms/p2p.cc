@@ -88,9 +88,7 @@ int64_t directOffset(const P2POp& op, size_t total) {
       !c.directOn()) {
     return -1;
   }
-  const memory::Arena* arena = memory::Arena::existing();
-  if (arena == nullptr || !arena->shareable()) return -1;  // peers cannot read it
-  return arena->offsetOf(op.sendBuf, total);
+  return memory::Arena::sharedOffsetOf(op.sendBuf, total);
 }
 
 // Posts the single chunk of a direct message (a free slot was checked by the caller).

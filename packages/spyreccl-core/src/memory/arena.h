@@ -56,6 +56,13 @@ class Arena {
     if (a < b || a - b > size_ || bytes > size_ - (a - b)) return -1;
     return static_cast<int64_t>(a - b);
   }
+  // Offset of [p, p + bytes) in this process's arena when peers may read it there (the
+  // arena exists, is not a forked child's private copy, and holds the whole range); -1
+  // otherwise, including for p == NULL.
+  static int64_t sharedOffsetOf(const void* p, size_t bytes) {
+    const Arena* a = existing();
+    return a != nullptr && a->shareable() && p != nullptr ? a->offsetOf(p, bytes) : -1;
+  }
   size_t size() const { return size_; }
   int fd() const { return fd_; }
   // False in a forked child (see above): peers must not map this arena then.
