@@ -11,6 +11,7 @@
 // calling thread's slot. spyrecclGetLastError reads the same place back.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -641,6 +642,125 @@ spyrecclResult_t spyrecclRecvAnySource(void* recvbuff, size_t count, spyrecclDat
     comm->ensureUsable(api);
     communicating = true;
     *source = algorithms::recvAnySource(*comm, recvbuff, count, datatype, tag);
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// non-blocking point-to-point
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+algorithms::P2POp* fromHandle(spyrecclRequest_t request) {
+  return reinterpret_cast<algorithms::P2POp*>(request);
+}
+
+spyrecclResult_t postRequest(spyrecclComm* comm, bool isSend, const void* buff, size_t count,
+                             const spyrecclDataType_t& datatype, int peer, int tag,
+                             spyrecclRequest_t* request, const char* api) {
+  return guarded(comm, api, [&](bool& communicating) {
+    SPYRECCL_CHECK_ARG(request != nullptr, api, "argument 'request' is NULL");
+    *request = nullptr;
+    algorithms::P2POp op = makeP2P(comm, isSend, buff, count, datatype, peer, tag, api);
+    if (algorithms::threadGroup().depth > 0) {
+      SPYRECCL_THROW(spyrecclInvalidUsage,
+                     "%s: not allowed between spyrecclGroupStart and spyrecclGroupEnd (use "
+                     "spyrecclSend/spyrecclRecv there)",
+                     api);
+    }
+    comm->ensureUsable(api);
+    auto owned = std::make_unique<algorithms::P2POp>(std::move(op));
+    algorithms::P2POp* posted = owned.get();
+    comm->requests().push_back(std::move(owned));
+    algorithms::post(*posted);
+    *request = reinterpret_cast<spyrecclRequest_t>(posted);
+    communicating = true;
+    // A first pass right away: a small send is then complete before the call returns. Its
+    // error, if any, is the request's to report (spyrecclTest/Wait).
+    try {
+      algorithms::progress(*comm);
+    } catch (const Error&) {
+    }
+  });
+}
+
+// Releases the finished request `op` of `comm` and throws the error that abandoned it.
+void releaseRequest(spyrecclComm* comm, algorithms::P2POp* op) {
+  const spyrecclResult_t result = op->result;
+  const std::string error = op->error;
+  auto& requests = comm->requests();
+  requests.erase(std::find_if(requests.begin(), requests.end(),
+                              [op](const auto& owned) { return owned.get() == op; }));
+  if (result != spyrecclSuccess) throw Error(result, error, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+spyrecclResult_t spyrecclIsend(const void* sendbuff, size_t count, spyrecclDataType_t datatype,
+                               int peer, int tag, spyrecclComm_t comm, spyrecclRequest_t* request) {
+  return postRequest(comm, true, sendbuff, count, datatype, peer, tag, request, "spyrecclIsend");
+}
+
+spyrecclResult_t spyrecclIrecv(void* recvbuff, size_t count, spyrecclDataType_t datatype, int peer,
+                               int tag, spyrecclComm_t comm, spyrecclRequest_t* request) {
+  return postRequest(comm, false, recvbuff, count, datatype, peer, tag, request, "spyrecclIrecv");
+}
+
+spyrecclResult_t spyrecclTest(spyrecclRequest_t request, int* done) {
+  const char* api = "spyrecclTest";
+  algorithms::P2POp* op = fromHandle(request);
+  spyrecclComm* comm = op != nullptr ? static_cast<spyrecclComm*>(op->comm) : nullptr;
+  return guarded(comm, api, [&](bool&) {
+    SPYRECCL_CHECK_ARG(request != nullptr, api, "argument 'request' is NULL");
+    SPYRECCL_CHECK_ARG(done != nullptr, api, "argument 'done' is NULL");
+    *done = 0;
+    if (!op->finished) {
+      try {
+        algorithms::progress(*comm);
+      } catch (const Error&) {
+        // progress() abandoned every pending request with the error: ours reports it.
+      }
+    }
+    if (!op->finished) return;
+    *done = 1;
+    releaseRequest(comm, op);
+  });
+}
+
+spyrecclResult_t spyrecclWait(spyrecclRequest_t request) {
+  const char* api = "spyrecclWait";
+  algorithms::P2POp* op = fromHandle(request);
+  spyrecclComm* comm = op != nullptr ? static_cast<spyrecclComm*>(op->comm) : nullptr;
+  return guarded(comm, api, [&](bool&) {
+    SPYRECCL_CHECK_ARG(request != nullptr, api, "argument 'request' is NULL");
+    algorithms::waitFor(*op);
+    releaseRequest(comm, op);
+  });
+}
+
+spyrecclResult_t spyrecclCommPoll(spyrecclComm_t comm, int64_t maxWaitUs, int* pending) {
+  const char* api = "spyrecclCommPoll";
+  return guarded(comm, api, [&](bool& communicating) {
+    checkComm(comm, api);
+    SPYRECCL_CHECK_ARG(maxWaitUs >= 0, api, "argument 'maxWaitUs' = %lld is negative",
+                       static_cast<long long>(maxWaitUs));
+    if (pending != nullptr) *pending = 0;
+    communicating = true;
+    if (!algorithms::progress(*comm) && maxWaitUs > 0 && !comm->pendingP2P().empty()) {
+      algorithms::waitProgress(*comm, maxWaitUs * spyreccl::kNsPerUs);
+      algorithms::progress(*comm);
+    }
+    if (pending != nullptr) *pending = static_cast<int>(comm->pendingP2P().size());
+  });
+}
+
+spyrecclResult_t spyrecclCommWakePoll(spyrecclComm_t comm) {
+  const char* api = "spyrecclCommWakePoll";
+  // No guarded(comm, ...): it may run concurrently with any call on `comm`, so it must not
+  // touch the communicator's last error (errors go to the calling thread).
+  return guarded(nullptr, api, [&](bool&) {
+    checkComm(comm, api);
+    algorithms::wakeProgress(*comm);
   });
 }
 

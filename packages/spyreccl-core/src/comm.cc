@@ -206,6 +206,7 @@ void Communicator::waitPeerStep(int peer, uint32_t s) {
     return static_cast<int32_t>(control(p)->step.load(std::memory_order_acquire) - s) < 0;
   };
   transport::waitUntil(spin_, word, sleepers(), ready, [&](int64_t waited, bool full) {
+    if (!pendingP2P_.empty()) progressPendingP2P();
     checkWait(waited, full, nullptr, ready, describe, behind);
   });
 }

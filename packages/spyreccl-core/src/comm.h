@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "algorithms/descriptor.h"
+#include "algorithms/p2p_op.h"
 #include "common/clock.h"
 #include "common/error.h"
 #include "kernels/reduce.h"
@@ -142,6 +143,20 @@ class Communicator {
   PeerP2P& p2p(int peer) { return p2p_[peer]; }
   const transport::PeerWatch& watch(int peer) const { return watches_[peer]; }
 
+  // Operations pending on this communicator in posting order (algorithms::post), owned by
+  // their posters: requests of the C API or the vectors of blocking calls.
+  std::vector<algorithms::P2POp*>& pendingP2P() { return pendingP2P_; }
+  // Requests of the C API (spyrecclIsend/spyrecclIrecv) not yet released by spyrecclTest
+  // or spyrecclWait: owned here so that destroying the communicator frees them.
+  std::vector<std::unique_ptr<algorithms::P2POp>>& requests() { return requests_; }
+  // Set by algorithms::wakeProgress (any thread), consumed by algorithms::waitProgress.
+  std::atomic<bool>& progressWake() { return progressWake_; }
+  // Moves the pending operations from inside a collective's wait, so that a send posted
+  // before a collective cannot deadlock against a peer that receives it only after the
+  // collective. An error abandons them (algorithms::progress) and is left to them: the
+  // collective itself goes on. Defined in algorithms/p2p.cc.
+  void progressPendingP2P() noexcept;
+
   // nranks pointers of scratch for kernels::reduce source lists (no allocation per call).
   const void** sourceScratch() { return sources_.data(); }
 
@@ -199,6 +214,9 @@ class Communicator {
   uint32_t curKind_ = 0;
   std::string customLabel_;
   std::vector<PeerP2P> p2p_;
+  std::vector<algorithms::P2POp*> pendingP2P_;
+  std::vector<std::unique_ptr<algorithms::P2POp>> requests_;
+  std::atomic<bool> progressWake_{false};
   std::vector<const void*> sources_;
   std::vector<pid_t> pids_;
   enum class DirectState : uint8_t { kUnknown, kOn, kOff };

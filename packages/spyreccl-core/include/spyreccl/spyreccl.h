@@ -498,6 +498,77 @@ SPYRECCL_API spyrecclResult_t spyrecclRecvAnySource(void* recvbuff, size_t count
                                                     int* source, spyrecclComm_t comm);
 
 /*
+ * Non-blocking point-to-point (MPI_Isend/MPI_Irecv style).
+ *
+ * spyrecclIsend / spyrecclIrecv: post a send or a receive and return at once; *request
+ * identifies it until spyrecclTest reports it done or spyrecclWait returns. Arguments,
+ * matching (count, datatype, tag) and FIFO order are those of spyrecclSend/spyrecclRecv:
+ * operations on the same (peer, direction) complete in the order they were posted,
+ * whether posted by these calls, by the blocking calls or by a group. Buffers must stay
+ * valid and untouched (recvbuff unread) until the request is done.
+ *
+ * Progress: every pending request of a communicator moves whenever any call on it waits or
+ * polls: spyrecclTest, spyrecclWait, spyrecclCommPoll, the blocking send/receive and group
+ * calls, and the collectives (so a send posted before a collective cannot deadlock against
+ * a peer that receives it after that collective). Nothing moves between calls: there is
+ * no background thread.
+ *
+ * Failure: the first error on a communicator (mismatch, a peer's failure, the
+ * communicator's timeout counted from each request's posting, spyrecclCommAbort) abandons
+ * every request pending on it and marks the communicator failed; each request then reports
+ * that error once, through the spyrecclTest or spyrecclWait that releases it.
+ *
+ * Lifetime: a request is released when spyrecclTest sets *done = 1 or spyrecclWait
+ * returns (success or error); the handle is invalid afterwards. spyrecclCommDestroy frees
+ * the requests of the communicator that were never released (their handles become
+ * invalid; a pending one is abandoned without completing).
+ *
+ * Thread-safety: one thread at a time per communicator, for these calls and every other
+ * call on it, except spyrecclCommWakePoll and spyrecclCommAbort.
+ * Errors of spyrecclIsend/Irecv (message on comm): those of spyrecclSend/spyrecclRecv's
+ * validation, spyrecclInvalidArgument for request NULL, spyrecclInvalidUsage inside a
+ * group or on a failed communicator. Communication errors are reported by the request.
+ */
+typedef struct spyrecclRequest* spyrecclRequest_t;
+
+SPYRECCL_API spyrecclResult_t spyrecclIsend(const void* sendbuff, size_t count,
+                                            spyrecclDataType_t datatype, int peer, int tag,
+                                            spyrecclComm_t comm, spyrecclRequest_t* request);
+SPYRECCL_API spyrecclResult_t spyrecclIrecv(void* recvbuff, size_t count,
+                                            spyrecclDataType_t datatype, int peer, int tag,
+                                            spyrecclComm_t comm, spyrecclRequest_t* request);
+
+/*
+ * spyrecclTest: progresses the communicator's pending requests once without blocking and
+ * sets *done to 1 when `request` is complete (and releases it), else 0. A request that
+ * was abandoned reports its error here (with *done = 1: it is released too).
+ * spyrecclWait: blocks until `request` is complete, progressing every pending request of
+ * its communicator; bounded like every wait (the communicator's timeout, peer failure,
+ * spyrecclCommAbort). Releases the request, also on error.
+ * Errors (message on the request's communicator): spyrecclInvalidArgument (request or done
+ * NULL), the request's communication error.
+ */
+SPYRECCL_API spyrecclResult_t spyrecclTest(spyrecclRequest_t request, int* done);
+SPYRECCL_API spyrecclResult_t spyrecclWait(spyrecclRequest_t request);
+
+/*
+ * spyrecclCommPoll: progresses every pending request of comm once; when none could move
+ * and maxWaitUs > 0, sleeps until a peer makes one of them movable, spyrecclCommWakePoll
+ * is called, or maxWaitUs microseconds passed, and progresses once more. *pending (may be
+ * NULL) receives the number of requests still pending. For a progress loop that waits on
+ * several requests and on other events at once (c10d's progress thread).
+ * Errors (message on comm): spyrecclInvalidArgument (comm NULL, maxWaitUs < 0), and the
+ * error that abandoned the pending requests (they report it as well).
+ *
+ * spyrecclCommWakePoll: makes a spyrecclCommPoll of comm that sleeps (or the next one)
+ * return early. Thread-safe: may be called while another thread uses comm. Errors
+ * (message on the calling thread): spyrecclInvalidArgument (comm NULL).
+ */
+SPYRECCL_API spyrecclResult_t spyrecclCommPoll(spyrecclComm_t comm, int64_t maxWaitUs,
+                                               int* pending);
+SPYRECCL_API spyrecclResult_t spyrecclCommWakePoll(spyrecclComm_t comm);
+
+/*
  * spyrecclGroupStart / spyrecclGroupEnd: between them, spyrecclSend and spyrecclRecv on
  * the calling thread only validate and enqueue; spyrecclGroupEnd progresses all enqueued
  * operations concurrently and returns when all are complete (or the first error; the

@@ -23,7 +23,9 @@
 // any number of pending operations (groups, receive from any source).
 #include "algorithms/p2p.h"
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -247,6 +249,57 @@ bool tryRecv(P2POp& op) {
   return true;
 }
 
+// Removes the finished `op` from the pending list; its successor on the same stream
+// becomes eligible.
+void retire(Communicator& c, P2POp* op) {
+  std::vector<P2POp*>& pending = c.pendingP2P();
+  for (P2POp* other : pending) {
+    if (other->pred == op) other->pred = nullptr;
+  }
+  pending.erase(std::find(pending.begin(), pending.end(), op));
+}
+
+// Abandons every operation pending on `c` with `e` and marks `c` failed.
+void abandonPending(Communicator& c, const Error& e) {
+  for (P2POp* op : c.pendingP2P()) {
+    op->finished = true;
+    op->pred = nullptr;
+    op->result = e.code();
+    op->error = e.message();
+  }
+  c.pendingP2P().clear();
+  c.markFailed(e.code(), e.message());
+  c.setLastError(e.message());
+}
+
+bool anyCanProgress(Communicator& c) {
+  for (const P2POp* op : c.pendingP2P()) {
+    if (op->pred == nullptr && canProgress(*op)) return true;
+  }
+  return false;
+}
+
+// The bounded-wait checks of the operations pending on `c`: abort, the failure of the peer
+// an operation needs, and the group timeout counted from each operation's posting.
+void checkPending(Communicator& c, int64_t now, bool full, const std::function<bool()>& ready) {
+  for (const P2POp* op : c.pendingP2P()) {
+    const std::vector<int> peer{op->peer};
+    c.checkWait(
+        now - op->postedNs, full, &peer, ready, [op] { return op->describe(); },
+        [](int) { return true; });
+  }
+}
+
+// Sleeps on `c`'s doorbell until `ready`, checking every pending operation of `comms`.
+void waitDoorbell(Communicator& c, const std::vector<Communicator*>& comms,
+                  const std::function<bool()>& ready) {
+  transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
+                       [&](int64_t, bool full) {
+                         const int64_t now = nowNs();
+                         for (Communicator* other : comms) checkPending(*other, now, full, ready);
+                       });
+}
+
 }  // namespace
 
 std::string P2POp::describe() const {
@@ -259,75 +312,130 @@ GroupState& threadGroup() {
   return state;
 }
 
-void runP2P(std::vector<P2POp>& ops) {
-  // pred[i]: the previous operation on the same (communicator, peer, direction); i may only
-  // start once it finished, which keeps each pair's stream FIFO.
-  std::vector<int> pred(ops.size(), -1);
-  std::vector<std::vector<int>> peerLists(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    for (size_t k = i; k-- > 0;) {
-      if (ops[k].comm == ops[i].comm && ops[k].peer == ops[i].peer &&
-          ops[k].isSend == ops[i].isSend) {
-        pred[i] = static_cast<int>(k);
-        break;
-      }
+void post(P2POp& op) {
+  std::vector<P2POp*>& pending = op.comm->pendingP2P();
+  op.pred = nullptr;
+  for (size_t k = pending.size(); k-- > 0;) {
+    if (pending[k]->peer == op.peer && pending[k]->isSend == op.isSend) {
+      op.pred = pending[k];
+      break;
     }
-    peerLists[i] = {ops[i].peer};
+  }
+  op.postedNs = nowNs();
+  pending.push_back(&op);
+  if (logLevel() >= LogLevel::kTrace) {
+    SPYRECCL_LOG(kTrace, op.comm->who().c_str(), "post %s", op.describe().c_str());
+  }
+}
+
+bool progress(Communicator& c) {
+  std::vector<P2POp*>& pending = c.pendingP2P();
+  if (pending.empty()) return false;
+  bool progressed = false;
+  try {
+    c.ensureUsable("point-to-point");
+    for (size_t i = 0; i < pending.size();) {
+      P2POp* op = pending[i];
+      // One chunk per operation per pass keeps concurrent streams fair.
+      if (op->pred == nullptr && (op->isSend ? trySend(*op) : tryRecv(*op))) {
+        progressed = true;
+        if (op->finished) {
+          retire(c, op);  // erases pending[i]: the next operation moved into slot i
+          continue;
+        }
+      }
+      ++i;
+    }
+  } catch (const Error& e) {
+    abandonPending(c, e);
+    throw;
+  }
+  return progressed;
+}
+
+void waitProgress(Communicator& c, int64_t maxWaitNs) {
+  const int64_t deadline = nowNs() + maxWaitNs;
+  bool expired = false;
+  const std::function<bool()> ready = [&] {
+    return expired || c.progressWake().load(std::memory_order_acquire) || anyCanProgress(c);
+  };
+  const std::vector<Communicator*> comms{&c};
+  try {
+    transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
+                         [&](int64_t, bool full) {
+                           const int64_t now = nowNs();
+                           checkPending(c, now, full, ready);
+                           expired = now >= deadline;
+                         });
+  } catch (const Error& e) {
+    abandonPending(c, e);
+    throw;
+  }
+  c.progressWake().store(false, std::memory_order_relaxed);
+}
+
+void wakeProgress(Communicator& c) {
+  c.progressWake().store(true, std::memory_order_release);
+  std::atomic<uint32_t>* db = &c.control(c.rank())->doorbell;
+  db->fetch_add(1, std::memory_order_release);
+  transport::notify(db, c.sleepers());
+}
+
+void runP2P(std::vector<P2POp>& ops) {
+  std::vector<Communicator*> comms;
+  for (P2POp& op : ops) {
+    if (std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
     // Short constant labels (no formatting on the fast path); waits name the exact
     // operation they are blocked on.
-    ops[i].comm->setOpLabel(ops.size() == 1 ? "point-to-point" : "grouped point-to-point");
+    op.comm->setOpLabel(ops.size() == 1 ? "point-to-point" : "grouped point-to-point");
+    post(op);
   }
-  if (logLevel() >= LogLevel::kTrace) {
+  auto allFinished = [&] {
     for (const P2POp& op : ops) {
-      SPYRECCL_LOG(kTrace, op.comm->who().c_str(), "%s", op.describe().c_str());
+      if (!op.finished) return false;
     }
-  }
-  auto eligible = [&](size_t i) {
-    return !ops[i].finished && (pred[i] < 0 || ops[pred[i]].finished);
+    return true;
   };
-
+  const std::function<bool()> ready = [&] {
+    for (Communicator* c : comms) {
+      if (anyCanProgress(*c)) return true;
+    }
+    return false;
+  };
   try {
     for (;;) {
       bool progressed = false;
-      bool allDone = true;
-      int firstPending = -1;
-      for (size_t i = 0; i < ops.size(); ++i) {
-        if (ops[i].finished) continue;
-        if (eligible(i)) {
-          // One chunk per operation per round keeps concurrent streams fair.
-          if (ops[i].isSend ? trySend(ops[i]) : tryRecv(ops[i])) progressed = true;
-        }
-        if (!ops[i].finished) {
-          allDone = false;
-          if (firstPending < 0) firstPending = static_cast<int>(i);
+      for (Communicator* c : comms) progressed = progress(*c) || progressed;
+      if (allFinished()) return;
+      if (progressed) continue;
+      // Any communicator with an unfinished operation: the one whose doorbell we sleep on
+      // (the others are re-checked at every wake-up, at least every futex slice).
+      Communicator* wc = comms.front();
+      for (const P2POp& op : ops) {
+        if (!op.finished) {
+          wc = op.comm;
+          break;
         }
       }
-      if (allDone) return;
-      if (progressed) continue;
-
-      auto ready = [&] {
-        for (size_t i = 0; i < ops.size(); ++i) {
-          if (eligible(i) && canProgress(ops[i])) return true;
-        }
-        return false;
-      };
-      Communicator& wc = *ops[firstPending].comm;
-      transport::waitUntil(wc.spin(), &wc.control(wc.rank())->doorbell, wc.sleepers(), ready,
-                           [&](int64_t waited, bool full) {
-                             for (size_t i = 0; i < ops.size(); ++i) {
-                               if (ops[i].finished) continue;
-                               ops[i].comm->checkWait(
-                                   waited, full, &peerLists[i], ready,
-                                   [&] { return ops[i].describe(); }, [](int) { return true; });
-                             }
-                           });
+      waitDoorbell(*wc, comms, ready);
     }
   } catch (const Error& e) {
-    for (P2POp& op : ops) {
-      op.comm->markFailed(e.code(), e.message());
-      op.comm->setLastError(e.message());
-    }
+    for (Communicator* c : comms) abandonPending(*c, e);
     throw;
+  }
+}
+
+void waitFor(P2POp& op) {
+  Communicator& c = *op.comm;
+  const std::vector<Communicator*> comms{&c};
+  const std::function<bool()> ready = [&] { return anyCanProgress(c); };
+  try {
+    while (!op.finished) {
+      if (progress(c) || op.finished) continue;
+      waitDoorbell(c, comms, ready);
+    }
+  } catch (const Error& e) {
+    abandonPending(c, e);  // no-op when progress() abandoned them already
   }
 }
 
@@ -370,3 +478,15 @@ int recvAnySource(Communicator& c, void* recv, size_t count, spyrecclDataType_t 
 }
 
 }  // namespace spyreccl::algorithms
+
+namespace spyreccl {
+
+void Communicator::progressPendingP2P() noexcept {
+  try {
+    algorithms::progress(*this);
+  } catch (...) {
+    // progress() abandoned the pending operations with the error; their owners report it.
+  }
+}
+
+}  // namespace spyreccl
