@@ -442,28 +442,43 @@ void waitFor(P2POp& op) {
 int recvAnySource(Communicator& c, void* recv, size_t count, spyrecclDataType_t dtype, int tag) {
   c.setOpLabel("recv from any source");
   // The next message of each incoming stream is the chunk at the receiver's consumed count;
-  // pick the lowest rank whose next message carries `tag`.
+  // pick the lowest rank whose next message carries `tag`. Streams that a pending receive
+  // already claims are skipped: their next message is that receive's.
+  auto claimed = [&](int p) {
+    for (const P2POp* op : c.pendingP2P()) {
+      if (!op->isSend && op->peer == p) return true;
+    }
+    return false;
+  };
   auto probe = [&]() -> int {
     for (int p = 0; p < c.nranks(); ++p) {
       if (p == c.rank()) continue;
       const uint32_t consumed = c.p2p(p).consumedChunks;
       if (inbox(c, p)->posted.load(std::memory_order_acquire) == consumed) continue;
       const ChunkHeader* h = c.layout().slot(c.base(), p, c.rank(), consumed);
-      if (h->offset == 0 && h->tag == tag) return p;
+      if (h->offset == 0 && h->tag == tag && !claimed(p)) return p;
     }
     return -1;
   };
-  int source = probe();
-  if (source < 0) {
-    auto ready = [&] { return probe() >= 0; };
-    transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
-                         [&](int64_t waited, bool full) {
-                           c.checkWait(
-                               waited, full, nullptr, ready,
-                               [&] { return format("a message with tag %d from any rank", tag); },
-                               [](int) { return true; });
-                         });
-    source = probe();
+  // Pending requests move meanwhile: the message we wait for may come from a peer that is
+  // itself waiting for one of them.
+  const std::function<bool()> ready = [&] { return probe() >= 0 || anyCanProgress(c); };
+  int source;
+  try {
+    while ((source = probe()) < 0) {
+      if (progress(c)) continue;
+      transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
+                           [&](int64_t waited, bool full) {
+                             c.checkWait(
+                                 waited, full, nullptr, ready,
+                                 [&] { return format("a message with tag %d from any rank", tag); },
+                                 [](int) { return true; });
+                             checkPending(c, nowNs(), full, ready);
+                           });
+    }
+  } catch (const Error& e) {
+    abandonPending(c, e);
+    throw;
   }
   std::vector<P2POp> ops(1);
   ops[0].comm = &c;

@@ -103,6 +103,21 @@ void issuePeerCall(const Step& step, spyrecclComm_t comm) {
   }
 }
 
+// Posts the send or receive of `step` without waiting for it (spyrecclIsend/Irecv).
+spyrecclRequest_t postPeerCall(const Step& step, spyrecclComm_t comm) {
+  const PeerCall& call = *step.peerCall;
+  const CommBuffer& b = step.buffers.at(0);
+  spyrecclRequest_t request = nullptr;
+  const spyrecclResult_t result =
+      call.kind == PeerCall::Kind::kSend
+          ? spyrecclIsend(b.data(), b.count(), b.dtype(), call.peer, call.tag, comm, &request)
+          : spyrecclIrecv(b.data(), b.count(), b.dtype(), call.peer, call.tag, comm, &request);
+  if (result != spyrecclSuccess) {
+    throwCoreError(result, comm, describePeerCall(call, step.seq));
+  }
+  return request;
+}
+
 void issue(const Step& step, spyrecclComm_t comm) {
   if (step.peerCall) {
     issuePeerCall(step, comm);
@@ -192,14 +207,18 @@ void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
 // Runs the steps of one operation against `comm` and completes `work` with the outcome, on
 // whichever thread executes the operation (the progress thread, or the caller for the
 // inline fast path). Errors never escape: wait() rethrows them.
+void checkNotAborted(const WorkSpyreccl& work, const Communicator& comm) {
+  if (comm.aborted()) {
+    std::rethrow_exception(makeDistBackendError(
+        "spyreccl: " + work.description() +
+        " was not run because the communicator was aborted: " + comm.abortReason()));
+  }
+}
+
 void executeOp(WorkSpyreccl& work, std::vector<Step>& steps, std::chrono::milliseconds timeout,
                Communicator& comm, const std::shared_ptr<int>& sourceRank) noexcept {
   try {
-    if (comm.aborted()) {
-      std::rethrow_exception(makeDistBackendError(
-          "spyreccl: " + work.description() +
-          " was not run because the communicator was aborted: " + comm.abortReason()));
-    }
+    checkNotAborted(work, comm);
     comm.useTimeout(timeout);
     runSteps(steps, comm.get());
     steps.clear();  // drop staging buffers before waking waiters
@@ -214,6 +233,13 @@ void executeOp(WorkSpyreccl& work, std::vector<Step>& steps, std::chrono::millis
 }
 
 // A queued operation: executes its steps on the progress thread and completes its Work.
+//
+// A lone send or receive (dist.isend / dist.irecv / dist.send / dist.recv) is posted
+// without blocking and stays in flight on the progress thread until the core reports it
+// complete: jobs queued after it (the matching receive of a ring exchange, say) then run
+// while it waits for its peer, as with NCCL or gloo. Blocking here would deadlock every
+// rank of an unbatched ring whose messages exceed the staging slots: each progress thread
+// would wait in its send for a peer whose receive is queued behind that peer's own send.
 class OpJob : public ProgressThread::Job {
  public:
   OpJob(c10::intrusive_ptr<WorkSpyreccl> work, std::vector<Step> steps,
@@ -226,10 +252,43 @@ class OpJob : public ProgressThread::Job {
         sourceRank_(std::move(sourceRank)),
         tls_() {}
 
-  void run() noexcept override {
+  bool run() noexcept override {
     // Grad mode, profiler state, ... of the thread that issued the operation.
     at::ThreadLocalStateGuard tlsGuard(tls_);
+    if (steps_.size() == 1 && groupable(steps_[0])) {
+      return postRequest();
+    }
     executeOp(*work_, steps_, timeout_, *comm_, sourceRank_);
+    return true;
+  }
+
+  bool poll() noexcept override {
+    try {
+      int done = 0;
+      const spyrecclResult_t result = spyrecclTest(request_, &done);
+      if (result != spyrecclSuccess) {
+        request_ = nullptr;  // the core releases a request that reports its error
+        throwCoreError(result, comm_->get(), describePeerCall(*steps_[0].peerCall, steps_[0].seq));
+      }
+      if (!done) {
+        return false;
+      }
+      request_ = nullptr;
+      at::ThreadLocalStateGuard tlsGuard(tls_);
+      Step& step = steps_[0];
+      for (const auto& buffer : step.buffers) {
+        buffer.commit();
+      }
+      if (step.after) {
+        step.after();
+      }
+      steps_.clear();  // drop staging buffers before waking waiters
+      work_->finishSuccess();
+    } catch (...) {
+      steps_.clear();
+      work_->finishError(std::current_exception());
+    }
+    return true;
   }
 
   void cancel(std::exception_ptr reason) noexcept override {
@@ -239,7 +298,30 @@ class OpJob : public ProgressThread::Job {
   }
 
  private:
+  // Starts the lone point-to-point step; poll() finishes it. Returns whether the job
+  // already finished (it failed to start).
+  bool postRequest() noexcept {
+    try {
+      checkNotAborted(*work_, *comm_);
+      comm_->useTimeout(timeout_);
+      Step& step = steps_[0];
+      if (step.before) {
+        step.before();
+      }
+      for (auto& buffer : step.buffers) {
+        buffer.prepare();
+      }
+      request_ = postPeerCall(step, comm_->get());
+      return false;
+    } catch (...) {
+      steps_.clear();
+      work_->finishError(std::current_exception());
+      return true;
+    }
+  }
+
   c10::intrusive_ptr<WorkSpyreccl> work_;
+  spyrecclRequest_t request_ = nullptr;  // the posted send/receive, until it completes
   std::vector<Step> steps_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<Communicator> comm_;
@@ -256,7 +338,7 @@ class CallJob : public ProgressThread::Job {
 
   std::future<void> result() { return promise_.get_future(); }
 
-  void run() noexcept override {
+  bool run() noexcept override {
     try {
       comm_->useTimeout(timeout_);
       fn_(comm_->get());
@@ -264,6 +346,7 @@ class CallJob : public ProgressThread::Job {
     } catch (...) {
       promise_.set_exception(std::current_exception());
     }
+    return true;
   }
 
   void cancel(std::exception_ptr reason) noexcept override {
@@ -365,7 +448,15 @@ ProcessGroupSpyreccl::~ProcessGroupSpyreccl() {
 }
 
 void ProcessGroupSpyreccl::startProgressThread() {
-  progress_ = std::make_unique<ProgressThread>(label());
+  // While sends/receives are in flight and nothing is queued, the thread sleeps in the core
+  // until a peer moves one of them; post() ends that sleep. Errors of the poll are left to
+  // the requests, which report them to their Works.
+  ProgressThread::InFlightWaiter waiter{
+      [comm = comm_](std::chrono::microseconds max) {
+        (void)spyrecclCommPoll(comm->get(), max.count(), nullptr);
+      },
+      [comm = comm_] { (void)spyrecclCommWakePoll(comm->get()); }};
+  progress_ = std::make_unique<ProgressThread>(label(), std::move(waiter));
 }
 
 namespace {

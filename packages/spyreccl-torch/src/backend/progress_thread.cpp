@@ -8,7 +8,8 @@
 
 namespace spyreccl_torch {
 
-ProgressThread::ProgressThread(std::string name) : name_(std::move(name)) {
+ProgressThread::ProgressThread(std::string name, InFlightWaiter waiter)
+    : name_(std::move(name)), waiter_(std::move(waiter)) {
   thread_ = std::thread([this] { loop(); });
   // Visible in top/gdb; Linux limits thread names to 15 characters.
   (void)pthread_setname_np(thread_.native_handle(), "spyreccl-prog");
@@ -17,6 +18,7 @@ ProgressThread::ProgressThread(std::string name) : name_(std::move(name)) {
 ProgressThread::~ProgressThread() { stop(/*drain=*/true); }
 
 void ProgressThread::post(std::unique_ptr<Job> job) {
+  bool wakePeersWait = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!accepting_) {
@@ -25,8 +27,13 @@ void ProgressThread::post(std::unique_ptr<Job> job) {
     }
     outstanding_.fetch_add(1, std::memory_order_relaxed);
     queue_.push_back(std::move(job));
+    wakePeersWait = waitingForPeers_;
   }
-  cv_.notify_one();
+  if (wakePeersWait) {
+    waiter_.wake();
+  } else {
+    cv_.notify_one();
+  }
 }
 
 void ProgressThread::stop(bool drain, std::exception_ptr reason) {
@@ -40,6 +47,9 @@ void ProgressThread::stop(bool drain, std::exception_ptr reason) {
     stopping_ = true;
   }
   cv_.notify_all();
+  if (waiter_.wake) {
+    waiter_.wake();
+  }
   for (auto& job : cancelled) {
     job->cancel(reason);
     outstanding_.fetch_sub(1, std::memory_order_release);
@@ -54,23 +64,78 @@ bool ProgressThread::stopped() const {
   return !accepting_;
 }
 
+void ProgressThread::retire() {
+  // Release: whatever the job did to the communicator happens-before a caller that sees
+  // idle() and then runs an operation inline on its own thread.
+  outstanding_.fetch_sub(1, std::memory_order_release);
+}
+
+size_t ProgressThread::pollInFlight() {
+  size_t finished = 0;
+  for (auto it = inFlight_.begin(); it != inFlight_.end();) {
+    if ((*it)->poll()) {
+      it = inFlight_.erase(it);
+      retire();
+      ++finished;
+    } else {
+      ++it;
+    }
+  }
+  return finished;
+}
+
 void ProgressThread::loop() {
+  // Longest sleep in waitForPeers: post() and stop() wake it earlier; the bound only
+  // limits the cost of a lost wake-up.
+  constexpr std::chrono::microseconds kMaxPeersWait{10000};
   for (;;) {
     std::unique_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) {
-        return;  // stopping and drained
+      if (inFlight_.empty()) {
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) {
+          return;  // stopping and drained
+        }
       }
-      job = std::move(queue_.front());
-      queue_.pop_front();
+      if (!queue_.empty()) {
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
     }
-    job->run();
-    job.reset();
-    // Release: whatever the job did to the communicator happens-before a caller that sees
-    // idle() and then runs an operation inline on its own thread.
-    outstanding_.fetch_sub(1, std::memory_order_release);
+    if (job) {
+      // In-flight jobs first: a queued receive may be what lets a peer finish the send
+      // that an in-flight job waits for, and the other way round.
+      if (!inFlight_.empty()) {
+        pollInFlight();
+      }
+      if (job->run()) {
+        job.reset();
+        retire();
+      } else {
+        inFlight_.push_back(std::move(job));
+      }
+      continue;
+    }
+    // Nothing queued, jobs in flight: drive them; sleep until a peer moves or a job is
+    // posted when none could move.
+    if (pollInFlight() > 0) {
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!queue_.empty()) {
+        continue;
+      }
+      waitingForPeers_ = true;
+    }
+    if (waiter_.waitForPeers) {
+      waiter_.waitForPeers(kMaxPeersWait);
+    } else {
+      std::this_thread::yield();
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    waitingForPeers_ = false;
   }
 }
 

@@ -9,10 +9,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,16 +24,28 @@ namespace spyreccl_torch {
 
 class ProgressThread {
  public:
-  // One unit of queued work. run() executes it; cancel() fails it without running (used
-  // when the group is aborted with operations still queued). Neither may throw.
+  // One unit of queued work. run() executes it and returns true when it finished, or
+  // false when it left work in flight on the communicator (a posted send or receive) that
+  // poll() drives from then on, until poll() returns true. cancel() fails a queued job
+  // without running it (used when the group is aborted with operations still queued).
+  // None of them may throw.
   class Job {
    public:
     virtual ~Job() = default;
-    virtual void run() noexcept = 0;
+    virtual bool run() noexcept = 0;
+    virtual bool poll() noexcept { return true; }
     virtual void cancel(std::exception_ptr reason) noexcept = 0;
   };
 
-  explicit ProgressThread(std::string name);
+  // How the thread sleeps while jobs are in flight and nothing is queued: waitForPeers(max)
+  // blocks until an in-flight job may have moved, wake() was called, or `max` passed; wake()
+  // (any thread) ends such a wait early. Both must not throw.
+  struct InFlightWaiter {
+    std::function<void(std::chrono::microseconds max)> waitForPeers;
+    std::function<void()> wake;
+  };
+
+  explicit ProgressThread(std::string name, InFlightWaiter waiter = {});
   ~ProgressThread();  // stops, draining the queue
   ProgressThread(const ProgressThread&) = delete;
   ProgressThread& operator=(const ProgressThread&) = delete;
@@ -45,7 +59,7 @@ class ProgressThread {
 
   bool stopped() const;
 
-  // True when every posted job has finished running (nothing queued, nothing in flight).
+  // True when every posted job has finished (nothing queued, running or in flight).
   // Lock-free. A true answer is stable as long as the caller posts nothing: only post()
   // adds work. It also orders the caller after the last job (acquire), so the caller may
   // then use the communicator that job used.
@@ -53,8 +67,17 @@ class ProgressThread {
 
  private:
   void loop();
+  // Polls every in-flight job once, retiring the finished ones; returns how many finished.
+  size_t pollInFlight();
+  void retire();
 
   const std::string name_;
+  const InFlightWaiter waiter_;
+  // Jobs whose run() left work in flight, in issue order. Touched by the thread only.
+  std::deque<std::unique_ptr<Job>> inFlight_;
+  // Set (under mutex_) while the thread is about to sleep in waiter_.waitForPeers: post()
+  // must then wake it.
+  bool waitingForPeers_ = false;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Job>> queue_;

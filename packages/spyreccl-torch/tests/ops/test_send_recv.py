@@ -23,7 +23,6 @@ from _ops_support import (
     run_cases,
 )
 
-from spyreccl_testing import RankError
 from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
 
 pytestmark = pytest.mark.rank_pool_options(**POOL_OPTIONS)
@@ -197,16 +196,73 @@ def test_unbatched_isend_irecv_ring_small(rank_pool):
     assert_ranks_passed(results, seed, "unbatched isend/irecv ring (small)")
 
 
-@pytest.mark.xfail(
-    raises=RankError,
-    strict=True,
-    reason="spyreccl runs point-to-point operations one at a time on the group's progress "
-    "thread: an unbatched isend larger than the staging area blocks until the peer receives, "
-    "and the peer is blocked in its own isend (deadlock until the group timeout)",
-)
-def test_unbatched_isend_irecv_ring_large(rank_pool):
+def _check_unbatched(case, seed, ctx):
+    """Unbatched isend/irecv that only complete if the backend keeps several point-to-point
+    operations in flight at once (NCCL and gloo do): "ring" and "ring, recv waited first"
+    (isend right, irecv left), "both ways" (isend right and left, then irecv left and right),
+    and "across a collective" (rank 0 posts irecv from rank 1 and joins an all_reduce; rank 1
+    first completes a blocking send to rank 0, then joins the all_reduce)."""
+    kind, dtype, size = case
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    what = f"unbatched {kind} {dtype_id(dtype)} size={size}"
+    if kind == "across a collective":
+        _check_across_collective(dtype, size, seed, ctx, what)
+        return
+    peers = [(right, left)] if kind != "both ways" else [(right, left), (left, right)]
+    sends, recvs = [], []
+    for direction, (to, frm) in enumerate(peers):
+        sent = _message(seed + 1000 * direction, size, dtype, rank, to, world)
+        tensor = sent.to(dev)
+        sends.append((dist.isend(tensor, dst=to, tag=direction), tensor, sent))
+    for direction, (_, frm) in enumerate(peers):
+        out = poison_(torch.empty(size, dtype=dtype, device=dev))
+        recvs.append((dist.irecv(out, src=frm, tag=direction), out, frm, direction))
+    works = [w for w, *_ in sends] + [w for w, *_ in recvs]
+    for work in reversed(works) if kind == "ring, recv waited first" else works:
+        work.wait()
+    for _, tensor, sent in sends:
+        check_untouched(tensor, sent, f"{what}: sent tensor")
+    for _, out, frm, direction in recvs:
+        expected = _message(seed + 1000 * direction, size, dtype, frm, rank, world)
+        check_exact(out, expected, seed, world, f"{what} from {frm}")
+
+
+def _check_across_collective(dtype, size, seed, ctx, what):
+    world, rank, dev = ctx.world_size, ctx.rank, device(ctx)
+    vec = random_tensor(1000, torch.float64, "cpu", rank_seed(seed, rank), nranks=world)
+    expected_sum = sum(
+        random_tensor(1000, torch.float64, "cpu", rank_seed(seed, r), nranks=world)
+        for r in range(world)
+    )
+    summed = vec.to(dev)
+    if rank == 0:
+        out = poison_(torch.empty(size, dtype=dtype, device=dev))
+        work = dist.irecv(out, src=1)
+        dist.all_reduce(summed)
+        work.wait()
+        check_exact(out, _message(seed, size, dtype, 1, 0, world), seed, world, what)
+    else:
+        if rank == 1:
+            dist.send(_message(seed, size, dtype, 1, 0, world).to(dev), dst=0)
+        dist.all_reduce(summed)
+    torch.testing.assert_close(
+        summed.cpu(), expected_sum, rtol=1e-12, atol=1e-9, msg=lambda m: f"{what}: {m}"
+    )
+
+
+def run_unbatched(cases, base_seed, ctx):
+    return run_cases(_check_unbatched, cases, base_seed, ctx)
+
+
+_UNBATCHED = ("ring", "ring, recv waited first", "both ways", "across a collective")
+
+
+@pytest.mark.parametrize("kind", _UNBATCHED)
+def test_unbatched_isend_irecv_large(rank_pool, kind):
     seed = fresh_seed()
-    # Short run timeout: the failure mode is a deadlock. Last test of the module: the pool it
-    # breaks is not reused.
-    results = rank_pool.run(run_unbatched_ring, LARGE, seed, timeout=15)
-    assert_ranks_passed(results, seed, "unbatched isend/irecv ring (large)")
+    # Several staging chunks per message, every dtype, and an odd size: before the progress
+    # thread kept sends in flight, each of these deadlocked until the group timeout.
+    cases = [(kind, dtype, size) for dtype in DTYPES for size in (LARGE, 3 * LARGE + 1)]
+    results = rank_pool.run(run_unbatched, cases, seed, timeout=RUN_TIMEOUT)
+    assert_ranks_passed(results, seed, f"unbatched isend/irecv ({kind})")
