@@ -211,7 +211,7 @@ def _check_unbatched(case, seed, ctx):
         return
     peers = [(right, left)] if kind != "both ways" else [(right, left), (left, right)]
     sends, recvs = [], []
-    for direction, (to, frm) in enumerate(peers):
+    for direction, (to, _) in enumerate(peers):
         sent = _message(seed + 1000 * direction, size, dtype, rank, to, world)
         tensor = sent.to(dev)
         sends.append((dist.isend(tensor, dst=to, tag=direction), tensor, sent))
