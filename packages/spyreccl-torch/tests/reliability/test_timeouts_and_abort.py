@@ -115,6 +115,26 @@ def _rank0_abort_from_thread(how, delay_s, ctx):
     return report
 
 
+# Larger than the two point-to-point staging slots (2 x 256 KiB): a send of it cannot
+# complete without its receiver, so it stays in flight on the progress thread.
+IN_FLIGHT_NUMEL = 1 << 20
+
+
+def _rank0_lonely_p2p(kind, abort_after_s, ctx):
+    """Rank 0 posts an isend/irecv that rank 1 never matches and waits for it; with
+    abort_after_s, a thread aborts the backend meanwhile."""
+    x = torch.ones(IN_FLIGHT_NUMEL, device="spyre")
+    work = dist.irecv(x, src=1) if kind == "irecv" else dist.isend(x, dst=1)
+    timer = threading.Timer(abort_after_s, _backend().abort) if abort_after_s else None
+    if timer:
+        timer.start()
+    report = _describe(*_timed_call(work.wait))
+    if timer:
+        timer.join()
+    report["is_completed"] = work.is_completed()
+    return report
+
+
 def _scenario(body, *args, pg_timeout, dump_dir):
     # The children are forked, so the bound body reaches them without pickling.
     outcomes = ForkedGroup(
@@ -143,6 +163,12 @@ def work_wait_scenario(wait_s, dump_dir):
 
 def abort_scenario(how, delay_s, dump_dir):
     return _scenario(_rank0_abort_from_thread, how, delay_s, pg_timeout=60.0, dump_dir=dump_dir)
+
+
+def in_flight_scenario(kind, abort_after_s, pg_timeout, dump_dir):
+    return _scenario(
+        _rank0_lonely_p2p, kind, abort_after_s, pg_timeout=pg_timeout, dump_dir=dump_dir
+    )
 
 
 def _assert_peer_told_promptly(report):
@@ -207,6 +233,36 @@ def test_abort_from_another_thread_unblocks_a_collective(launcher, tmp_path, how
     assert delay_s - 0.05 <= rank0["elapsed"] < delay_s + SLACK_S, rank0
     # A later call fails immediately and explains itself.
     assert "abort" in rank0["after"].lower() or "not been initialized" in rank0["after"], rank0
+    _assert_peer_told_promptly(reports[1])
+
+
+@pytest.mark.parametrize("kind", ["irecv", "isend"])
+def test_group_timeout_bounds_an_in_flight_send_or_receive(launcher, tmp_path, kind):
+    # The operation waits on the progress thread without blocking it (in flight): the group
+    # timeout, counted from its posting, must still end it.
+    timeout_s = 1.0
+    (reports, _) = launcher.run(
+        in_flight_scenario, kind, None, timeout_s, str(tmp_path), timeout=120
+    )[0]
+    rank0 = reports[0]
+    message = rank0["message"]
+    assert rank0["dist_backend_error"], rank0
+    assert "spyrecclTimeout" in message, message
+    assert ("recv" if kind == "irecv" else "send") in message and "rank 1" in message, message
+    assert timeout_s <= rank0["elapsed"] < timeout_s + SLACK_S, rank0
+    assert rank0["is_completed"], rank0
+    _assert_peer_told_promptly(reports[1])
+
+
+def test_abort_from_another_thread_ends_an_in_flight_receive(launcher, tmp_path):
+    delay_s = 0.3
+    (reports, _) = launcher.run(
+        in_flight_scenario, "irecv", delay_s, 60.0, str(tmp_path), timeout=120
+    )[0]
+    rank0 = reports[0]
+    assert rank0["dist_backend_error"], rank0
+    assert "abort" in rank0["message"].lower(), rank0
+    assert delay_s - 0.05 <= rank0["elapsed"] < delay_s + SLACK_S, rank0
     _assert_peer_told_promptly(reports[1])
 
 
