@@ -87,6 +87,12 @@ void Communicator::destroy() {
     handle = comm_;
   }
   call_without_gil(nullptr, [handle] { return spyrecclCommDestroy(handle); });
+  orphans_.clear();  // the core freed the requests that could still write these
+}
+
+void Communicator::adopt_orphan(BufferView&& view) {
+  std::lock_guard<std::mutex> lock(mu_);
+  orphans_.push_back(std::move(view));
 }
 
 void Communicator::set_timeout(py::handle timeout) {

@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
+#include "buffer_view.h"
 #include "errors.h"
 
 namespace spyreccl_py {
@@ -61,6 +63,12 @@ class Communicator {
   void add_group_pending();
   void clear_group_pending();
 
+  // A non-blocking request (p2p.cc) dropped while still pending in the core hands over its
+  // buffer export: the core may write the memory until the request completes, which only
+  // a later call on the communicator notices, or until destroy() frees the request. The
+  // exports are released after spyrecclCommDestroy (GIL held).
+  void adopt_orphan(BufferView&& view);
+
  private:
   // The handle for thread-safe queries; throws InvalidUsageError once destroyed.
   spyrecclComm_t live_handle(const char* op) const;
@@ -72,6 +80,7 @@ class Communicator {
   bool closing_ = false;  // destroy() started: no new operation may begin
   bool destroyed_ = false;
   int group_pending_ = 0;
+  std::vector<BufferView> orphans_;  // declared after comm_: released after it is destroyed
   int rank_ = -1;
   int size_ = 0;
   std::string name_;

@@ -149,6 +149,79 @@ void group_end() {
 // `with comm.group():` / `with spyreccl_core.group():`
 struct GroupContext {};
 
+// A posted isend/irecv (spyrecclRequest_t). Keeps its communicator and its buffer export
+// alive while the core may still use them; a request dropped while pending gives the
+// export to the communicator (Communicator::adopt_orphan).
+class Request {
+ public:
+  Request(py::object comm, Communicator& self, BufferView&& view, spyrecclRequest_t handle)
+      : comm_obj_(std::move(comm)), comm_(self), view_(std::move(view)), handle_(handle) {}
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request() {
+    if (handle_ != nullptr && view_ && !comm_.closed()) comm_.adopt_orphan(std::move(*view_));
+  }
+
+  bool done() const { return handle_ == nullptr; }
+
+  bool test() {
+    if (done()) return true;
+    Communicator::Use use(comm_, "Request.test");
+    int finished = 0;
+    const spyrecclResult_t result = [&] {
+      py::gil_scoped_release no_gil;
+      return spyrecclTest(handle_, &finished);
+    }();
+    if (result != spyrecclSuccess && result != spyrecclInvalidArgument) finished = 1;
+    if (finished) release();
+    check_result(result, use.handle());
+    return finished != 0;
+  }
+
+  void wait() {
+    if (done()) return;
+    Communicator::Use use(comm_, "Request.wait");
+    spyrecclRequest_t handle = std::exchange(handle_, nullptr);  // released on any outcome
+    const spyrecclResult_t result = [&] {
+      py::gil_scoped_release no_gil;
+      return spyrecclWait(handle);
+    }();
+    view_.reset();
+    check_result(result, use.handle());
+  }
+
+ private:
+  void release() {
+    handle_ = nullptr;
+    view_.reset();
+  }
+
+  py::object comm_obj_;
+  Communicator& comm_;
+  std::optional<BufferView> view_;
+  spyrecclRequest_t handle_;
+};
+
+std::unique_ptr<Request> post(py::object self_obj, bool is_send, py::handle buf, int peer, int tag,
+                              DType dtype) {
+  const char* op = is_send ? "isend" : "irecv";
+  Communicator& self = self_obj.cast<Communicator&>();
+  Communicator::Use use(self, op);
+  require_peer(op, self, peer);
+  require_tag(op, tag);
+  if (in_group()) throw_invalid_usage(op, "not allowed inside a group (use send/recv there)");
+  BufferView data =
+      BufferView::acquire(buf, op, "buf", is_send ? Access::kRead : Access::kWrite, dtype);
+  spyrecclComm_t comm = use.handle();
+  spyrecclRequest_t handle = nullptr;
+  call_without_gil(comm, [&] {
+    return is_send
+               ? spyrecclIsend(data.data(), data.count(), data.dtype(), peer, tag, comm, &handle)
+               : spyrecclIrecv(data.data(), data.count(), data.dtype(), peer, tag, comm, &handle);
+  });
+  return std::make_unique<Request>(std::move(self_obj), self, std::move(data), handle);
+}
+
 }  // namespace
 
 void bind_point_to_point(py::module_& m, py::class_<Communicator>& cls) {
@@ -173,9 +246,39 @@ void bind_point_to_point(py::module_& m, py::class_<Communicator>& cls) {
            py::arg("dtype") = py::none(),
            "Receives the next message with `tag` from any rank; returns that rank.")
       .def(
+          "isend",
+          [](py::object self, py::handle buf, int peer, int tag, DType dtype) {
+            return post(std::move(self), true, buf, peer, tag, dtype);
+          },
+          py::arg("buf"), py::arg("peer"), py::arg("tag") = 0, py::kw_only(),
+          py::arg("dtype") = py::none(),
+          "Posts a send of buf to `peer` and returns a Request at once (buf must stay "
+          "unchanged until the request is done).")
+      .def(
+          "irecv",
+          [](py::object self, py::handle buf, int peer, int tag, DType dtype) {
+            return post(std::move(self), false, buf, peer, tag, dtype);
+          },
+          py::arg("buf"), py::arg("peer"), py::arg("tag") = 0, py::kw_only(),
+          py::arg("dtype") = py::none(),
+          "Posts a receive into buf from `peer` and returns a Request at once (buf is "
+          "complete once the request is done).")
+      .def(
           "group", [](const Communicator&) { return GroupContext{}; },
           "Context manager grouping send/recv so that they progress together (same as "
           "spyreccl_core.group(); groups are per thread, not per communicator).");
+
+  py::class_<Request>(m, "Request",
+                      "A posted isend/irecv. Pending requests of a communicator progress "
+                      "during every call on it (test, wait, send/recv, collectives).")
+      .def("test", &Request::test,
+           "Progresses the communicator's requests once without blocking; True once this "
+           "one is complete. Raises the request's error (then it is done).")
+      .def("wait", &Request::wait,
+           "Blocks until the request is complete (bounded by the communicator's timeout); "
+           "raises its error.")
+      .def_property_readonly("done", &Request::done,
+                             "Whether test() or wait() reported the request complete.");
 
   m.def(
       "group", [] { return GroupContext{}; },

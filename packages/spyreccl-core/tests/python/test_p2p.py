@@ -156,3 +156,72 @@ def test_destroy_refused_while_group_pending(rank_pool):
     for rank, (error, y) in enumerate(rank_pool.run(rank_destroy_inside_group)):
         assert "pending in an open group" in error
         np.testing.assert_array_equal(y, np.full(10, (rank - 1) % rank_pool.world_size))
+
+
+def rank_unbatched_ring(comm, name, seed, n, how):
+    """isend right, irecv left, outside any group, completed by wait() or a test() loop:
+    messages beyond the staging area only complete if both stay pending together."""
+    tt = TYPES_BY_NAME[name]
+    right = (comm.rank + 1) % comm.size
+    left = (comm.rank - 1) % comm.size
+    out = tt.poison(n)
+    # A temporary whose only reference is the request's export: it must stay alive until
+    # the request is done.
+    send_req = comm.isend(inputs_for(tt, seed, comm.rank, 0, n).copy(), right, tag=4, **tt.kwargs)
+    recv_req = comm.irecv(out, left, tag=4, **tt.kwargs)
+    assert isinstance(send_req, spyreccl_core.Request) and not recv_req.done
+    if how == "wait":
+        recv_req.wait()
+        send_req.wait()
+    else:
+        while not (send_req.test() & recv_req.test()):
+            pass
+    assert send_req.done and recv_req.done
+    assert send_req.test() and recv_req.test()  # done stays done
+    recv_req.wait()  # no-op once done
+    return out
+
+
+@pytest.mark.parametrize("how", ["wait", "test"])
+@pytest.mark.parametrize("tt", ALL_TYPES, ids=lambda t: t.name)
+def test_unbatched_isend_irecv_ring(rank_pool, seeded, tt, how):
+    for n in message_sizes(tt.storage.itemsize):
+        results = rank_pool.run(rank_unbatched_ring, tt.name, seeded.seed, n, how)
+        for rank in range(rank_pool.world_size):
+            left = (rank - 1) % rank_pool.world_size
+            expected = inputs_for(tt, seeded.seed, left, 0, n)
+            assert_bytes_equal(results[rank], expected, f"n={n} at rank {rank} from {left}")
+
+
+def rank_requests_misuse(comm):
+    """Requests inside a group are refused; a dropped pending request keeps its buffer alive
+    (the communicator adopts it) and a later receive on the same stream still gets the next
+    message; destroy() with a pending request leaves the request unusable, not dangling."""
+    peer = 1 - comm.rank if comm.size == 2 else (comm.rank + 1) % comm.size
+    source = (comm.rank - 1) % comm.size
+    errors = []
+    with comm.group():
+        try:
+            comm.isend(np.zeros(3), peer)
+        except spyreccl_core.InvalidUsageError as e:
+            errors.append(str(e))
+    # Dropped while pending: nothing has been sent to us on tag 11 yet.
+    comm.irecv(np.empty(5000), source, tag=11)
+    comm.barrier()
+    comm.send(np.arange(5000, dtype=np.float64), peer, tag=11)  # fills the dropped receive
+    comm.barrier()
+    sub = comm.split(0)
+    req = sub.irecv(np.empty(4), source, tag=12)
+    sub.destroy()
+    try:
+        req.wait()
+    except spyreccl_core.InvalidUsageError as e:
+        errors.append(str(e))
+    return errors
+
+
+def test_request_misuse(rank_pool):
+    for errors in rank_pool.run(rank_requests_misuse):
+        assert len(errors) == 2, errors
+        assert "isend" in errors[0] and "group" in errors[0], errors
+        assert "destroyed" in errors[1], errors
