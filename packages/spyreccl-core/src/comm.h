@@ -151,6 +151,8 @@ class Communicator {
   std::vector<std::unique_ptr<algorithms::P2POp>>& requests() { return requests_; }
   // Set by algorithms::wakeProgress (any thread), consumed by algorithms::waitProgress.
   std::atomic<bool>& progressWake() { return progressWake_; }
+  // When algorithms::waitProgress last ran the full wait checks (peer liveness, timeouts).
+  int64_t& lastPollFullCheckNs() { return lastPollFullCheckNs_; }
   // Moves the pending operations from inside a collective's wait, so that a send posted
   // before a collective cannot deadlock against a peer that receives it only after the
   // collective. An error abandons them (algorithms::progress) and is left to them: the
@@ -217,6 +219,7 @@ class Communicator {
   std::vector<algorithms::P2POp*> pendingP2P_;
   std::vector<std::unique_ptr<algorithms::P2POp>> requests_;
   std::atomic<bool> progressWake_{false};
+  int64_t lastPollFullCheckNs_ = 0;
   std::vector<const void*> sources_;
   std::vector<pid_t> pids_;
   enum class DirectState : uint8_t { kUnknown, kOn, kOff };

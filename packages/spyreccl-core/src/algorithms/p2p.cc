@@ -364,6 +364,14 @@ void waitProgress(Communicator& c, int64_t maxWaitNs) {
     transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
                          [&](int64_t, bool full) {
                            const int64_t now = nowNs();
+                           // Polls are short (the caller bounds them, c10d's progress
+                           // thread to 10 ms), shorter than the interval of the full checks
+                           // within one wait: keep that interval across polls, or a dead
+                           // peer and the timeout would never be looked for.
+                           if (now - c.lastPollFullCheckNs() >= transport::kCheckIntervalNs) {
+                             full = true;
+                           }
+                           if (full) c.lastPollFullCheckNs() = now;
                            checkPending(c, now, full, ready);
                            expired = now >= deadline;
                          });

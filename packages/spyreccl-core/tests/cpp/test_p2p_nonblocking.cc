@@ -3,6 +3,8 @@
 // across blocking and non-blocking calls, requests left pending across a collective (in
 // both directions), polling with a wake-up from another thread, the timeout of a request
 // whose peer never posts, and argument errors. Test names are "p2p_nb.<what>/ws<N>".
+#include <signal.h>
+
 #include <atomic>
 #include <string>
 #include <thread>
@@ -217,6 +219,29 @@ void timeoutBody(RankContext& ctx) {
   }
 }
 
+// Rank 1 SIGKILLs itself while rank 0's receive from it is pending and rank 0 only polls
+// in short slices (as c10d's progress thread does): the death must be reported within 2 s
+// (the timeout is 30 s), by the poll and then by the request.
+void pollPeerDeathBody(RankContext& ctx) {
+  if (ctx.rank == 1) {
+    sleepMs(100);  // let rank 0 post and start polling
+    ::raise(SIGKILL);
+  }
+  const TypeInfo& t = typeInfo(spyrecclFloat32);
+  Buffer buf(t, 1000);
+  spyrecclRequest_t r = nullptr;
+  SPY_REQUIRE_OK(spyrecclIrecv(buf.data(), 1000, t.dtype, 1, 0, ctx.comm, &r), ctx.comm);
+  const int64_t start = monotonicNs();
+  spyrecclResult_t rc = spyrecclSuccess;
+  while (rc == spyrecclSuccess && monotonicNs() - start < 10 * 1000000000ll) {
+    rc = spyrecclCommPoll(ctx.comm, 2000, nullptr);
+  }
+  expectDeathReported(ctx, rc, 1, start);
+  int done = 0;
+  SPY_CHECK_RC(spyrecclTest(r, &done), spyrecclRemoteError, ctx.comm);
+  SPY_CHECK(done == 1, "the abandoned request is released by the Test that reports it");
+}
+
 // Argument errors: NULL request/done, a request inside a group; the comm stays usable.
 void argumentsBody(RankContext& ctx) {
   float x[4] = {1, 2, 3, 4};
@@ -270,6 +295,16 @@ void registerNB(const char* name, void (*body)(RankContext&), std::vector<int> w
   registerNB("across_collective", acrossCollectiveBody, {2, 3});
   registerNB("poll_wake", pollWakeBody, {2});
   registerNB("timeout", timeoutBody, {2}, 500);
+  for (int ws : {2, 3}) {
+    const std::string testName = format("p2p_nb.poll_peer_death/ws%d", ws);
+    registerTest(testName, [=] {
+      RunOptions opts;
+      opts.nranks = ws;
+      opts.label = testName;
+      opts.mayDie = {1};
+      runRanks(opts, pollPeerDeathBody);
+    });
+  }
   registerNB("arguments", argumentsBody, {2});
   return true;
 }();
