@@ -282,8 +282,9 @@ bool anyCanProgress(Communicator& c) {
 // The bounded-wait checks of the operations pending on `c`: abort, the failure of the peer
 // an operation needs, and the group timeout counted from each operation's posting.
 void checkPending(Communicator& c, int64_t now, bool full, const std::function<bool()>& ready) {
+  std::vector<int> peer(1);  // the peer list checkWait wants, one operation at a time
   for (const P2POp* op : c.pendingP2P()) {
-    const std::vector<int> peer{op->peer};
+    peer[0] = op->peer;
     c.checkWait(
         now - op->postedNs, full, &peer, ready, [op] { return op->describe(); },
         [](int) { return true; });
@@ -359,7 +360,6 @@ void waitProgress(Communicator& c, int64_t maxWaitNs) {
   const std::function<bool()> ready = [&] {
     return expired || c.progressWake().load(std::memory_order_acquire) || anyCanProgress(c);
   };
-  const std::vector<Communicator*> comms{&c};
   try {
     transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
                          [&](int64_t, bool full) {
