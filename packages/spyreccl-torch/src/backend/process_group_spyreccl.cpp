@@ -204,9 +204,7 @@ void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
   }
 }
 
-// Runs the steps of one operation against `comm` and completes `work` with the outcome, on
-// whichever thread executes the operation (the progress thread, or the caller for the
-// inline fast path). Errors never escape: wait() rethrows them.
+// Refuses to start an operation on an aborted communicator, saying why.
 void checkNotAborted(const WorkSpyreccl& work, const Communicator& comm) {
   if (comm.aborted()) {
     std::rethrow_exception(makeDistBackendError(
@@ -215,6 +213,9 @@ void checkNotAborted(const WorkSpyreccl& work, const Communicator& comm) {
   }
 }
 
+// Runs the steps of one operation against `comm` and completes `work` with the outcome, on
+// whichever thread executes the operation (the progress thread, or the caller for the
+// inline fast path). Errors never escape: wait() rethrows them.
 void executeOp(WorkSpyreccl& work, std::vector<Step>& steps, std::chrono::milliseconds timeout,
                Communicator& comm, const std::shared_ptr<int>& sourceRank) noexcept {
   try {

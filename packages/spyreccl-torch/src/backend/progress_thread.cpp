@@ -104,8 +104,8 @@ void ProgressThread::loop() {
       }
     }
     if (job) {
-      // In-flight jobs first: a queued receive may be what lets a peer finish the send
-      // that an in-flight job waits for, and the other way round.
+      // Retire the in-flight jobs that completed meanwhile first: the next job may block
+      // for long (a large collective), and their Works should not wait for it.
       if (!inFlight_.empty()) {
         pollInFlight();
       }
