@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -276,7 +277,7 @@ void argumentsBody(RankContext& ctx) {
 }
 
 void registerNB(const char* name, void (*body)(RankContext&), std::vector<int> worldSizes,
-                int64_t timeoutMs = 30000) {
+                int64_t timeoutMs = 30000, std::set<int> mayDie = {}) {
   for (int ws : worldSizes) {
     const std::string testName = format("p2p_nb.%s/ws%d", name, ws);
     registerTest(testName, [=] {
@@ -284,6 +285,7 @@ void registerNB(const char* name, void (*body)(RankContext&), std::vector<int> w
       opts.nranks = ws;
       opts.label = testName;
       opts.config.timeoutMs = timeoutMs;
+      opts.mayDie = mayDie;
       runRanks(opts, body);
     });
   }
@@ -295,16 +297,7 @@ void registerNB(const char* name, void (*body)(RankContext&), std::vector<int> w
   registerNB("across_collective", acrossCollectiveBody, {2, 3});
   registerNB("poll_wake", pollWakeBody, {2});
   registerNB("timeout", timeoutBody, {2}, 500);
-  for (int ws : {2, 3}) {
-    const std::string testName = format("p2p_nb.poll_peer_death/ws%d", ws);
-    registerTest(testName, [=] {
-      RunOptions opts;
-      opts.nranks = ws;
-      opts.label = testName;
-      opts.mayDie = {1};
-      runRanks(opts, pollPeerDeathBody);
-    });
-  }
+  registerNB("poll_peer_death", pollPeerDeathBody, {2, 3}, 30000, {1});
   registerNB("arguments", argumentsBody, {2});
   return true;
 }();
