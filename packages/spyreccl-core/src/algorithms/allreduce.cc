@@ -16,6 +16,23 @@
 // so each input byte is copied once, each segment is reduced exactly once (by its owner:
 // results are bitwise identical everywhere) and each output byte is written once.
 //
+// The pipeline is memory-bound, so how its copies are done matters as much as how many:
+//  - Every copy between staging and user buffers goes through kernels::copy, a plain vector
+//    loop, not memcpy: glibc's memcpy uses `rep movsb` from 2 KiB to about the L2 size, and
+//    on AMD Zen that runs ~20x slower when the destination lies a few bytes above the source
+//    modulo 4 KiB, which is exactly page-aligned staging -> new[]'ed output (16 bytes past a
+//    page). At 2 ranks, 512 KiB messages (256 KiB segments) went from ~1 to ~5 GB/s busbw.
+//  - Once the ranks' inputs and outputs (2 n times the message) fill half the last-level
+//    cache, the outputs are written with non-temporal stores: they would not stay cached
+//    anyway, and streaming saves the read-for-ownership and keeps staging and inputs in
+//    cache. At 2 ranks on a 32 MiB L3 that is >= 4 MiB: +15-35% busbw there; at 2 MiB it
+//    cost ~10%, hence the threshold. (The 3- and 4-rank pipelines gain more still: their
+//    segments, chunk / n, are always in the slow `rep movsb` range.)
+// Measured and not kept (no difference beyond the noise of a shared 2-core machine): a
+// fused reduce that writes staging and output in one pass (saves one L2 re-read of our
+// segment), reducing before copying the peers' segments, software prefetch, AVX copies,
+// and staging chunks of 256 KiB .. 2 MiB (CommConfig::chunkBytes stays at 1 MiB).
+//
 // Large messages whose buffers live in the ranks' memory arenas skip the staging buffers
 // altogether (algorithms/direct.h): rank p reduces segment p straight from every peer's
 // input, then copies the other reduced segments from their owners' outputs.
@@ -65,6 +82,9 @@ void pipelined(Communicator& c, const OpScope& scope, const uint8_t* send, uint8
     *len = b - a;
   };
 
+  // Non-temporal stores for the output once the ranks' inputs and outputs (2 n times the
+  // message) fill half the last-level cache that they share (see the header comment).
+  const bool stream = 4 * static_cast<size_t>(n) * count * esize >= kernels::lastLevelCacheBytes();
   const void** srcs = c.sourceScratch();
   for (size_t j = 0; j <= nblocks; ++j) {
     const uint32_t s = c.beginStep();
@@ -74,7 +94,7 @@ void pipelined(Communicator& c, const OpScope& scope, const uint8_t* send, uint8
       for (int p = 0; p < n; ++p) {
         if (p == r) continue;
         segment(j, p, &off, &len);
-        std::memcpy(mine + p * slot, send + off * esize, len * esize);
+        kernels::copy(mine + p * slot, send + off * esize, len * esize);
       }
     }
     c.exchange(s, j == 0 ? scope.desc() : nullptr);
@@ -82,7 +102,7 @@ void pipelined(Communicator& c, const OpScope& scope, const uint8_t* send, uint8
       for (int q = 0; q < n; ++q) {
         if (q == r) continue;
         segment(j - 1, q, &off, &len);
-        std::memcpy(recv + off * esize, c.staging(q, s) + q * slot, len * esize);
+        kernels::copy(recv + off * esize, c.staging(q, s) + q * slot, len * esize, stream);
       }
     }
     if (j < nblocks) {
@@ -96,7 +116,7 @@ void pipelined(Communicator& c, const OpScope& scope, const uint8_t* send, uint8
       // s, which we just observed.
       uint8_t* reduced = c.staging(r, s + 1) + r * slot;
       kernels::reduce(spec, reduced, srcs, n, len);
-      if (writes) std::memcpy(recv + off * esize, reduced, len * esize);
+      if (writes) kernels::copy(recv + off * esize, reduced, len * esize, stream);
     }
   }
 }

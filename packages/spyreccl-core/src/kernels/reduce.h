@@ -45,4 +45,18 @@ bool validate(const ReduceSpec& spec, std::string* why);
 // source. nsrc >= 1. Precondition: validate(spec) holds.
 void reduce(const ReduceSpec& spec, void* dst, const void* const* srcs, int nsrc, size_t count);
 
+// memcpy(dst, src, bytes) with a plain vector loop. glibc's memcpy uses `rep movsb` for
+// copies of 2 KiB up to about the L2 size, which on some x86 CPUs (AMD Zen among them) runs
+// an order of magnitude slower when dst lies a few bytes above src modulo 4 KiB, e.g. a
+// malloc'ed user buffer (16 bytes past a page) filled from page-aligned staging.
+// With `streaming`, whole destination cache lines are written with non-temporal stores (no
+// read-for-ownership, and the cache is not polluted; fenced before returning): for
+// destinations that will not stay in the last-level cache. dst and src must not overlap.
+void copy(void* dst, const void* src, size_t bytes, bool streaming = false);
+
+// Size of the largest cache of CPU 0 in bytes (the last level), read once from sysfs:
+// sysconf's _SC_LEVEL3_CACHE_SIZE comes from cpuid, which in a VM may describe the host's
+// whole socket. 32 MiB when unknown. Decides when streaming stores pay off.
+size_t lastLevelCacheBytes();
+
 }  // namespace spyreccl::kernels
