@@ -23,13 +23,14 @@ void gatherImpl(Communicator& c, Kind kind, const void* sendbuff, void* recvbuff
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
   std::optional<DirectTransfer> x;
+  const bool stream = kernels::streamingPays(2 * static_cast<size_t>(n) * n * bytes);
   if (beginDirect(c, scope, bytes * n, x, send, bytes) && x->allHave(0, root)) {
     if (receives) {
       for (int q = 0; q < n; ++q) {
-        if (q != r) std::memcpy(recv + q * bytes, x->peer(q, 0), bytes);
+        if (q != r) kernels::copy(recv + q * bytes, x->peer(q, 0), bytes, stream);
       }
       // In place our block is already in place; peers only read it.
-      if (send != recv + r * bytes) std::memcpy(recv + r * bytes, send, bytes);
+      if (send != recv + r * bytes) kernels::copy(recv + r * bytes, send, bytes, stream);
     }
     x->close();
     scope.succeed();
@@ -39,17 +40,19 @@ void gatherImpl(Communicator& c, Kind kind, const void* sendbuff, void* recvbuff
     const uint32_t s = c.beginStep();
     const size_t off = j * chunk;
     const size_t len = bytes > off ? std::min(chunk, bytes - off) : 0;
-    if (len && r != root) std::memcpy(c.staging(r, s), send + off, len);
+    if (len && r != root) kernels::copy(c.staging(r, s), send + off, len);
     c.exchange(s, j == 0 ? scope.desc() : nullptr);
     if (!receives || len == 0) continue;
     for (int q = 0; q < n; ++q) {
-      if (q != r) std::memcpy(recv + q * bytes + off, c.staging(q, s), len);
+      if (q != r) kernels::copy(recv + q * bytes + off, c.staging(q, s), len, stream);
     }
   }
   // Our own block is copied only after the first exchange has validated every rank's
   // descriptor: a mismatched call must leave the output untouched. In place
   // (send == recv + rank * bytes) the block is already where it belongs.
-  if (receives && bytes && send != recv + r * bytes) std::memcpy(recv + r * bytes, send, bytes);
+  if (receives && bytes && send != recv + r * bytes) {
+    kernels::copy(recv + r * bytes, send, bytes, stream);
+  }
   scope.succeed();
 }
 

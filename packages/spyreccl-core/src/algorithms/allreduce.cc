@@ -49,7 +49,7 @@ void oneShot(Communicator& c, const OpScope& scope, const uint8_t* send, uint8_t
              size_t count, size_t esize, const kernels::ReduceSpec& spec, bool writes) {
   const int n = c.nranks();
   const uint32_t s = c.beginStep();
-  if (count) std::memcpy(c.staging(c.rank(), s), send, count * esize);
+  if (count) kernels::copy(c.staging(c.rank(), s), send, count * esize);
   c.exchange(s, scope.desc());
   if (!writes || count == 0) return;
   const void** srcs = c.sourceScratch();
@@ -84,7 +84,7 @@ void pipelined(Communicator& c, const OpScope& scope, const uint8_t* send, uint8
 
   // Non-temporal stores for the output once the ranks' inputs and outputs (2 n times the
   // message) fill half the last-level cache that they share (see the header comment).
-  const bool stream = 4 * static_cast<size_t>(n) * count * esize >= kernels::lastLevelCacheBytes();
+  const bool stream = kernels::streamingPays(2 * static_cast<size_t>(n) * count * esize);
   const void** srcs = c.sourceScratch();
   for (size_t j = 0; j <= nblocks; ++j) {
     const uint32_t s = c.beginStep();

@@ -25,6 +25,9 @@ void transfer(Communicator& c, const uint8_t* send, uint8_t* recv, size_t nsteps
   const int n = c.nranks();
   const int r = c.rank();
   const size_t slot = slotBytes(c);
+  // Out of staging through kernels::copy (see its comment on memcpy's slow case); every
+  // rank's inputs and outputs hold up to n * nsteps * slot bytes each.
+  const bool stream = kernels::streamingPays(2 * static_cast<size_t>(n) * n * nsteps * slot);
   for (size_t j = 0; j < nsteps; ++j) {
     const uint32_t s = c.beginStep();
     uint8_t* mine = c.staging(r, s);
@@ -33,14 +36,15 @@ void transfer(Communicator& c, const uint8_t* send, uint8_t* recv, size_t nsteps
       if (p == r) continue;
       Span m = sendSpan(p);
       if (m.len > off)
-        std::memcpy(mine + p * slot, send + m.off + off, std::min(slot, m.len - off));
+        kernels::copy(mine + p * slot, send + m.off + off, std::min(slot, m.len - off));
     }
     c.exchange(s, j == 0 ? desc : nullptr);
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
       Span m = recvSpan(q);
       if (m.len > off) {
-        std::memcpy(recv + m.off + off, c.staging(q, s) + r * slot, std::min(slot, m.len - off));
+        kernels::copy(recv + m.off + off, c.staging(q, s) + r * slot, std::min(slot, m.len - off),
+                      stream);
       }
     }
   }
@@ -56,12 +60,14 @@ void allToAll(Communicator& c, const void* sendbuff, void* recvbuff, size_t coun
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
   std::optional<DirectTransfer> x;
-  if (beginDirect(c, scope, block * c.nranks(), x, send, block * c.nranks()) && x->allHave(0)) {
+  const size_t n = static_cast<size_t>(c.nranks());
+  const bool stream = kernels::streamingPays(2 * n * n * block);
+  if (beginDirect(c, scope, block * n, x, send, block * n) && x->allHave(0)) {
     // Block r of every peer's input is ours; alltoall is never in place.
     for (int q = 0; q < c.nranks(); ++q) {
-      if (q != r) std::memcpy(recv + q * block, x->peer(q, 0) + r * block, block);
+      if (q != r) kernels::copy(recv + q * block, x->peer(q, 0) + r * block, block, stream);
     }
-    std::memcpy(recv + r * block, send + r * block, block);
+    kernels::copy(recv + r * block, send + r * block, block, stream);
     x->close();
     scope.succeed();
     return;
@@ -71,7 +77,7 @@ void allToAll(Communicator& c, const void* sendbuff, void* recvbuff, size_t coun
       c, send, recv, nsteps, [&](int p) { return Span{p * block, block}; },
       [&](int q) { return Span{q * block, block}; }, scope.desc());
   // Own block last: the first exchange inside transfer() validates the descriptors.
-  if (block) std::memcpy(recv + r * block, send + r * block, block);
+  if (block) kernels::copy(recv + r * block, send + r * block, block, stream);
   scope.succeed();
 }
 
@@ -110,7 +116,7 @@ void allToAllv(Communicator& c, const void* sendbuff, const size_t* sendcounts,
     }
   }
   if (sendcounts[r]) {
-    std::memcpy(recv + rdispls[r] * esize, send + sdispls[r] * esize, sendcounts[r] * esize);
+    kernels::copy(recv + rdispls[r] * esize, send + sdispls[r] * esize, sendcounts[r] * esize);
   }
   transfer(
       c, send, recv, ceilDiv(maxBytes, slotBytes(c)),

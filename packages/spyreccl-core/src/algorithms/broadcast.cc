@@ -21,9 +21,10 @@ void broadcast(Communicator& c, const void* sendbuff, void* recvbuff, size_t cou
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
   std::optional<DirectTransfer> x;
+  const bool stream = kernels::streamingPays(2 * static_cast<size_t>(c.nranks()) * bytes);
   if (beginDirect(c, scope, bytes, x, r == root ? send : nullptr, bytes) && x->has(root, 0)) {
-    if (r != root) std::memcpy(recv, x->peer(root, 0), bytes);
-    if (r == root && send != recv) std::memcpy(recv, send, bytes);
+    if (r != root) kernels::copy(recv, x->peer(root, 0), bytes, stream);
+    if (r == root && send != recv) kernels::copy(recv, send, bytes, stream);
     x->close();
     scope.succeed();
     return;
@@ -32,13 +33,13 @@ void broadcast(Communicator& c, const void* sendbuff, void* recvbuff, size_t cou
     const uint32_t s = c.beginStep();
     const size_t off = j * chunk;
     const size_t len = bytes > off ? std::min(chunk, bytes - off) : 0;
-    if (r == root && len) std::memcpy(c.staging(r, s), send + off, len);
+    if (r == root && len) kernels::copy(c.staging(r, s), send + off, len);
     c.exchange(s, j == 0 ? scope.desc() : nullptr);
-    if (r != root && len) std::memcpy(recv + off, c.staging(root, s), len);
+    if (r != root && len) kernels::copy(recv + off, c.staging(root, s), len, stream);
   }
   // Local copies happen after the first exchange validated every descriptor, so a
   // mismatched call leaves the output untouched on every rank.
-  if (r == root && bytes && send != recv) std::memcpy(recv, send, bytes);
+  if (r == root && bytes && send != recv) kernels::copy(recv, send, bytes, stream);
   scope.succeed();
 }
 
@@ -53,11 +54,12 @@ void scatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t recvc
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
   std::optional<DirectTransfer> x;
+  const bool stream = kernels::streamingPays(2 * static_cast<size_t>(n) * blockBytes);
   if (beginDirect(c, scope, blockBytes * n, x, r == root ? send : nullptr, blockBytes * n) &&
       x->has(root, 0)) {
-    if (r != root) std::memcpy(recv, x->peer(root, 0) + r * blockBytes, blockBytes);
+    if (r != root) kernels::copy(recv, x->peer(root, 0) + r * blockBytes, blockBytes, stream);
     if (r == root && recv != send + root * blockBytes) {
-      std::memcpy(recv, send + root * blockBytes, blockBytes);
+      kernels::copy(recv, send + root * blockBytes, blockBytes, stream);
     }
     x->close();
     scope.succeed();
@@ -70,14 +72,14 @@ void scatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t recvc
     if (r == root && len) {
       uint8_t* mine = c.staging(r, s);
       for (int p = 0; p < n; ++p) {
-        if (p != root) std::memcpy(mine + p * slot, send + p * blockBytes + off, len);
+        if (p != root) kernels::copy(mine + p * slot, send + p * blockBytes + off, len);
       }
     }
     c.exchange(s, j == 0 ? scope.desc() : nullptr);
-    if (r != root && len) std::memcpy(recv + off, c.staging(root, s) + r * slot, len);
+    if (r != root && len) kernels::copy(recv + off, c.staging(root, s) + r * slot, len, stream);
   }
   if (r == root && blockBytes && recv != send + root * blockBytes) {
-    std::memcpy(recv, send + root * blockBytes, blockBytes);
+    kernels::copy(recv, send + root * blockBytes, blockBytes, stream);
   }
   scope.succeed();
 }

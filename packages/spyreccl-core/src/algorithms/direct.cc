@@ -108,7 +108,10 @@ void directReduce(Communicator& c, DirectTransfer& x, const kernels::ReduceSpec&
   for (int q = 0; q < n; ++q) {
     if (q == r) continue;
     evenSegment(count, n, q, esize, &off, &len);
-    if (len) std::memcpy(recv + off * esize, x.peer(q, 1) + off * esize, len * esize);
+    if (len) {
+      kernels::copy(recv + off * esize, x.peer(q, 1) + off * esize, len * esize,
+                    kernels::streamingPays(2 * static_cast<size_t>(n) * count * esize));
+    }
   }
   x.close();
 }

@@ -155,7 +155,7 @@ bool trySend(P2POp& op) {
   h->tag = op.tag;
   h->flags = 0;
   h->arenaOffset = 0;
-  if (len) std::memcpy(transport::Layout::payload(h), op.sendBuf + op.done, len);
+  if (len) kernels::copy(transport::Layout::payload(h), op.sendBuf + op.done, len);
   st.postedChunks = posted + 1;
   mb->posted.store(posted + 1, std::memory_order_release);
   ringDoorbell(c, op.peer);
@@ -179,7 +179,8 @@ void copyDirect(P2POp& op, const ChunkHeader& h, size_t total) {
                    static_cast<unsigned long long>(h.arenaOffset), total,
                    c.directOn() ? "on" : "off", p, c.peerArenaBytes(p), op.done);
   }
-  std::memcpy(op.recvBuf, c.peerArena(p) + h.arenaOffset, total);
+  kernels::copy(op.recvBuf, c.peerArena(p) + h.arenaOffset, total,
+                kernels::streamingPays(2 * total));
   // A sender that failed (or aborted) while its direct send was pending has returned and
   // may have reused its buffer while we copied it: report the peer's failure rather than
   // a message that may be torn. Our loads of its buffer must not pass the status load.
@@ -239,7 +240,11 @@ bool tryRecv(P2POp& op) {
   if (h->flags & kChunkDirect) {
     copyDirect(op, *h, total);
   } else {
-    if (h->bytes) std::memcpy(op.recvBuf + op.done, transport::Layout::payload(h), h->bytes);
+    // kernels::copy, not memcpy: see its comment on memcpy's slow case.
+    if (h->bytes) {
+      kernels::copy(op.recvBuf + op.done, transport::Layout::payload(h), h->bytes,
+                    kernels::streamingPays(2 * total));
+    }
     op.done += h->bytes;
   }
   st.consumedChunks = consumed + 1;

@@ -43,7 +43,7 @@ void reduceScatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t
     const size_t elen = recvcount > eoff ? std::min(slotElems, recvcount - eoff) : 0;
     for (int p = 0; p < n; ++p) {
       if (p == r && !stageOwn) continue;
-      if (elen) std::memcpy(mine + p * slot, send + p * blockBytes + eoff * esize, elen * esize);
+      if (elen) kernels::copy(mine + p * slot, send + p * blockBytes + eoff * esize, elen * esize);
     }
     c.exchange(s, j == 0 ? scope.desc() : nullptr);
     if (elen == 0) continue;

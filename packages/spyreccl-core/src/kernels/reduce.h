@@ -59,4 +59,12 @@ void copy(void* dst, const void* src, size_t bytes, bool streaming = false);
 // whole socket. 32 MiB when unknown. Decides when streaming stores pay off.
 size_t lastLevelCacheBytes();
 
+// Whether copies into the outputs of an operation whose ranks touch `workingSetBytes` in all
+// (every rank's inputs, outputs and the staging they pass through) should use streaming
+// stores: once the working set fills half the last-level cache, the outputs would not
+// stay cached anyway (measured with the allreduce pipeline, algorithms/allreduce.cc).
+inline bool streamingPays(size_t workingSetBytes) {
+  return 2 * workingSetBytes >= lastLevelCacheBytes();
+}
+
 }  // namespace spyreccl::kernels
