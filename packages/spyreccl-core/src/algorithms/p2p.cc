@@ -306,6 +306,31 @@ void waitDoorbell(Communicator& c, const std::vector<Communicator*>& comms,
                        });
 }
 
+// Progresses everything pending on `comms` until finished(), sleeping on the doorbell of
+// sleepOn() whenever nothing could move. On an error every communicator in `comms` abandons
+// its pending operations (a no-op where progress() did so already) and the error is rethrown.
+template <class Finished, class SleepOn>
+void driveUntil(const std::vector<Communicator*>& comms, Finished&& finished, SleepOn&& sleepOn) {
+  const std::function<bool()> ready = [&] {
+    for (Communicator* c : comms) {
+      if (anyCanProgress(*c)) return true;
+    }
+    return false;
+  };
+  try {
+    for (;;) {
+      bool progressed = false;
+      for (Communicator* c : comms) progressed = progress(*c) || progressed;
+      if (finished()) return;
+      if (progressed) continue;
+      waitDoorbell(sleepOn(), comms, ready);
+    }
+  } catch (const Error& e) {
+    for (Communicator* c : comms) abandonPending(*c, e);
+    throw;
+  }
+}
+
 }  // namespace
 
 std::string P2POp::describe() const {
@@ -409,46 +434,24 @@ void runP2P(std::vector<P2POp>& ops) {
     }
     return true;
   };
-  const std::function<bool()> ready = [&] {
-    for (Communicator* c : comms) {
-      if (anyCanProgress(*c)) return true;
+  // Any communicator with an unfinished operation: the one whose doorbell we sleep on (the
+  // others are re-checked at every wake-up, at least every futex slice).
+  auto sleepOn = [&]() -> Communicator& {
+    for (const P2POp& op : ops) {
+      if (!op.finished) return *op.comm;
     }
-    return false;
+    return *comms.front();
   };
-  try {
-    for (;;) {
-      bool progressed = false;
-      for (Communicator* c : comms) progressed = progress(*c) || progressed;
-      if (allFinished()) return;
-      if (progressed) continue;
-      // Any communicator with an unfinished operation: the one whose doorbell we sleep on
-      // (the others are re-checked at every wake-up, at least every futex slice).
-      Communicator* wc = comms.front();
-      for (const P2POp& op : ops) {
-        if (!op.finished) {
-          wc = op.comm;
-          break;
-        }
-      }
-      waitDoorbell(*wc, comms, ready);
-    }
-  } catch (const Error& e) {
-    for (Communicator* c : comms) abandonPending(*c, e);
-    throw;
-  }
+  driveUntil(comms, allFinished, sleepOn);
 }
 
 void waitFor(P2POp& op) {
+  if (op.finished) return;
   Communicator& c = *op.comm;
-  const std::vector<Communicator*> comms{&c};
-  const std::function<bool()> ready = [&] { return anyCanProgress(c); };
   try {
-    while (!op.finished) {
-      if (progress(c) || op.finished) continue;
-      waitDoorbell(c, comms, ready);
-    }
-  } catch (const Error& e) {
-    abandonPending(c, e);  // no-op when progress() abandoned them already
+    driveUntil({&c}, [&] { return op.finished; }, [&]() -> Communicator& { return c; });
+  } catch (const Error&) {
+    // driveUntil abandoned every pending operation, ours included, with the error.
   }
 }
 
