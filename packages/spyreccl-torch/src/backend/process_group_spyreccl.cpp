@@ -126,14 +126,18 @@ void issue(const Step& step, spyrecclComm_t comm) {
   }
 }
 
-void runSingleStep(Step& step, spyrecclComm_t comm) {
+// Runs what precedes a step's core call (see Step): before(), then prepare() per buffer.
+void prepareStep(Step& step) {
   if (step.before) {
     step.before();
   }
   for (auto& buffer : step.buffers) {
     buffer.prepare();
   }
-  issue(step, comm);
+}
+
+// Runs what follows a step's successful core call: commit() per buffer, then after().
+void finishStep(Step& step) {
   for (const auto& buffer : step.buffers) {
     buffer.commit();
   }
@@ -142,17 +146,18 @@ void runSingleStep(Step& step, spyrecclComm_t comm) {
   }
 }
 
+void runSingleStep(Step& step, spyrecclComm_t comm) {
+  prepareStep(step);
+  issue(step, comm);
+  finishStep(step);
+}
+
 // Consecutive point-to-point steps are issued inside one spyrecclGroupStart/End so that
 // they progress together (the sends and receives of batch_isend_irecv would otherwise
 // deadlock once messages exceed the staging area).
 void runP2PGroup(std::vector<Step>& steps, size_t begin, size_t end, spyrecclComm_t comm) {
   for (size_t i = begin; i < end; ++i) {
-    if (steps[i].before) {
-      steps[i].before();
-    }
-    for (auto& buffer : steps[i].buffers) {
-      buffer.prepare();
-    }
+    prepareStep(steps[i]);
   }
   checkCore(spyrecclGroupStart(), nullptr, "batched send/recv (group start)");
   std::exception_ptr issueError;
@@ -172,12 +177,7 @@ void runP2PGroup(std::vector<Step>& steps, size_t begin, size_t end, spyrecclCom
     throwCoreError(endResult, comm, describePeerGroup(steps, begin, end));
   }
   for (size_t i = begin; i < end; ++i) {
-    for (const auto& buffer : steps[i].buffers) {
-      buffer.commit();
-    }
-    if (steps[i].after) {
-      steps[i].after();
-    }
+    finishStep(steps[i]);
   }
 }
 
@@ -276,13 +276,7 @@ class OpJob : public ProgressThread::Job {
       }
       request_ = nullptr;
       at::ThreadLocalStateGuard tlsGuard(tls_);
-      Step& step = steps_[0];
-      for (const auto& buffer : step.buffers) {
-        buffer.commit();
-      }
-      if (step.after) {
-        step.after();
-      }
+      finishStep(steps_[0]);
       steps_.clear();  // drop staging buffers before waking waiters
       work_->finishSuccess();
     } catch (...) {
@@ -305,14 +299,8 @@ class OpJob : public ProgressThread::Job {
     try {
       checkNotAborted(*work_, *comm_);
       comm_->useTimeout(timeout_);
-      Step& step = steps_[0];
-      if (step.before) {
-        step.before();
-      }
-      for (auto& buffer : step.buffers) {
-        buffer.prepare();
-      }
-      request_ = postPeerCall(step, comm_->get());
+      prepareStep(steps_[0]);
+      request_ = postPeerCall(steps_[0], comm_->get());
       return false;
     } catch (...) {
       steps_.clear();
