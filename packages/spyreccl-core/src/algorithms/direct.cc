@@ -56,7 +56,7 @@ bool beginDirect(Communicator& c, const OpScope& scope, size_t bytes,
 
 void reduceFromPeers(Communicator& c, const DirectTransfer& x, const kernels::ReduceSpec& spec,
                      uint8_t* dst, const uint8_t* own, int which, size_t off, size_t len,
-                     size_t esize) {
+                     size_t esize, bool stream) {
   if (len == 0) return;
   const int n = c.nranks();
   const int r = c.rank();
@@ -76,7 +76,7 @@ void reduceFromPeers(Communicator& c, const DirectTransfer& x, const kernels::Re
       srcs[i++] = x.peer(q, which) + off * esize;
     }
   }
-  kernels::reduce(spec, dst, srcs, n, len);
+  kernels::reduce(spec, dst, srcs, n, len, stream);
 }
 
 void evenSegment(size_t count, int n, int p, size_t esize, size_t* off, size_t* len) {
@@ -92,9 +92,15 @@ void directReduce(Communicator& c, DirectTransfer& x, const kernels::ReduceSpec&
                   const uint8_t* send, uint8_t* recv, size_t count, size_t esize, int root) {
   const int n = c.nranks();
   const int r = c.rank();
+  // Outputs copied from peers are written with non-temporal stores once every rank's input
+  // and output fill half the last-level cache (as in the staged pipeline). The reductions'
+  // outputs are re-read by every peer right after, so they stream only once the message
+  // itself is well beyond the cache (streamingReduction).
+  const bool stream = kernels::streamingPays(2 * static_cast<size_t>(n) * count * esize);
+  const bool streamReduced = streamingReduction(count * esize);
   if (root >= 0) {
     // reduce: the root combines every rank's whole input.
-    if (r == root) reduceFromPeers(c, x, spec, recv, send, 0, 0, count, esize);
+    if (r == root) reduceFromPeers(c, x, spec, recv, send, 0, 0, count, esize, streamReduced);
     x.close();
     return;
   }
@@ -103,14 +109,13 @@ void directReduce(Communicator& c, DirectTransfer& x, const kernels::ReduceSpec&
   // input is overwritten in phase 1: peers read only their own segments of it then.
   size_t off, len;
   evenSegment(count, n, r, esize, &off, &len);
-  reduceFromPeers(c, x, spec, recv + off * esize, send, 0, off, len, esize);
+  reduceFromPeers(c, x, spec, recv + off * esize, send, 0, off, len, esize, streamReduced);
   x.sync();
   for (int q = 0; q < n; ++q) {
     if (q == r) continue;
     evenSegment(count, n, q, esize, &off, &len);
     if (len) {
-      kernels::copy(recv + off * esize, x.peer(q, 1) + off * esize, len * esize,
-                    kernels::streamingPays(2 * static_cast<size_t>(n) * count * esize));
+      kernels::copy(recv + off * esize, x.peer(q, 1) + off * esize, len * esize, stream);
     }
   }
   x.close();

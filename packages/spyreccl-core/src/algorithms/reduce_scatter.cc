@@ -26,7 +26,8 @@ void reduceScatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t
   std::optional<DirectTransfer> x;
   if (beginDirect(c, scope, blockBytes * n, x, send, blockBytes * n) && x->allHave(0)) {
     // In place, our output is our own block r of the input: peers read only other blocks.
-    reduceFromPeers(c, *x, spec, recv, send, 0, r * recvcount, recvcount, esize);
+    reduceFromPeers(c, *x, spec, recv, send, 0, r * recvcount, recvcount, esize,
+                    streamingReduction(blockBytes * n));
     x->close();
     scope.succeed();
     return;

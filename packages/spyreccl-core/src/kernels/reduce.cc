@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -754,6 +755,43 @@ void copy(void* dst, const void* src, size_t bytes, bool streaming) {
 #else
   (void)streaming;
   std::memcpy(dst, src, bytes);
+#endif
+}
+
+void reduce(const ReduceSpec& spec, void* dst, const void* const* srcs, int nsrc, size_t count,
+            bool streaming) {
+#if defined(__SSE2__)
+  const size_t esize = dtypeSize(spec.dtype);
+  constexpr size_t kChunkBytes = kBlockBytes;
+  auto* d = static_cast<uint8_t*>(dst);
+  // Below a few chunks the fence and the extra pass through L1 are not worth it; an output
+  // that is not element-aligned cannot be brought to a cache-line boundary.
+  if (!streaming || esize == 0 || count * esize < 8 * kChunkBytes ||
+      reinterpret_cast<uintptr_t>(d) % esize != 0) {
+    reduce(spec, dst, srcs, nsrc, count);
+    return;
+  }
+  // Head: plain stores up to the first cache-line boundary of the output.
+  const size_t head = (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64 / esize;
+  reduce(spec, d, srcs, nsrc, head);
+  std::vector<const void*> at(static_cast<size_t>(nsrc));
+  alignas(64) uint8_t block[kChunkBytes];
+  const size_t chunk = kChunkBytes / esize;
+  for (size_t off = head; off < count; off += chunk) {
+    const size_t len = std::min(chunk, count - off);
+    for (int k = 0; k < nsrc; ++k) at[k] = static_cast<const uint8_t*>(srcs[k]) + off * esize;
+    // Every source of this chunk is read before its output is written, so dst may still
+    // alias srcs[0].
+    reduce(spec, block, at.data(), nsrc, len);
+    const size_t bytes = len * esize;
+    const size_t body = bytes / 64 * 64;  // whole lines; only the last chunk has a tail
+    copyLines<true>(d + off * esize, block, body);
+    std::memcpy(d + off * esize + body, block + body, bytes - body);
+  }
+  _mm_sfence();  // once for the whole output, as in copy()
+#else
+  (void)streaming;
+  reduce(spec, dst, srcs, nsrc, count);
 #endif
 }
 

@@ -45,6 +45,14 @@ bool validate(const ReduceSpec& spec, std::string* why);
 // source. nsrc >= 1. Precondition: validate(spec) holds.
 void reduce(const ReduceSpec& spec, void* dst, const void* const* srcs, int nsrc, size_t count);
 
+// reduce() whose output is written with non-temporal stores (fenced before returning), for
+// outputs that will not stay in the last-level cache (see streamingPays()): the combined
+// values of each block are computed into an L1-resident buffer and streamed out from there,
+// which saves the read-for-ownership of every output line. Same results, same aliasing rule.
+// Without `streaming`, or for short outputs, it is reduce().
+void reduce(const ReduceSpec& spec, void* dst, const void* const* srcs, int nsrc, size_t count,
+            bool streaming);
+
 // memcpy(dst, src, bytes) with a plain vector loop. glibc's memcpy uses `rep movsb` for
 // copies of 2 KiB up to about the L2 size, which on some x86 CPUs (AMD Zen among them) runs
 // an order of magnitude slower when dst lies a few bytes above src modulo 4 KiB, e.g. a
