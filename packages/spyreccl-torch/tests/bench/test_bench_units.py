@@ -10,6 +10,7 @@ import pytest
 
 from spyreccl_torch.bench import ops, plan, report, stats, timing
 from spyreccl_torch.bench.ibm import ibm_iterations, ibm_sizes_mb
+from spyreccl_torch.bench.sweep import SweepConfig, level_groups
 from spyreccl_torch.bench.threshold import crossover
 
 
@@ -58,6 +59,31 @@ def test_layout_rejects_bad_arguments():
         ops.layout("allreduce", 8, 4, 2)
     with pytest.raises(ValueError, match="itemsize >= 1"):
         ops.layout("all_reduce", 8, 0, 2)
+
+
+@pytest.mark.parametrize(
+    ("levels", "paired", "groups"),
+    [
+        (
+            ("core", "core-host", "spyreccl", "gloo"),
+            True,
+            [("core",), ("core-host",), ("spyreccl", "gloo")],
+        ),
+        (("gloo", "core", "spyreccl"), True, [("gloo", "spyreccl"), ("core",)]),
+        (
+            ("core", "core-host", "spyreccl", "gloo"),
+            False,
+            [("core",), ("core-host",), ("spyreccl",), ("gloo",)],
+        ),
+        (("spyreccl",), True, [("spyreccl",)]),
+        (("gloo", "core-host"), True, [("gloo",), ("core-host",)]),
+    ],
+)
+def test_torch_levels_share_one_job_unless_separated(levels, paired, groups):
+    cfg = SweepConfig(
+        nranks=2, ops=["all_reduce"], sizes=[8], levels=levels, pair_torch_levels=paired
+    )
+    assert level_groups(cfg) == groups
 
 
 def test_odd_world_size_plan_rounds_and_dedups():

@@ -121,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = p.add_argument_group("sweep and threshold")
     s.add_argument(
+        "--separate-levels",
+        action="store_true",
+        help="sweep: run spyreccl and gloo in separate rank processes, one level after the "
+        "other (default: they share rank processes and alternate case by case, so that each "
+        "ratio compares measurements taken seconds apart)",
+    )
+    s.add_argument(
         "--min",
         dest="min_bytes",
         type=_size,
@@ -229,7 +236,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         plot_sweep,
         write_json,
     )
-    from .sweep import SweepConfig, add_ratios, plan_for, progress_bar, run_level
+    from .sweep import SweepConfig, add_ratios, level_groups, plan_for, progress_bar, run_job
 
     sizes = sizes_from(args, 8, 256 << 20)
     configs = [
@@ -242,6 +249,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
             policy=policy_from(args),
             timeout_s=args.timeout,
             check=not args.no_check,
+            pair_torch_levels=not args.separate_levels,
         )
         for n in args.nproc
     ]
@@ -259,10 +267,11 @@ def _run_sweep(args: argparse.Namespace) -> int:
     ranks_info: dict[str, dict] = {}
     with progress_bar(total, enabled=not args.no_progress) as bar:
         for cfg, plan in zip(configs, plans):
-            for level in cfg.levels:
-                level_rows, ready = run_level(level, cfg, plan, bar)
-                rows.extend(level_rows)
-                ranks_info[f"{level} x{cfg.nranks}"] = ready
+            for levels in level_groups(cfg):
+                job_rows, ready = run_job(levels, cfg, plan, bar)
+                rows.extend(job_rows)
+                for level in levels:
+                    ranks_info[f"{level} x{cfg.nranks}"] = ready
     add_ratios(rows)
     for r in rows:
         r["busbw_frac_memcpy"] = r["busbw_gbps"] / memcpy.median_gbps if r["bytes"] else None
@@ -286,6 +295,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
             "ops": args.ops,
             "sizes": sizes,
             "policy": vars(policy_from(args)),
+            "paired_torch_levels": not args.separate_levels,
         },
         "memcpy": memcpy.to_dict(),
         "results": rows,

@@ -16,13 +16,14 @@ from .plan import DTYPES, Case, build_plan
 from .stats import bandwidths, combine_ranks, summarize
 from .timing import LoopPolicy
 
-__all__ = ["ALL_LEVELS", "CORE_LEVELS", "SweepConfig", "run_sweep"]
+__all__ = ["ALL_LEVELS", "CORE_LEVELS", "TORCH_LEVELS", "SweepConfig", "level_groups", "run_sweep"]
 
 # core: spyreccl_core on arrays from spyreccl_core.empty (the memory arena: large collectives
 # read peers' buffers in place); core-host: the same on ordinary numpy arrays (staged through
 # shared memory); spyreccl: torch.distributed on spyre tensors; gloo: CPU tensors (baseline).
 ALL_LEVELS = ("core", "core-host", "spyreccl", "gloo")
 CORE_LEVELS = ("core", "core-host")
+TORCH_LEVELS = ("spyreccl", "gloo")
 _CORE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_worker.py")
 
 
@@ -35,6 +36,9 @@ class SweepConfig:
     levels: tuple[str, ...] = ALL_LEVELS
     policy: LoopPolicy = field(default_factory=LoopPolicy)
     timeout_s: float = 300.0  # per collective wait (c10d / spyreccl timeout) and per stall
+    # spyreccl and gloo share rank processes and alternate case by case (torch_worker.py);
+    # False: every level in its own processes, one level after the other.
+    pair_torch_levels: bool = True
     check: bool = True  # verify every case's result once before timing it (check.py)
     env: Mapping[str, str | None] = field(default_factory=dict)  # applied to every rank
 
@@ -74,7 +78,23 @@ class _Progress:
             self._bar.close()
 
 
-def _job_args(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> dict[str, Any]:
+def level_groups(cfg: SweepConfig) -> list[tuple[str, ...]]:
+    """The jobs of a sweep, in order: the levels each job's rank processes run."""
+    paired = tuple(lv for lv in cfg.levels if lv in TORCH_LEVELS)
+    groups: list[tuple[str, ...]] = []
+    for lv in cfg.levels:
+        if cfg.pair_torch_levels and len(paired) > 1 and lv in TORCH_LEVELS:
+            if paired not in groups:
+                groups.append(paired)
+        else:
+            groups.append((lv,))
+    return groups
+
+
+def _job_args(
+    levels: tuple[str, ...], cfg: SweepConfig, cases: list[Case], workdir: str
+) -> dict[str, Any]:
+    level = levels[0]
     info = DTYPES[cfg.dtype]
     args: dict[str, Any] = {
         "nranks": cfg.nranks,
@@ -94,14 +114,14 @@ def _job_args(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> 
             memory="arena" if level == "core" else "host",
         )
     else:
-        args.update(level=level, init_method=f"file://{os.path.join(workdir, 'store')}")
+        args.update(levels=list(levels), init_method=f"file://{os.path.join(workdir, 'store')}")
     return args
 
 
-def _start(level: str, cfg: SweepConfig, cases: list[Case], workdir: str) -> RankJob:
-    args = _job_args(level, cfg, cases, workdir)
-    name = f"{level} x{cfg.nranks}"
-    if level in CORE_LEVELS:
+def _start(levels: tuple[str, ...], cfg: SweepConfig, cases: list[Case], workdir: str) -> RankJob:
+    args = _job_args(levels, cfg, cases, workdir)
+    name = f"{'+'.join(levels)} x{cfg.nranks}"
+    if levels[0] in CORE_LEVELS:
         return RankJob(name, cfg.nranks, args, script=_CORE_SCRIPT, env=cfg.env)
     from .torch_worker import run_rank
 
@@ -112,31 +132,42 @@ def run_level(
     level: str, cfg: SweepConfig, cases: list[Case], progress: _Progress
 ) -> tuple[list[dict], dict[str, Any]]:
     """Runs every case of one level; returns its result rows and the ranks' 'ready' info."""
+    return run_job((level,), cfg, cases, progress)
+
+
+def run_job(
+    levels: tuple[str, ...], cfg: SweepConfig, cases: list[Case], progress: _Progress
+) -> tuple[list[dict], dict[str, Any]]:
+    """Runs every case on every level of ``levels`` in one set of rank processes (see
+    :func:`level_groups`); returns the result rows and the ranks' 'ready' info."""
     rows: list[dict] = []
-    pending: dict[int, list] = {}
+    pending: dict[tuple[str, int], list] = {}
     ready: dict[str, Any] = {}
+    name = f"{'+'.join(levels)} x{cfg.nranks}"
     with (
         tempfile.TemporaryDirectory(prefix="spyreccl-bench-") as workdir,
-        _start(level, cfg, cases, workdir) as job,
+        _start(levels, cfg, cases, workdir) as job,
     ):
-        progress.describe(f"{level} x{cfg.nranks}: starting ranks")
+        progress.describe(f"{name}: starting ranks")
         for rank, msg in job.messages(stall_timeout_s=cfg.timeout_s):
             if msg[0] == "ready" and rank == 0:
                 ready = msg[1]
             if msg[0] != "case":
                 continue
+            # ("case", index, samples[, level]): the level is implied for one-level jobs.
             index, samples = msg[1], msg[2]
-            per_rank = pending.setdefault(index, [None] * cfg.nranks)
+            level = msg[3] if len(msg) > 3 else levels[0]
+            per_rank = pending.setdefault((level, index), [None] * cfg.nranks)
             per_rank[rank] = samples if samples is not None else ()
             if any(s is None for s in per_rank):
                 continue
-            del pending[index]
+            del pending[(level, index)]
             case = cases[index]
             rows.append(_row(level, cfg, case, [s if s != () else None for s in per_rank]))
             progress.advance()
             if index + 1 < len(cases):
                 nxt = cases[index + 1]
-                progress.describe(f"{level} x{cfg.nranks} {nxt.op} {nxt.nbytes} B")
+                progress.describe(f"{name} {nxt.op} {nxt.nbytes} B")
     return rows, ready
 
 
@@ -178,10 +209,11 @@ def run_sweep(cfg: SweepConfig, progress: _Progress) -> tuple[list[dict], dict[s
     cases = plan_for(cfg)
     rows: list[dict] = []
     info: dict[str, Any] = {}
-    for level in cfg.levels:
-        level_rows, ready = run_level(level, cfg, cases, progress)
-        rows.extend(level_rows)
-        info[level] = ready
+    for levels in level_groups(cfg):
+        job_rows, ready = run_job(levels, cfg, cases, progress)
+        rows.extend(job_rows)
+        for level in levels:
+            info[level] = ready
     add_ratios(rows)
     return rows, info
 

@@ -3,6 +3,12 @@
 Started by ``launcher.RankJob`` in a spawn process; reports through ``args["conn"]``.
 Both levels run exactly the same Python loop through the public ``torch.distributed`` API, so
 their difference is the backend (and the device's dispatch), not the harness.
+
+``args["levels"]`` names one level or both. With both, one process group serves them and every
+case is measured on each level in turn (the order alternating from case to case), so that the
+spyreccl/gloo ratio of a case compares measurements taken seconds apart: on a shared machine
+whose speed drifts over minutes, levels run one after the other would compare different
+machines.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import check, timing
-from .torch_env import LEVELS, init_level, torch_dtype
+from .torch_env import init_levels, torch_dtype
 
 __all__ = ["run_rank"]
 
@@ -126,25 +132,31 @@ def _check(
 def run_rank(args: dict) -> None:
     """Entry point of a torch-level rank process (see launcher.RankJob)."""
     conn = args["conn"]
-    rank, nranks, level = args["rank"], args["nranks"], args["level"]
+    rank, nranks, levels = args["rank"], args["nranks"], list(args["levels"])
     try:
-        if level not in LEVELS:
-            raise ValueError(f"torch bench rank: unknown level {level!r}; expected {LEVELS}")
         warnings.filterwarnings("ignore", category=FutureWarning)
-        env = init_level(
-            level,
+        envs = init_levels(
+            levels,
             rank=rank,
             world_size=nranks,
             init_method=args["init_method"],
             timeout=datetime.timedelta(seconds=args["timeout_s"]),
         )
-        torch, dist = env.torch, env.dist
+        first = envs[levels[0]]
+        torch, dist = first.torch, first.dist
         dtype = torch_dtype(torch, args["dtype"])
         conn.send(
-            ("ready", {"pid": os.getpid(), "torch": torch.__version__, "device": str(env.device)})
+            (
+                "ready",
+                {
+                    "pid": os.getpid(),
+                    "torch": torch.__version__,
+                    "device": ",".join(str(envs[lv].device) for lv in levels),
+                },
+            )
         )
         policy = timing.LoopPolicy(**args["policy"])
-        probe = torch.zeros(1, dtype=torch.float64, device=env.device)
+        probe = torch.zeros(1, dtype=torch.float64, device=first.device)
 
         def agree_max(value: float) -> float:
             probe.fill_(value)
@@ -152,19 +164,22 @@ def run_rank(args: dict) -> None:
             return float(probe.cpu()[0])
 
         for case in args["cases"]:
-            c = _Case(dist, torch, case, dtype, env.device, rank, env.synchronize)
-            if args["check"]:
-                _check(torch, c, case, level, rank, nranks, dtype)
-            idle = c.step is None
-            samples = timing.measure(
-                (lambda: None) if idle else c.step,
-                dist.barrier,
-                agree_max,
-                warmup=timing.warmup_iters(case["nbytes"]),
-                policy=policy,
-            )
-            conn.send(("case", case["index"], None if idle else samples))
-            del c
+            order = levels if case["index"] % 2 == 0 else levels[::-1]
+            for level in order:
+                env = envs[level]
+                c = _Case(dist, torch, case, dtype, env.device, rank, env.synchronize)
+                if args["check"]:
+                    _check(torch, c, case, level, rank, nranks, dtype)
+                idle = c.step is None
+                samples = timing.measure(
+                    (lambda: None) if idle else c.step,
+                    dist.barrier,
+                    agree_max,
+                    warmup=timing.warmup_iters(case["nbytes"]),
+                    policy=policy,
+                )
+                conn.send(("case", case["index"], None if idle else samples, level))
+                del c
         dist.destroy_process_group()
         conn.send(("done",))
     except BaseException:
