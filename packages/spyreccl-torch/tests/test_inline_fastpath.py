@@ -1,4 +1,5 @@
-"""The inline fast path: small synchronous collectives run on the calling thread.
+"""The inline fast path: small synchronous collectives run on the calling thread, and small
+sends and receives are posted (and, when the core can, completed) there.
 
 A synchronous collective (async_op=False) whose payload is at most SPYRECCL_INLINE_MAX_BYTES
 runs on the thread that calls it when nothing is queued on the group's progress thread;
@@ -299,6 +300,51 @@ def test_inline_max_bytes_selects_the_path(rank_pool, value, numel, inline):
             f"rank {rank}: {ENV}={value}, {numel} float32: expected the "
             f"{'inline' if inline else 'queued'} path"
         )
+
+
+# --------------------------------------------------------------------------------------------
+# small sends and receives are posted on the calling thread
+# --------------------------------------------------------------------------------------------
+
+
+def run_p2p_posted_inline(seed, numel, ctx):
+    """Rank 0 isends to rank 1, which posts its receive only PEER_DELAY_S later; then rank 0
+    sends again and rank 1 irecvs after the message had time to arrive. Returns, for rank 0
+    whether its isend, and for rank 1 whether its irecv, had completed when the call
+    returned; every received tensor is checked against what was sent."""
+    group = _group_with_inline_max(str(INLINE_MAX_BYTES))
+    dist.barrier(group=group)
+    first = random_tensor(numel, torch.float32, "cpu", rank_seed(seed, 0))
+    second = random_tensor(numel, torch.float32, "cpu", rank_seed(seed, 1))
+    completed_on_return = None
+    if ctx.rank == 0:
+        work = dist.isend(first.to(ctx.device), 1, group=group)
+        completed_on_return = work.is_completed()
+        work.wait()
+        dist.send(second.to(ctx.device), 1, group=group)
+    elif ctx.rank == 1:
+        time.sleep(PEER_DELAY_S)
+        got = poison_(torch.empty(numel, device=ctx.device))
+        dist.recv(got, 0, group=group)
+        assert torch.equal(got.cpu(), first), "first message received wrong"
+        time.sleep(PEER_DELAY_S)  # rank 0's send is in our staging slot by now
+        got = poison_(torch.empty(numel, device=ctx.device))
+        work = dist.irecv(got, 0, group=group)
+        completed_on_return = work.is_completed()
+        work.wait()
+        assert torch.equal(got.cpu(), second), "second message received wrong"
+    dist.barrier(group=group)
+    dist.destroy_process_group(group)
+    return completed_on_return
+
+
+@pytest.mark.parametrize("numel", [1, 1001, INLINE_MAX_BYTES // 4])
+def test_small_send_and_receive_complete_on_the_calling_thread(rank_pool, numel):
+    """A send that fits the staging slot, and a receive whose message is there, complete
+    inside the call (no round trip through the progress thread); the data is unchanged."""
+    results = rank_pool.run(run_p2p_posted_inline, fresh_seed(), numel, timeout=RUN_TIMEOUT)
+    assert results[0] is True, f"rank 0: isend of {numel} float32 was not complete on return"
+    assert results[1] is True, f"rank 1: irecv of {numel} float32 was not complete on return"
 
 
 # --------------------------------------------------------------------------------------------

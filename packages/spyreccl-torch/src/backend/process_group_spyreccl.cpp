@@ -253,7 +253,23 @@ class OpJob : public ProgressThread::Job {
         sourceRank_(std::move(sourceRank)),
         tls_() {}
 
+  // The inline start of a lone send or receive (see ProcessGroupSpyreccl::postsInline): posts
+  // it on the calling thread and completes it there when the core already finished it (a
+  // send that fit the staging slot, a receive whose message had arrived). Returns true when
+  // the job is finished; otherwise it must be handed to the progress thread, whose run()
+  // then only moves it in flight and poll() completes it.
+  bool startInline() noexcept {
+    if (postRequest()) {
+      return true;
+    }
+    postedInline_ = true;
+    return poll();
+  }
+
   bool run() noexcept override {
+    if (postedInline_) {
+      return false;  // already posted by startInline(): in flight from here on
+    }
     // Grad mode, profiler state, ... of the thread that issued the operation.
     at::ThreadLocalStateGuard tlsGuard(tls_);
     if (steps_.size() == 1 && groupable(steps_[0])) {
@@ -311,6 +327,7 @@ class OpJob : public ProgressThread::Job {
 
   c10::intrusive_ptr<WorkSpyreccl> work_;
   spyrecclRequest_t request_ = nullptr;  // the posted send/receive, until it completes
+  bool postedInline_ = false;            // startInline() posted request_
   std::vector<Step> steps_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<Communicator> comm_;
@@ -550,6 +567,23 @@ bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
   return payload <= inlineMaxBytes_;
 }
 
+bool ProcessGroupSpyreccl::postsInline(const OpRecord& op) const {
+  // A lone send or receive is posted without blocking (the core's requests), so posting it
+  // on the calling thread can never deadlock, whatever the caller does next; it saves the
+  // hand-off to the progress thread, and when the core completes it at once (a small send,
+  // a receive whose message is there) the hand-off back as well. Same conditions as
+  // runsInline() otherwise: the progress thread idle (issue order, one thread on the
+  // communicator) and a small payload (posting copies what fits into the staging slot,
+  // which an isend of a large tensor should not do on the caller's time).
+  if (inlineMaxBytes_ == 0 || op.steps.size() != 1 || !groupable(op.steps[0]) ||
+      !progress_->idle()) {
+    return false;
+  }
+  const auto payload = static_cast<size_t>(std::max(op.inNelems, op.outNelems)) *
+                       static_cast<size_t>(c10::elementSize(op.dtype));
+  return payload <= inlineMaxBytes_;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
   const uint64_t seq = ++seq_;
   for (Step& step : op.steps) {
@@ -594,8 +628,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
     executeOp(*work, op.steps, effectiveTimeout(op.timeout), *comm_, op.sourceRank);
     return work;
   }
-  progress_->post(std::make_unique<OpJob>(work, std::move(op.steps), effectiveTimeout(op.timeout),
-                                          comm_, std::move(op.sourceRank)));
+  const bool postInline = postsInline(op);
+  auto job = std::make_unique<OpJob>(work, std::move(op.steps), effectiveTimeout(op.timeout), comm_,
+                                     std::move(op.sourceRank));
+  if (postInline && job->startInline()) {
+    return work;
+  }
+  progress_->post(std::move(job));
   return work;
 }
 

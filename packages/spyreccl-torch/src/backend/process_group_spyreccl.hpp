@@ -5,7 +5,9 @@
 // them in issue order against the group's spyreccl communicator and completes the returned
 // WorkSpyreccl. Small synchronous collectives issued while the progress thread is idle run
 // on the calling thread instead (the inline fast path, see submit()): same Work, same
-// errors, without the hand-off between threads. The communicator is created at construction (rank 0
+// errors, without the hand-off between threads; small sends and receives are likewise
+// posted (non-blocking) on the calling thread, and only handed to the progress thread when
+// the core cannot complete them at once. The communicator is created at construction (rank 0
 // publishes a spyrecclUniqueId in the c10d Store) or by spyrecclCommSplit from a parent group.
 //
 // Only the spyreccl C API (spyreccl.h) is used; tensors reach it exclusively through
@@ -218,6 +220,8 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   const std::string& label() const { return *label_; }
   // Whether `op` may run on the calling thread (see the inline fast path in submit()).
   bool runsInline(const OpRecord& op) const;
+  // Whether `op`, a lone send or receive, is posted on the calling thread (submit()).
+  bool postsInline(const OpRecord& op) const;
   void recordParamComms(const OpRecord& op, uint64_t seq);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds requested) const;
   // send / recv / recvAnysource: validation and the one step they share.
