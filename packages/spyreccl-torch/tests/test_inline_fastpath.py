@@ -287,8 +287,8 @@ def run_probe_path(value, numel, ctx):
         ("0", 1, False),  # disabled
         ("4096", 1024, True),  # exactly at the threshold
         ("4096", 1025, False),  # one element above
-        (None, 16 * 1024, True),  # default threshold: 64 KiB
-        (None, 16 * 1024 + 1, False),
+        (None, 1 << 20, True),  # default threshold: 4 MiB
+        (None, (1 << 20) + 1, False),
     ],
     ids=["disabled", "at-threshold", "above-threshold", "default-at", "default-above"],
 )

@@ -552,8 +552,7 @@ bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
   //  - nothing queued or running on the progress thread, so issue order is kept and the
   //    communicator is used by one thread at a time (idle() orders us after its last job,
   //    and submitMutex_, held by the caller, keeps other threads from posting meanwhile);
-  //  - a small payload, so an abort or a timeout is the only thing that can keep the
-  //    calling thread long.
+  //  - a payload of at most inlineMaxBytes_ (see kDefaultInlineMaxBytes).
   if (inlineMaxBytes_ == 0 || op.asyncOp || !progress_->idle()) {
     return false;
   }
@@ -573,15 +572,14 @@ bool ProcessGroupSpyreccl::postsInline(const OpRecord& op) const {
   // hand-off to the progress thread, and when the core completes it at once (a small send,
   // a receive whose message is there) the hand-off back as well. Same conditions as
   // runsInline() otherwise: the progress thread idle (issue order, one thread on the
-  // communicator) and a small payload (posting copies what fits into the staging slot,
-  // which an isend of a large tensor should not do on the caller's time).
+  // communicator) and a small payload (kInlinePostMaxBytes).
   if (inlineMaxBytes_ == 0 || op.steps.size() != 1 || !groupable(op.steps[0]) ||
       !progress_->idle()) {
     return false;
   }
   const auto payload = static_cast<size_t>(std::max(op.inNelems, op.outNelems)) *
                        static_cast<size_t>(c10::elementSize(op.dtype));
-  return payload <= inlineMaxBytes_;
+  return payload <= std::min(inlineMaxBytes_, kInlinePostMaxBytes);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {

@@ -43,9 +43,16 @@ constexpr const char* kBackendName = "spyreccl";
 
 // Synchronous collectives (async_op=False) whose payload is at most this many bytes run on
 // the calling thread when nothing is queued on the group's progress thread; the
-// environment variable overrides it (read when a group is created; 0 disables).
+// environment variable overrides it (read when a group is created; 0 disables). The caller
+// waits for them anyway, so the bound is only there to keep other threads that submit to
+// the same group from waiting long behind one call: 4 MiB takes about 1 ms, while the
+// hand-off it saves costs 20-80 us (docs/performance.md, "Per-call cost").
 constexpr const char* kInlineMaxBytesEnv = "SPYRECCL_INLINE_MAX_BYTES";
-constexpr size_t kDefaultInlineMaxBytes = 64 * 1024;
+constexpr size_t kDefaultInlineMaxBytes = size_t{4} << 20;
+// Sends and receives are posted on the calling thread up to this size (and never above the
+// inline bound): posting copies what fits into the staging slot, which an isend meant to
+// overlap with computation should not pay on the caller's time.
+constexpr size_t kInlinePostMaxBytes = 64 * 1024;
 
 // A send or receive. The runner issues it itself (alone, or with its neighbours inside one
 // spyrecclGroupStart/End) so that a failure can name the operation's sequence number.

@@ -43,9 +43,12 @@ class _Case:
         self.send = self.recv = None
         self.step: Callable[[], None] | None = None
         if op == "barrier":
+            # Name the device: in a group that also has gloo (both levels in one process),
+            # c10d runs a barrier without device_ids on the CPU, i.e. through gloo.
+            device_ids = None if device.type == "cpu" else [device.index]
 
             def barrier() -> None:
-                dist.barrier()
+                dist.barrier(device_ids=device_ids)
                 sync()
 
             self.step = barrier
