@@ -27,7 +27,9 @@
 //    anyway, and streaming saves the read-for-ownership and keeps staging and inputs in
 //    cache. At 2 ranks on a 32 MiB L3 that is >= 4 MiB: +15-35% busbw there; at 2 MiB it
 //    cost ~10%, hence the threshold. (The 3- and 4-rank pipelines gain more still: their
-//    segments, chunk / n, are always in the slow `rep movsb` range.)
+//    segments, chunk / n, are always in the slow `rep movsb` range.) In place (one tensor
+//    reduced back to back, as in IBM's benchmark loop) every output line was just read, so
+//    streaming waits until the inputs alone exceed the cache (it made 5-10 MB 2x slower).
 // Measured and not kept (no difference beyond the noise of a shared 2-core machine): a
 // fused reduce that writes staging and output in one pass (saves one L2 re-read of our
 // segment), reducing before copying the peers' segments, software prefetch, AVX copies,
@@ -83,8 +85,9 @@ void pipelined(Communicator& c, const OpScope& scope, const uint8_t* send, uint8
   };
 
   // Non-temporal stores for the output once the ranks' inputs and outputs (2 n times the
-  // message) fill half the last-level cache that they share (see the header comment).
-  const bool stream = kernels::streamingPays(2 * static_cast<size_t>(n) * count * esize);
+  // message) fill half the last-level cache that they share (see the header comment; in
+  // place, once the n inputs fill all of it: kernels::streamingPays).
+  const bool stream = kernels::streamingPaysFor(send, recv, n, count * esize);
   const void** srcs = c.sourceScratch();
   for (size_t j = 0; j <= nblocks; ++j) {
     const uint32_t s = c.beginStep();

@@ -21,7 +21,7 @@ void broadcast(Communicator& c, const void* sendbuff, void* recvbuff, size_t cou
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
   std::optional<DirectTransfer> x;
-  const bool stream = kernels::streamingPays(2 * static_cast<size_t>(c.nranks()) * bytes);
+  const bool stream = kernels::streamingPaysFor(send, recv, c.nranks(), bytes);
   if (beginDirect(c, scope, bytes, x, r == root ? send : nullptr, bytes) && x->has(root, 0)) {
     if (r != root) kernels::copy(recv, x->peer(root, 0), bytes, stream);
     if (r == root && send != recv) kernels::copy(recv, send, bytes, stream);

@@ -96,7 +96,7 @@ void directReduce(Communicator& c, DirectTransfer& x, const kernels::ReduceSpec&
   // and output fill half the last-level cache (as in the staged pipeline). The reductions'
   // outputs are re-read by every peer right after, so they stream only once the message
   // itself is well beyond the cache (streamingReduction).
-  const bool stream = kernels::streamingPays(2 * static_cast<size_t>(n) * count * esize);
+  const bool stream = kernels::streamingPaysFor(send, recv, n, count * esize);
   const bool streamReduced = streamingReduction(count * esize);
   if (root >= 0) {
     // reduce: the root combines every rank's whole input.
