@@ -95,7 +95,11 @@ def run_overhead(args: argparse.Namespace) -> int:
             lambda: dist.all_reduce(t), seconds
         )
         rows["dist.all_reduce(c) cpu/gloo"] = _per_call_us(lambda: dist.all_reduce(c), seconds)
-        rows["dist.barrier() (spyreccl)"] = _per_call_us(dist.barrier, seconds)
+        # device_ids: in a group that also has gloo, c10d runs a plain barrier on the CPU.
+        spyre_ids = [t.device.index]
+        rows["dist.barrier() (spyreccl)"] = _per_call_us(
+            lambda: dist.barrier(device_ids=spyre_ids), seconds
+        )
         rows["t.fill_(0) on spyre (device op, for scale)"] = _per_call_us(
             lambda: t.fill_(0), seconds
         )
