@@ -92,10 +92,10 @@ void directReduce(Communicator& c, DirectTransfer& x, const kernels::ReduceSpec&
                   const uint8_t* send, uint8_t* recv, size_t count, size_t esize, int root) {
   const int n = c.nranks();
   const int r = c.rank();
-  // Outputs copied from peers are written with non-temporal stores once every rank's input
-  // and output fill half the last-level cache (as in the staged pipeline). The reductions'
-  // outputs are re-read by every peer right after, so they stream only once the message
-  // itself is well beyond the cache (streamingReduction).
+  // Outputs copied from peers are written with non-temporal stores by the same rule as in
+  // the staged pipeline (kernels::streamingPaysFor). The reductions' outputs are re-read by
+  // every peer right after, so they stream only once the message itself is well beyond the
+  // cache (streamingReduction).
   const bool stream = kernels::streamingPaysFor(send, recv, n, count * esize);
   const bool streamReduced = streamingReduction(count * esize);
   if (root >= 0) {

@@ -74,8 +74,8 @@ size_t lastLevelCacheBytes();
 // `inPlace`: the outputs are the inputs, so every output line was just read and costs no
 // read-for-ownership; a streaming store then only evicts a line that the next operation on
 // the same tensor would find cached. That pays only once the working set exceeds the whole
-// cache (a 2-rank in-place all_reduce run back to back: 2x slower with streaming at 10 MB,
-// even at 16 MB, 20-40 % faster at 32 MB).
+// cache (a 2-rank in-place all_reduce run back to back, 32 MiB L3: 2x slower with streaming
+// at 5-10 MB, no difference at 16 MB, 20-40 % faster at 32 MB).
 inline bool streamingPays(size_t workingSetBytes, bool inPlace = false) {
   return (inPlace ? workingSetBytes : 2 * workingSetBytes) >= lastLevelCacheBytes();
 }
