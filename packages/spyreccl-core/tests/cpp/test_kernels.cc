@@ -405,9 +405,9 @@ void reduceStreamingTest(const TypeInfo& t) {
             for (uint8_t* p = mem.data(); p < mem.data() + mem.size(); ++p) {
               if ((p < dst || p >= dst + bytes) && *p != 0xA5) ++outside;
             }
-            SPY_CHECK(bad == 0, "%s %s x%d, %zu elements, dst+%zu%s: %zu wrong byte(s), first [%zu]",
-                      t.name, redName(red), nsrc, count, dof, inPlace ? " in place" : "", bad,
-                      firstBad);
+            SPY_CHECK(bad == 0,
+                      "%s %s x%d, %zu elements, dst+%zu%s: %zu wrong byte(s), first [%zu]", t.name,
+                      redName(red), nsrc, count, dof, inPlace ? " in place" : "", bad, firstBad);
             SPY_CHECK(outside == 0, "%s %s x%d, %zu elements, dst+%zu: %zu byte(s) written outside",
                       t.name, redName(red), nsrc, count, dof, outside);
           }
