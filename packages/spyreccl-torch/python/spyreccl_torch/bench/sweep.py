@@ -15,6 +15,7 @@ from .ops import OPS
 from .plan import DTYPES, Case, build_plan
 from .stats import bandwidths, combine_ranks, summarize
 from .timing import LoopPolicy
+from .torch_env import LEVELS as TORCH_LEVELS
 
 __all__ = ["ALL_LEVELS", "CORE_LEVELS", "TORCH_LEVELS", "SweepConfig", "level_groups", "run_sweep"]
 
@@ -23,7 +24,6 @@ __all__ = ["ALL_LEVELS", "CORE_LEVELS", "TORCH_LEVELS", "SweepConfig", "level_gr
 # shared memory); spyreccl: torch.distributed on spyre tensors; gloo: CPU tensors (baseline).
 ALL_LEVELS = ("core", "core-host", "spyreccl", "gloo")
 CORE_LEVELS = ("core", "core-host")
-TORCH_LEVELS = ("spyreccl", "gloo")
 _CORE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_worker.py")
 
 
