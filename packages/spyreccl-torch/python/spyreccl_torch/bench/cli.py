@@ -236,7 +236,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         plot_sweep,
         write_json,
     )
-    from .sweep import SweepConfig, add_ratios, level_groups, plan_for, progress_bar, run_job
+    from .sweep import SweepConfig, plan_for, progress_bar, run_sweep
 
     sizes = sizes_from(args, 8, 256 << 20)
     configs = [
@@ -261,18 +261,15 @@ def _run_sweep(args: argparse.Namespace) -> int:
         f"load average {os.getloadavg()[0]:.2f} on {machine_at_start['usable_cpus']} cpus",
         flush=True,
     )
-    plans = [plan_for(cfg) for cfg in configs]
-    total = sum(len(plan) * len(cfg.levels) for plan, cfg in zip(plans, configs))
+    total = sum(len(plan_for(cfg)) * len(cfg.levels) for cfg in configs)
     rows: list[dict] = []
     ranks_info: dict[str, dict] = {}
     with progress_bar(total, enabled=not args.no_progress) as bar:
-        for cfg, plan in zip(configs, plans):
-            for levels in level_groups(cfg):
-                job_rows, ready = run_job(levels, cfg, plan, bar)
-                rows.extend(job_rows)
-                for level in levels:
-                    ranks_info[f"{level} x{cfg.nranks}"] = ready
-    add_ratios(rows)
+        for cfg in configs:
+            # Each world size's rows carry their own gloo ratios (add_ratios keys on nranks).
+            cfg_rows, info = run_sweep(cfg, bar)
+            rows.extend(cfg_rows)
+            ranks_info.update({f"{level} x{cfg.nranks}": ready for level, ready in info.items()})
     for r in rows:
         r["busbw_frac_memcpy"] = r["busbw_gbps"] / memcpy.median_gbps if r["bytes"] else None
 

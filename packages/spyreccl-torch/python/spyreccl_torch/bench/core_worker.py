@@ -175,15 +175,10 @@ def _run(args: dict) -> None:
             c = _Case(core, comm, case, dtype, np_dtype, rank, args.get("memory", "host"))
             if args["check"]:
                 _check(check, np, c, case, rank, nranks, np_dtype, reinterpret)
-            idle = c.step is None
-            samples = timing.measure(
-                (lambda: None) if idle else c.step,
-                comm.barrier,
-                agree_max,
-                warmup=timing.warmup_iters(case["nbytes"]),
-                policy=policy,
+            samples = timing.measure_case(
+                c.step, comm.barrier, agree_max, nbytes=case["nbytes"], policy=policy
             )
-            conn.send(("case", case["index"], None if idle else samples))
+            conn.send(("case", case["index"], samples))
             del c
         comm.destroy()
         conn.send(("done",))

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["LoopPolicy", "measure", "warmup_iters"]
+__all__ = ["LoopPolicy", "measure", "measure_case", "warmup_iters"]
 
 # Number of timed batches (each preceded by a barrier) a case is split into at most.
 _MAX_BATCHES = 20
@@ -81,6 +81,29 @@ class LoopPolicy:
         if estimate_s * floor > self.max_case_s:
             floor = max(min(_FLOOR_ITERS, self.min_iters), int(self.max_case_s / estimate_s))
         return max(floor, min(self.max_iters, int(self.target_s / estimate_s)))
+
+
+def measure_case(
+    step: Callable[[], object] | None,
+    barrier: Callable[[], object],
+    agree_max: Callable[[float], float],
+    *,
+    nbytes: int,
+    policy: LoopPolicy,
+) -> list[int] | None:
+    """:func:`measure` of one sweep case of ``nbytes`` with its size's warm-up.
+
+    ``step`` None: this rank has no part in the case (the idle ranks of a send/recv ping-pong);
+    it still joins every barrier and agreement of the loop, and reports None.
+    """
+    samples = measure(
+        step if step is not None else (lambda: None),
+        barrier,
+        agree_max,
+        warmup=warmup_iters(nbytes),
+        policy=policy,
+    )
+    return samples if step is not None else None
 
 
 def measure(

@@ -173,15 +173,10 @@ def run_rank(args: dict) -> None:
                 c = _Case(dist, torch, case, dtype, env.device, rank, env.synchronize)
                 if args["check"]:
                     _check(torch, c, case, level, rank, nranks, dtype)
-                idle = c.step is None
-                samples = timing.measure(
-                    (lambda: None) if idle else c.step,
-                    dist.barrier,
-                    agree_max,
-                    warmup=timing.warmup_iters(case["nbytes"]),
-                    policy=policy,
+                samples = timing.measure_case(
+                    c.step, dist.barrier, agree_max, nbytes=case["nbytes"], policy=policy
                 )
-                conn.send(("case", case["index"], None if idle else samples, level))
+                conn.send(("case", case["index"], samples, level))
                 del c
         dist.destroy_process_group()
         conn.send(("done",))
