@@ -183,6 +183,12 @@ void runP2PGroup(std::vector<Step>& steps, size_t begin, size_t end, spyrecclCom
 
 bool groupable(const Step& step) { return step.peerCall && step.peerCall->groupable(); }
 
+// Bytes an operation moves per rank: the larger of its input and its output.
+size_t payloadBytes(const OpRecord& op) {
+  return static_cast<size_t>(std::max(op.inNelems, op.outNelems)) *
+         static_cast<size_t>(c10::elementSize(op.dtype));
+}
+
 void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
   size_t i = 0;
   while (i < steps.size()) {
@@ -561,9 +567,7 @@ bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
       return false;
     }
   }
-  const auto payload = static_cast<size_t>(std::max(op.inNelems, op.outNelems)) *
-                       static_cast<size_t>(c10::elementSize(op.dtype));
-  return payload <= inlineMaxBytes_;
+  return payloadBytes(op) <= inlineMaxBytes_;
 }
 
 bool ProcessGroupSpyreccl::postsInline(const OpRecord& op) const {
@@ -577,9 +581,7 @@ bool ProcessGroupSpyreccl::postsInline(const OpRecord& op) const {
       !progress_->idle()) {
     return false;
   }
-  const auto payload = static_cast<size_t>(std::max(op.inNelems, op.outNelems)) *
-                       static_cast<size_t>(c10::elementSize(op.dtype));
-  return payload <= std::min(inlineMaxBytes_, kInlinePostMaxBytes);
+  return payloadBytes(op) <= std::min(inlineMaxBytes_, kInlinePostMaxBytes);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
