@@ -473,18 +473,18 @@ void ProcessGroupSpyreccl::startProgressThread() {
 
 namespace {
 
-size_t inlineMaxBytesFromEnv() {
-  const char* value = std::getenv(kInlineMaxBytesEnv);
+// A byte bound from the environment variable `name`, or `fallback` when it is unset.
+size_t byteBoundFromEnv(const char* name, size_t fallback, const char* whatZeroDisables) {
+  const char* value = std::getenv(name);
   if (value == nullptr || value[0] == '\0') {
-    return kDefaultInlineMaxBytes;
+    return fallback;
   }
   char* end = nullptr;
   errno = 0;
   const unsigned long long parsed = std::strtoull(value, &end, 10);
-  TORCH_CHECK(errno == 0 && end != value && *end == '\0' && value[0] != '-',
-              "spyreccl: ", kInlineMaxBytesEnv, "='", value,
-              "' is not a byte count; expected a non-negative integer (0 disables running "
-              "small synchronous collectives on the calling thread)");
+  TORCH_CHECK(errno == 0 && end != value && *end == '\0' && value[0] != '-', "spyreccl: ", name,
+              "='", value, "' is not a byte count; expected a non-negative integer (0 disables ",
+              whatZeroDisables, ")");
   return static_cast<size_t>(parsed);
 }
 
@@ -511,7 +511,11 @@ void ProcessGroupSpyreccl::cacheConstants() {
       }
     }
   }
-  inlineMaxBytes_ = inlineMaxBytesFromEnv();
+  inlineMaxBytes_ = byteBoundFromEnv(kInlineMaxBytesEnv, kDefaultInlineMaxBytes,
+                                     "running small synchronous collectives on the calling thread");
+  inlineAsyncMaxBytes_ =
+      byteBoundFromEnv(kInlineAsyncMaxBytesEnv, kDefaultInlineAsyncMaxBytes,
+                       "running small asynchronous collectives on the calling thread");
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupSpyreccl::getBackendOptions() {
@@ -550,16 +554,22 @@ void ProcessGroupSpyreccl::recordParamComms(const OpRecord& op, uint64_t seq) {
 
 bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
   // Inline only when it cannot be observed except as lower latency:
-  //  - the caller waits on the Work right away (async_op=False), so blocking in the call
-  //    instead of in wait() changes nothing for it, and no computation it meant to overlap
-  //    with the operation is delayed;
   //  - a collective: an inline blocking send could deadlock an exchange whose matching
   //    receive the caller posts next (point-to-point keeps to the progress thread);
   //  - nothing queued or running on the progress thread, so issue order is kept and the
   //    communicator is used by one thread at a time (idle() orders us after its last job,
   //    and submitMutex_, held by the caller, keeps other threads from posting meanwhile);
-  //  - a payload of at most inlineMaxBytes_ (see kDefaultInlineMaxBytes).
-  if (inlineMaxBytes_ == 0 || op.asyncOp || !progress_->idle()) {
+  //  - a payload within the bound of its kind:
+  //    * synchronous calls (async_op=False) wait on the Work right away, so blocking in the
+  //      call instead of in wait() changes nothing for them: up to inlineMaxBytes_
+  //      (kDefaultInlineMaxBytes);
+  //    * asynchronous calls (async_op=True, and every functional collective that DTensor,
+  //      FSDP2 and compiled graphs issue) may have computation placed between the call and
+  //      its wait, which must overlap the transfer: only messages whose transfer takes about
+  //      as long as the hand-off to the progress thread it saves run inline, up to
+  //      inlineAsyncMaxBytes_ (kDefaultInlineAsyncMaxBytes).
+  const size_t bound = op.asyncOp ? inlineAsyncMaxBytes_ : inlineMaxBytes_;
+  if (bound == 0 || !progress_->idle()) {
     return false;
   }
   for (const Step& step : op.steps) {
@@ -567,7 +577,7 @@ bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
       return false;
     }
   }
-  return payloadBytes(op) <= inlineMaxBytes_;
+  return payloadBytes(op) <= bound;
 }
 
 bool ProcessGroupSpyreccl::postsInline(const OpRecord& op) const {

@@ -3,7 +3,8 @@
 // Modelled on ProcessGroupGloo: every operation is validated on the calling thread, turned
 // into a list of core calls ("steps") and queued on the group's progress thread, which runs
 // them in issue order against the group's spyreccl communicator and completes the returned
-// WorkSpyreccl. Small synchronous collectives issued while the progress thread is idle run
+// WorkSpyreccl. Small collectives (synchronous ones, and small asynchronous ones such as the
+// functional collectives) issued while the progress thread is idle run
 // on the calling thread instead (the inline fast path, see submit()): same Work, same
 // errors, without the hand-off between threads; small sends and receives are likewise
 // posted (non-blocking) on the calling thread, and only handed to the progress thread when
@@ -49,6 +50,14 @@ constexpr const char* kBackendName = "spyreccl";
 // hand-off it saves costs 20-80 us (docs/performance.md, "Per-call cost").
 constexpr const char* kInlineMaxBytesEnv = "SPYRECCL_INLINE_MAX_BYTES";
 constexpr size_t kDefaultInlineMaxBytes = size_t{4} << 20;
+// Asynchronous collectives (async_op=True, and the functional collectives of DTensor, FSDP2
+// and compiled graphs) of at most this many bytes run on the calling thread too, under the
+// same conditions. Their callers may place computation between the call and the wait, so
+// the default bound is the size whose transfer takes about as long as the hand-off to the
+// progress thread that running inline saves (docs/performance.md, "Functional
+// collectives"); larger ones keep overlapping with the caller's computation.
+constexpr const char* kInlineAsyncMaxBytesEnv = "SPYRECCL_INLINE_ASYNC_MAX_BYTES";
+constexpr size_t kDefaultInlineAsyncMaxBytes = 64 * 1024;
 // Sends and receives are posted on the calling thread up to this size (and never above the
 // inline bound): posting copies what fits into the staging slot, which an isend meant to
 // overlap with computation should not pay on the caller's time.
@@ -249,6 +258,8 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   // Largest payload (bytes) of a synchronous collective that runs inline on the calling
   // thread; 0 disables the inline path.
   size_t inlineMaxBytes_ = 0;
+  // The same for asynchronous collectives (kInlineAsyncMaxBytesEnv).
+  size_t inlineAsyncMaxBytes_ = 0;
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<ProgressThread> progress_;
   // Serialises posting to the progress thread with running inline, across every thread

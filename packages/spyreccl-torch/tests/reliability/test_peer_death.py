@@ -40,6 +40,9 @@ CORE_NAMES = {
     "all_to_all": "alltoall",
     "send_recv": "recv",  # the survivors are the receivers
     "barrier": "barrier",
+    # The functional collective DTensor and compiled graphs call (all_reduce_ + wait_tensor):
+    # small ones run on the calling thread, large ones on the progress thread.
+    "functional_all_reduce": "allreduce",
 }
 
 
@@ -63,6 +66,10 @@ def _make_step(op: str, numel: int, rank: int, world: int):
         return lambda: dist.all_to_all_single(recv, send)
     if op == "barrier":
         return lambda: dist.barrier()
+    if op == "functional_all_reduce":
+        functional = torch.ops._c10d_functional
+        name = dist.group.WORLD.group_name
+        return lambda: functional.wait_tensor(functional.all_reduce_(x, "sum", name))
     if op == "send_recv":
         # The victim streams messages to every survivor; survivors wait on it directly.
         if rank == VICTIM:

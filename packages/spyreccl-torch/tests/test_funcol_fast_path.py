@@ -1,0 +1,407 @@
+"""The functional collectives' fast path: what DTensor, FSDP2 and compiled graphs call.
+
+The `_c10d_functional` ops reach the backend as asynchronous calls (``asyncOp=True``). Small
+ones (at most SPYRECCL_INLINE_ASYNC_MAX_BYTES, 64 KiB by default) run on the calling thread
+when the group's progress thread is idle; larger ones stay queued so that computation placed
+between the collective and its ``wait_tensor`` overlaps the transfer. For spyre tensors,
+``wait_tensor`` and ``all_reduce`` also have C++ autograd kernels instead of torch's Python
+ones. These tests check that none of this can be observed except as lower latency: results
+(float64 references on random inputs, poisoned outputs), which path runs, overlap of large
+transfers, the work registry, profiler ranges, group timeouts, abort, mismatch detection and
+autograd (gradients against the same computation on CPU in float64).
+
+Which path ran is observed with one rank arriving PEER_DELAY_S late: an inline call returns
+only once the late rank joined; a queued one returns at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce
+from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
+
+C10D = torch.ops._c10d_functional
+ASYNC_ENV = "SPYRECCL_INLINE_ASYNC_MAX_BYTES"
+# A small bound keeps the "too large for the inline path" cases cheap.
+ASYNC_MAX_BYTES = 4096
+
+pytestmark = [
+    pytest.mark.world_sizes(2, 3),
+    pytest.mark.rank_pool_options(
+        backend="cpu:gloo,spyre:spyreccl", set_device=True, env={ASYNC_ENV: str(ASYNC_MAX_BYTES)}
+    ),
+]
+
+RUN_TIMEOUT = 300.0
+# Long enough that a queued call returns well before the late rank joins, even on a loaded
+# 2-core machine; an inline one cannot return before it.
+PEER_DELAY_S = 1.0
+QUEUED_RETURN_LIMIT_S = 0.5
+
+
+def _name(group=None) -> str:
+    return (group or dist.group.WORLD).group_name
+
+
+def _inputs(seed: int, index: int, numel: int, dtype: torch.dtype, world: int):
+    return [
+        random_tensor(numel, dtype, seed=rank_seed(seed + index, r), nranks=world)
+        for r in range(world)
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# which path: inline below the bound, queued above it
+# --------------------------------------------------------------------------------------------
+
+
+def run_path_probe(seed, numel, ctx):
+    """Times a functional all_reduce_ whose last rank arrives PEER_DELAY_S late; returns how
+    long the call took to return on this rank, and checks the result."""
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    inputs = _inputs(seed, 0, numel, torch.float32, world)
+    tensor = inputs[rank].to(dev)
+    dist.barrier()
+    if rank == world - 1:
+        time.sleep(PEER_DELAY_S)
+    start = time.monotonic()
+    C10D.all_reduce_(tensor, "sum", _name())
+    returned = time.monotonic() - start
+    C10D.wait_tensor(tensor)
+    assert_close_dtype(
+        tensor.cpu(), reference_reduce(inputs, "sum"), torch.float32, world, seed=seed
+    )
+    return returned
+
+
+@pytest.mark.parametrize(
+    ("numel", "inline"),
+    [(1, True), (ASYNC_MAX_BYTES // 4, True), (ASYNC_MAX_BYTES // 4 + 1, False)],
+    ids=["tiny", "at-bound", "above-bound"],
+)
+def test_functional_all_reduce_path_follows_the_bound(rank_pool, numel, inline):
+    returned = rank_pool.run(run_path_probe, fresh_seed(), numel, timeout=RUN_TIMEOUT)
+    for rank, seconds in enumerate(returned[:-1]):  # only the early ranks can tell
+        if inline:
+            assert seconds >= PEER_DELAY_S * 0.5, (
+                f"rank {rank}: {numel} float32 returned after {seconds:.3f} s: not inline"
+            )
+        else:
+            assert seconds < QUEUED_RETURN_LIMIT_S, (
+                f"rank {rank}: {numel} float32 returned after {seconds:.3f} s: it blocked the "
+                "caller instead of overlapping with it"
+            )
+
+
+def run_async_work_path(value, numel, ctx):
+    """dist.all_reduce(async_op=True) on a group created with SPYRECCL_INLINE_ASYNC_MAX_BYTES
+    set to `value`: whether its Work had completed when the call returned."""
+    import os
+
+    saved = os.environ.get(ASYNC_ENV)
+    os.environ[ASYNC_ENV] = value
+    try:
+        group = dist.new_group()
+    finally:
+        os.environ[ASYNC_ENV] = saved if saved is not None else ""
+    dist.barrier(group=group)
+    tensor = torch.full((numel,), float(ctx.rank + 1), device=ctx.device)
+    if ctx.rank == ctx.world_size - 1:
+        time.sleep(PEER_DELAY_S)
+    work = dist.all_reduce(tensor, group=group, async_op=True)
+    completed_on_return = work.is_completed()
+    work.wait()
+    expected = float(sum(range(1, ctx.world_size + 1)))
+    assert torch.equal(tensor.cpu(), torch.full((numel,), expected)), "wrong all_reduce result"
+    dist.destroy_process_group(group)
+    return completed_on_return
+
+
+@pytest.mark.parametrize(
+    ("value", "numel", "inline"),
+    [("0", 1, False), ("400", 100, True), ("400", 101, False), ("", 16384, True)],
+    ids=["disabled", "at-bound", "above-bound", "default-64KiB"],
+)
+def test_async_inline_bound_is_configurable(rank_pool, value, numel, inline):
+    results = rank_pool.run(run_async_work_path, value, numel, timeout=RUN_TIMEOUT)
+    for rank, completed in enumerate(results[:-1]):
+        assert completed == inline, f"rank {rank}: {ASYNC_ENV}={value!r}, {numel} float32"
+
+
+# --------------------------------------------------------------------------------------------
+# every functional op, on both paths, against float64 references
+# --------------------------------------------------------------------------------------------
+
+
+def run_every_op(seed, numel, ctx):
+    """Every _c10d_functional op of this size; out-of-place outputs and out= tensors are
+    poisoned (or fresh) so that an unwritten element fails."""
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    name = _name()
+    f32 = torch.float32
+
+    def check(got, expected, what):
+        assert_close_dtype(got.cpu(), expected, f32, world, seed=seed, what=what)
+
+    # all_reduce (out of place) and all_reduce_ with every float reduction
+    for i, op in enumerate(("sum", "avg", "max", "min", "product")):
+        inputs = _inputs(seed, 10 + i, numel, f32, world)
+        mine = inputs[rank].to(dev)
+        out = C10D.wait_tensor(C10D.all_reduce(mine, op, name))
+        check(out, reference_reduce(inputs, op), f"all_reduce {op}")
+        check(mine, inputs[rank], "all_reduce must leave its input alone")
+        C10D.wait_tensor(C10D.all_reduce_(mine, op, name))
+        check(mine, reference_reduce(inputs, op), f"all_reduce_ {op}")
+
+    # coalesced forms, with an odd length and an empty tensor in the list
+    lists = [_inputs(seed, 20 + j, n, f32, world) for j, n in enumerate((numel, 3, 0))]
+    mine = [per_rank[rank].to(dev) for per_rank in lists]
+    outs = C10D.all_reduce_coalesced(mine, "sum", name)
+    for j, out in enumerate(outs):
+        check(C10D.wait_tensor(out), reference_reduce(lists[j], "sum"), f"coalesced {j}")
+    C10D.all_reduce_coalesced_(mine, "sum", name)
+    for j, t in enumerate(mine):
+        check(C10D.wait_tensor(t), reference_reduce(lists[j], "sum"), f"coalesced_ {j}")
+
+    # all_gather_into_tensor (+ _out, + coalesced)
+    gathered_inputs = _inputs(seed, 30, numel, f32, world)
+    expected = torch.cat(gathered_inputs)
+    mine = gathered_inputs[rank].to(dev)
+    check(C10D.wait_tensor(C10D.all_gather_into_tensor(mine, world, name)), expected, "ag")
+    out = poison_(torch.empty(numel * world, device=dev))
+    C10D.wait_tensor(C10D.all_gather_into_tensor_out(mine, world, name, out=out))
+    check(out, expected, "all_gather_into_tensor_out")
+    outs = C10D.all_gather_into_tensor_coalesced([mine, mine[:1]], world, name)
+    check(C10D.wait_tensor(outs[0]), expected, "ag coalesced 0")
+    check(C10D.wait_tensor(outs[1]), torch.stack([x[0] for x in gathered_inputs]), "ag c 1")
+
+    # reduce_scatter_tensor (+ coalesced): rank r gets block r of the reduction
+    rs_inputs = _inputs(seed, 40, numel * world, f32, world)
+    reduced = reference_reduce(rs_inputs, "sum")
+    block = reduced[rank * numel : (rank + 1) * numel]
+    mine = rs_inputs[rank].to(dev)
+    check(C10D.wait_tensor(C10D.reduce_scatter_tensor(mine, "sum", world, name)), block, "rs")
+    outs = C10D.reduce_scatter_tensor_coalesced([mine], "avg", world, name)
+    avg_block = reference_reduce(rs_inputs, "avg")[rank * numel : (rank + 1) * numel]
+    check(C10D.wait_tensor(outs[0]), avg_block, "reduce_scatter_tensor_coalesced avg")
+
+    # all_to_all_single with uneven splits: rank r sends (s + 1) elements to rank s
+    a2a_inputs = [
+        random_tensor(sum(s + 1 for s in range(world)) * 1, f32, seed=rank_seed(seed + 50, r))
+        for r in range(world)
+    ]
+    offsets = [sum(k + 1 for k in range(s)) for s in range(world)]
+    expected = torch.cat(
+        [a2a_inputs[r][offsets[rank] : offsets[rank] + rank + 1] for r in range(world)]
+    )
+    out = C10D.all_to_all_single(
+        a2a_inputs[rank].to(dev), [rank + 1] * world, [s + 1 for s in range(world)], name
+    )
+    check(C10D.wait_tensor(out), expected, "all_to_all_single")
+
+    # broadcast / broadcast_ from the last rank
+    src = world - 1
+    bc_inputs = _inputs(seed, 60, numel, f32, world)
+    mine = bc_inputs[rank].to(dev)
+    check(C10D.wait_tensor(C10D.broadcast(mine, src, name)), bc_inputs[src], "broadcast")
+    C10D.wait_tensor(C10D.broadcast_(mine, src, name))
+    check(mine, bc_inputs[src], "broadcast_")
+
+
+@pytest.mark.parametrize(
+    "numel", [1, 37, ASYNC_MAX_BYTES // 4 + 1, 20_011], ids=["1", "37", "above-bound", "20011"]
+)
+def test_every_functional_op_matches_float64(rank_pool, numel):
+    rank_pool.run(run_every_op, fresh_seed(), numel, timeout=RUN_TIMEOUT)
+
+
+# --------------------------------------------------------------------------------------------
+# overlap: computation between a large collective and its wait runs during the transfer
+# --------------------------------------------------------------------------------------------
+
+
+def run_overlap(ctx):
+    """The late rank joins PEER_DELAY_S late. An early rank issues a large functional
+    all_reduce_, computes for a while, then waits: with the collective in flight on the
+    progress thread, the computation finishes before the late rank even arrives, and the
+    total is about PEER_DELAY_S, not PEER_DELAY_S + the computation."""
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    tensor = torch.full((1 << 18,), float(rank + 1), device=dev)  # 1 MiB
+    a = torch.randn(128, 128, dtype=torch.float64)
+    dist.barrier()
+    if rank == world - 1:
+        time.sleep(PEER_DELAY_S)
+    start = time.monotonic()
+    C10D.all_reduce_(tensor, "sum", _name())
+    computed_until = None
+    while time.monotonic() - start < PEER_DELAY_S * 0.6:
+        a = (a @ a).clamp_(-1, 1)  # independent of the collective
+        computed_until = time.monotonic() - start
+    C10D.wait_tensor(tensor)
+    total = time.monotonic() - start
+    expected = float(sum(range(1, world + 1)))
+    assert torch.equal(tensor.cpu(), torch.full_like(tensor.cpu(), expected))
+    return computed_until, total
+
+
+def test_large_collective_overlaps_the_computation_before_its_wait(rank_pool):
+    for rank, (computed, total) in enumerate(rank_pool.run(run_overlap, timeout=RUN_TIMEOUT)[:-1]):
+        assert computed is not None and computed < PEER_DELAY_S, (rank, computed, total)
+        # The computation ran while the collective waited for its peer.
+        assert total < PEER_DELAY_S * 1.5, (rank, computed, total)
+
+
+# --------------------------------------------------------------------------------------------
+# registry, profiler
+# --------------------------------------------------------------------------------------------
+
+
+def run_registry_and_profiler(seed, numel, ctx):
+    """The work registry holds one entry per unwaited output (popped by its wait), and the
+    profiler shows a spyreccl:all_reduce range, on both paths."""
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    registry = torch._C._distributed_c10d._get_work_registry_size
+    base = registry()
+    inputs = _inputs(seed, 0, numel, torch.float32, world)
+    mine = inputs[rank].to(dev)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = C10D.all_reduce(mine, "sum", _name())
+        unwaited = registry() - base
+        C10D.wait_tensor(out)
+    assert unwaited == 1 and registry() == base, (unwaited, registry() - base)
+    assert_close_dtype(out.cpu(), reference_reduce(inputs, "sum"), torch.float32, world, seed=seed)
+    names = {event.name for event in prof.events()}
+    assert "spyreccl:all_reduce" in names, sorted(n for n in names if "reduce" in n)
+
+
+@pytest.mark.parametrize("numel", [5, ASYNC_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
+def test_registry_and_profiler_ranges(rank_pool, numel):
+    rank_pool.run(run_registry_and_profiler, fresh_seed(), numel, timeout=RUN_TIMEOUT)
+
+
+# --------------------------------------------------------------------------------------------
+# errors on this path: timeout, abort, mismatch
+# --------------------------------------------------------------------------------------------
+
+GROUP_TIMEOUT_S = 2.0
+
+
+def run_timeout(numel, ctx):
+    group = dist.new_group(timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    result = None
+    if ctx.rank == 0:  # the others never join
+        tensor = torch.ones(numel, device=ctx.device)
+        start = time.monotonic()
+        C10D.all_reduce_(tensor, "sum", _name(group))
+        try:
+            C10D.wait_tensor(tensor)
+        except dist.DistBackendError as exc:
+            result = (time.monotonic() - start, str(exc))
+        else:
+            raise AssertionError("a functional all_reduce without peers did not time out")
+    dist.barrier()
+    return result
+
+
+@pytest.mark.parametrize("numel", [3, ASYNC_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
+def test_group_timeout_bounds_a_functional_collective(rank_pool, numel):
+    elapsed, message = rank_pool.run(run_timeout, numel, timeout=120)[0]
+    assert GROUP_TIMEOUT_S * 0.9 <= elapsed <= GROUP_TIMEOUT_S + 20.0, (elapsed, message)
+    assert "imeout" in message and "allreduce" in message, message
+
+
+def run_abort(numel, ctx):
+    """Rank 0 issues a functional all_reduce_ that its peers never join; another thread
+    aborts the group after 0.3 s. The call (inline: blocked in it; queued: in flight) ends,
+    and wait_tensor raises naming the abort."""
+    group = dist.new_group(timeout=datetime.timedelta(seconds=60))
+    result = None
+    if ctx.rank == 0:
+        backend = group._get_backend(torch.device(ctx.device))
+        timer = threading.Timer(0.3, backend.abort)
+        timer.start()
+        tensor = torch.ones(numel, device=ctx.device)
+        start = time.monotonic()
+        try:
+            C10D.all_reduce_(tensor, "sum", _name(group))
+            C10D.wait_tensor(tensor)
+        except Exception as exc:  # the type is checked by the test
+            result = (time.monotonic() - start, type(exc).__name__, str(exc))
+        finally:
+            timer.join()
+        assert result is not None, "an aborted functional all_reduce did not raise"
+    dist.barrier()
+    return result
+
+
+@pytest.mark.parametrize("numel", [3, ASYNC_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
+def test_abort_ends_a_functional_collective(rank_pool, numel):
+    elapsed, kind, message = rank_pool.run(run_abort, numel, timeout=120)[0]
+    assert elapsed < 10.0, (elapsed, message)
+    assert kind == "DistBackendError", (kind, message)
+    assert "abort" in message.lower(), message
+
+
+def run_mismatch(numel, ctx):
+    group = dist.new_group(timeout=datetime.timedelta(seconds=30))
+    tensor = torch.ones(numel + ctx.rank, device=ctx.device)  # counts differ across ranks
+    try:
+        C10D.wait_tensor(C10D.all_reduce_(tensor, "sum", _name(group)))
+    except dist.DistBackendError as exc:
+        return str(exc)
+    finally:
+        dist.barrier()
+    raise AssertionError(f"rank {ctx.rank}: a count mismatch did not raise")
+
+
+@pytest.mark.parametrize("numel", [5, ASYNC_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
+def test_mismatch_is_detected_on_every_rank(rank_pool, numel):
+    for rank, message in enumerate(rank_pool.run(run_mismatch, numel, timeout=120)):
+        assert "spyrecclMismatch" in message and "allreduce" in message, f"rank {rank}: {message}"
+
+
+# --------------------------------------------------------------------------------------------
+# autograd through the C++ kernels of wait_tensor and all_reduce
+# --------------------------------------------------------------------------------------------
+
+
+def run_autograd(seed, ctx):
+    """y = sum(w_r * all_reduce(x_r)) on every rank; d/dx_r = all_reduce(w)_r (the backward
+    all-reduces the gradient), compared with float64 on CPU. A non-sum reduction refuses
+    backward, like torch's own formula."""
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    xs = _inputs(seed, 0, 9, torch.float64, world)
+    ws = _inputs(seed, 1, 9, torch.float64, world)
+    x = xs[rank].to(torch.float32).to(dev).requires_grad_(True)
+    w = ws[rank].to(torch.float32).to(dev)
+    reduced = C10D.wait_tensor(C10D.all_reduce(x, "sum", _name()))
+    assert reduced.requires_grad and reduced.grad_fn is not None
+    (reduced * w).sum().backward()
+    expected_grad = reference_reduce(ws, "sum")
+    assert_close_dtype(x.grad.cpu(), expected_grad, torch.float32, world, seed=seed, what="grad")
+    assert_close_dtype(
+        reduced.detach().cpu(), reference_reduce(xs, "sum"), torch.float32, world, seed=seed
+    )
+    # wait_tensor alone: identity gradient, the output is the input itself
+    z = torch.randn(4, device=dev, requires_grad=True)
+    waited = C10D.wait_tensor(z * 3)
+    waited.sum().backward()
+    assert torch.equal(z.grad.cpu(), torch.full((4,), 3.0))
+    # torch's formula refuses non-sum reductions when backward runs
+    m = C10D.wait_tensor(C10D.all_reduce(x, "max", _name()))
+    with pytest.raises(RuntimeError, match="only supports 'sum'"):
+        m.sum().backward()
+    # no gradient wanted: no graph
+    with torch.no_grad():
+        assert C10D.wait_tensor(C10D.all_reduce(x, "sum", _name())).grad_fn is None
+
+
+def test_autograd_of_the_cpp_kernels(rank_pool):
+    rank_pool.run(run_autograd, fresh_seed(), timeout=RUN_TIMEOUT)
