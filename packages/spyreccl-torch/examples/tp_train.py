@@ -181,53 +181,75 @@ def _median_us(fn, warmup: int, iters: int) -> float:
     return statistics.median(samples)
 
 
+def _collective_call(op: str, form: str, dev: torch.device, numel: int, group):
+    """One blocking collective of `op` on `dev`: `form` "eager" is the torch.distributed call,
+    "functional" the _c10d_functional op + wait_tensor that DTensor, FSDP2 and compiled
+    graphs issue (the in-place / out= forms inductor emits)."""
+    ws = dist.get_world_size()
+    per_rank = numel // ws  # reduce_scatter output / all_gather input
+    full = torch.randn(numel, device=dev)
+    part = torch.randn(per_rank, device=dev)
+    gathered = torch.empty(per_rank * ws, device=dev)
+    functional = torch.ops._c10d_functional
+    name = (group or dist.group.WORLD).group_name
+    if form == "eager":
+        if op == "all_reduce":
+            return lambda: dist.all_reduce(full, group=group)
+        if op == "all_gather":
+            return lambda: dist.all_gather_single(gathered, part, group=group)
+        return lambda: dist.reduce_scatter_single(part, gathered, group=group)
+    if op == "all_reduce":
+        return lambda: functional.wait_tensor(functional.all_reduce_(full, "sum", name))
+    if op == "all_gather":
+        return lambda: functional.wait_tensor(
+            functional.all_gather_into_tensor_out(part, ws, name, out=gathered)
+        )
+    return lambda: functional.wait_tensor(
+        functional.reduce_scatter_tensor_out(gathered, "sum", ws, name, out=part)
+    )
+
+
 def time_collectives(
     sizes: list[int], gloo, warmup: int, iters: int, device: torch.device
-) -> list[tuple[str, int, float, float]]:
-    """Median latency of each blocking collective, spyreccl (spyre tensors, default group)
-    against gloo (CPU tensors, `gloo` group), same sizes in the same run. A size is the float32
-    element count of the full buffer (all_reduce buffer, all_gather output, reduce_scatter
-    input). Ranks line up on a gloo barrier before every measurement."""
-    ws = dist.get_world_size()
+) -> list[tuple[str, int, dict[str, float]]]:
+    """Median latency of each blocking collective, eager and functional, spyreccl (spyre
+    tensors, default group) against gloo (CPU tensors, `gloo` group), same sizes in the same
+    run. A size is the float32 element count of the full buffer (all_reduce buffer, all_gather
+    output, reduce_scatter input). Ranks line up on a gloo barrier before every measurement."""
     rows = []
     for numel in sizes:
-        per_rank = numel // ws  # reduce_scatter output / all_gather input
         for op in ("all_reduce", "all_gather", "reduce_scatter"):
-            medians = []
-            for dev, group in ((device, None), (torch.device("cpu"), gloo)):
-                full = torch.randn(numel, device=dev)
-                part = torch.randn(per_rank, device=dev)
-                gathered = torch.empty(per_rank * ws, device=dev)
-                if op == "all_reduce":
-
-                    def fn(full=full, group=group):
-                        dist.all_reduce(full, group=group)
-                elif op == "all_gather":
-
-                    def fn(gathered=gathered, part=part, group=group):
-                        dist.all_gather_single(gathered, part, group=group)
-                else:
-
-                    def fn(part=part, gathered=gathered, group=group):
-                        dist.reduce_scatter_single(part, gathered, group=group)
-
-                dist.barrier(group=gloo)
-                medians.append(_median_us(fn, warmup, iters))
-            rows.append((op, numel * 4, medians[0], medians[1]))
+            medians = {}
+            for who, dev, group in (("ours", device, None), ("gloo", torch.device("cpu"), gloo)):
+                for form in ("eager", "functional"):
+                    fn = _collective_call(op, form, dev, numel, group)
+                    dist.barrier(group=gloo)
+                    medians[f"{who} {form}"] = _median_us(fn, warmup, iters)
+            rows.append((op, numel * 4, medians))
     return rows
 
 
-def print_table(rows: list[tuple[str, int, float, float]], ws: int, ours: str) -> None:
+def print_table(rows: list[tuple[str, int, dict[str, float]]], ws: int, ours: str) -> None:
     print(
         f"\ncollective timings, {ws} ranks, float32, median µs of the iterations (rank 0's clock);"
-        "\nsize = the all_reduce buffer = the all_gather output = the reduce_scatter input"
+        "\nsize = the all_reduce buffer = the all_gather output = the reduce_scatter input;"
+        "\neager = torch.distributed call, functional = _c10d_functional op + wait_tensor"
+        " (DTensor, FSDP2, compiled graphs)"
     )
-    header = f"{'op':<15}{'size':>12}{ours + ' µs':>14}{'gloo µs':>12}{'gloo/' + ours:>15}"
+    header = (
+        f"{'op':<15}{'size':>9}{ours + ' eager':>16}{'functional':>12}"
+        f"{'gloo eager':>12}{'functional':>12}{'gloo/' + ours:>15}{'(functional)':>14}"
+    )
     print(header)
     print("-" * len(header))
-    for op, nbytes, ours_us, gloo_us in rows:
+    for op, nbytes, m in rows:
         size = f"{nbytes // 1024} KiB" if nbytes < 1024 * 1024 else f"{nbytes // (1024 * 1024)} MiB"
-        print(f"{op:<15}{size:>12}{ours_us:>14.1f}{gloo_us:>12.1f}{gloo_us / ours_us:>14.2f}x")
+        print(
+            f"{op:<15}{size:>9}{m['ours eager']:>16.1f}{m['ours functional']:>12.1f}"
+            f"{m['gloo eager']:>12.1f}{m['gloo functional']:>12.1f}"
+            f"{m['gloo eager'] / m['ours eager']:>14.2f}x"
+            f"{m['gloo functional'] / m['ours functional']:>13.2f}x"
+        )
 
 
 # ----------------------------------------------------------------------------------------

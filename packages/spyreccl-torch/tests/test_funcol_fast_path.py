@@ -1,7 +1,7 @@
 """The functional collectives' fast path: what DTensor, FSDP2 and compiled graphs call.
 
 The `_c10d_functional` ops reach the backend as asynchronous calls (``asyncOp=True``). Small
-ones (at most SPYRECCL_INLINE_ASYNC_MAX_BYTES, 64 KiB by default) run on the calling thread
+ones (at most SPYRECCL_INLINE_FUNCTIONAL_MAX_BYTES, 64 KiB by default) run on the calling thread
 when the group's progress thread is idle; larger ones stay queued so that computation placed
 between the collective and its ``wait_tensor`` overlaps the transfer. For spyre tensors,
 ``wait_tensor`` and ``all_reduce`` also have C++ autograd kernels instead of torch's Python
@@ -28,14 +28,16 @@ from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce
 from spyreccl_testing.inputs import fresh_seed, poison_, random_tensor, rank_seed
 
 C10D = torch.ops._c10d_functional
-ASYNC_ENV = "SPYRECCL_INLINE_ASYNC_MAX_BYTES"
+FUNCTIONAL_ENV = "SPYRECCL_INLINE_FUNCTIONAL_MAX_BYTES"
 # A small bound keeps the "too large for the inline path" cases cheap.
-ASYNC_MAX_BYTES = 4096
+FUNCTIONAL_MAX_BYTES = 4096
 
 pytestmark = [
     pytest.mark.world_sizes(2, 3),
     pytest.mark.rank_pool_options(
-        backend="cpu:gloo,spyre:spyreccl", set_device=True, env={ASYNC_ENV: str(ASYNC_MAX_BYTES)}
+        backend="cpu:gloo,spyre:spyreccl",
+        set_device=True,
+        env={FUNCTIONAL_ENV: str(FUNCTIONAL_MAX_BYTES)},
     ),
 ]
 
@@ -83,7 +85,7 @@ def run_path_probe(seed, numel, ctx):
 
 @pytest.mark.parametrize(
     ("numel", "inline"),
-    [(1, True), (ASYNC_MAX_BYTES // 4, True), (ASYNC_MAX_BYTES // 4 + 1, False)],
+    [(1, True), (FUNCTIONAL_MAX_BYTES // 4, True), (FUNCTIONAL_MAX_BYTES // 4 + 1, False)],
     ids=["tiny", "at-bound", "above-bound"],
 )
 def test_functional_all_reduce_path_follows_the_bound(rank_pool, numel, inline):
@@ -100,28 +102,53 @@ def test_functional_all_reduce_path_follows_the_bound(rank_pool, numel, inline):
             )
 
 
-def run_async_work_path(value, numel, ctx):
-    """dist.all_reduce(async_op=True) on a group created with SPYRECCL_INLINE_ASYNC_MAX_BYTES
-    set to `value`: whether its Work had completed when the call returned."""
+def _group_with_bound(value: str):
+    """A new group whose spyreccl backend read SPYRECCL_INLINE_FUNCTIONAL_MAX_BYTES=`value`
+    ("" means unset: the built-in default)."""
     import os
 
-    saved = os.environ.get(ASYNC_ENV)
-    os.environ[ASYNC_ENV] = value
+    saved = os.environ.get(FUNCTIONAL_ENV)
+    if value:
+        os.environ[FUNCTIONAL_ENV] = value
+    else:
+        os.environ.pop(FUNCTIONAL_ENV, None)
     try:
-        group = dist.new_group()
+        return dist.new_group()
     finally:
-        os.environ[ASYNC_ENV] = saved if saved is not None else ""
-    dist.barrier(group=group)
+        if saved is None:
+            os.environ.pop(FUNCTIONAL_ENV, None)
+        else:
+            os.environ[FUNCTIONAL_ENV] = saved
+
+
+def run_bound_probe(value, numel, ctx):
+    """A functional all_reduce_ of `numel` float32 on a group created with the bound `value`,
+    and dist.all_reduce(async_op=True) of the same tensor, the last rank PEER_DELAY_S late:
+    how long each call took to return on this rank, and whether the Work of the eager call
+    had completed on return."""
+    group = _group_with_bound(value)
     tensor = torch.full((numel,), float(ctx.rank + 1), device=ctx.device)
-    if ctx.rank == ctx.world_size - 1:
-        time.sleep(PEER_DELAY_S)
-    work = dist.all_reduce(tensor, group=group, async_op=True)
-    completed_on_return = work.is_completed()
-    work.wait()
-    expected = float(sum(range(1, ctx.world_size + 1)))
+    timings = []
+    completed_on_return = None
+    for form in ("functional", "eager"):
+        dist.barrier(group=group)
+        if ctx.rank == ctx.world_size - 1:
+            time.sleep(PEER_DELAY_S)
+        start = time.monotonic()
+        if form == "functional":
+            C10D.all_reduce_(tensor, "sum", _name(group))
+            timings.append(time.monotonic() - start)
+            C10D.wait_tensor(tensor)
+        else:
+            work = dist.all_reduce(tensor, group=group, async_op=True)
+            timings.append(time.monotonic() - start)
+            completed_on_return = work.is_completed()
+            work.wait()
+    world = ctx.world_size
+    expected = float(sum(range(1, world + 1))) * world  # two sums in a row
     assert torch.equal(tensor.cpu(), torch.full((numel,), expected)), "wrong all_reduce result"
     dist.destroy_process_group(group)
-    return completed_on_return
+    return timings, completed_on_return
 
 
 @pytest.mark.parametrize(
@@ -129,10 +156,20 @@ def run_async_work_path(value, numel, ctx):
     [("0", 1, False), ("400", 100, True), ("400", 101, False), ("", 16384, True)],
     ids=["disabled", "at-bound", "above-bound", "default-64KiB"],
 )
-def test_async_inline_bound_is_configurable(rank_pool, value, numel, inline):
-    results = rank_pool.run(run_async_work_path, value, numel, timeout=RUN_TIMEOUT)
-    for rank, completed in enumerate(results[:-1]):
-        assert completed == inline, f"rank {rank}: {ASYNC_ENV}={value!r}, {numel} float32"
+def test_functional_bound_is_configurable_and_async_op_never_inline(
+    rank_pool, value, numel, inline
+):
+    results = rank_pool.run(run_bound_probe, value, numel, timeout=RUN_TIMEOUT)
+    for rank, ((functional_s, eager_s), completed) in enumerate(results[:-1]):
+        what = f"rank {rank}: {FUNCTIONAL_ENV}={value!r}, {numel} float32"
+        if inline:
+            assert functional_s >= PEER_DELAY_S * 0.5, f"{what}: functional call not inline"
+        else:
+            assert functional_s < QUEUED_RETURN_LIMIT_S, f"{what}: functional call blocked"
+        # dist.all_reduce(async_op=True) returns at once, whatever the bound.
+        assert eager_s < QUEUED_RETURN_LIMIT_S and not completed, (
+            f"{what}: async_op=True blocked the caller ({eager_s:.3f} s)"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,7 +253,7 @@ def run_every_op(seed, numel, ctx):
 
 
 @pytest.mark.parametrize(
-    "numel", [1, 37, ASYNC_MAX_BYTES // 4 + 1, 20_011], ids=["1", "37", "above-bound", "20011"]
+    "numel", [1, 37, FUNCTIONAL_MAX_BYTES // 4 + 1, 20_011], ids=["1", "37", "above-bound", "20011"]
 )
 def test_every_functional_op_matches_float64(rank_pool, numel):
     rank_pool.run(run_every_op, fresh_seed(), numel, timeout=RUN_TIMEOUT)
@@ -281,7 +318,7 @@ def run_registry_and_profiler(seed, numel, ctx):
     assert "spyreccl:all_reduce" in names, sorted(n for n in names if "reduce" in n)
 
 
-@pytest.mark.parametrize("numel", [5, ASYNC_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
+@pytest.mark.parametrize("numel", [5, FUNCTIONAL_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
 def test_registry_and_profiler_ranges(rank_pool, numel):
     rank_pool.run(run_registry_and_profiler, fresh_seed(), numel, timeout=RUN_TIMEOUT)
 
@@ -310,7 +347,7 @@ def run_timeout(numel, ctx):
     return result
 
 
-@pytest.mark.parametrize("numel", [3, ASYNC_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
+@pytest.mark.parametrize("numel", [3, FUNCTIONAL_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
 def test_group_timeout_bounds_a_functional_collective(rank_pool, numel):
     elapsed, message = rank_pool.run(run_timeout, numel, timeout=120)[0]
     assert GROUP_TIMEOUT_S * 0.9 <= elapsed <= GROUP_TIMEOUT_S + 20.0, (elapsed, message)
@@ -341,7 +378,7 @@ def run_abort(numel, ctx):
     return result
 
 
-@pytest.mark.parametrize("numel", [3, ASYNC_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
+@pytest.mark.parametrize("numel", [3, FUNCTIONAL_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
 def test_abort_ends_a_functional_collective(rank_pool, numel):
     elapsed, kind, message = rank_pool.run(run_abort, numel, timeout=120)[0]
     assert elapsed < 10.0, (elapsed, message)
@@ -361,7 +398,7 @@ def run_mismatch(numel, ctx):
     raise AssertionError(f"rank {ctx.rank}: a count mismatch did not raise")
 
 
-@pytest.mark.parametrize("numel", [5, ASYNC_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
+@pytest.mark.parametrize("numel", [5, FUNCTIONAL_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
 def test_mismatch_is_detected_on_every_rank(rank_pool, numel):
     for rank, message in enumerate(rank_pool.run(run_mismatch, numel, timeout=120)):
         assert "spyrecclMismatch" in message and "allreduce" in message, f"rank {rank}: {message}"
@@ -405,3 +442,49 @@ def run_autograd(seed, ctx):
 
 def test_autograd_of_the_cpp_kernels(rank_pool):
     rank_pool.run(run_autograd, fresh_seed(), timeout=RUN_TIMEOUT)
+
+
+# --------------------------------------------------------------------------------------------
+# a stream of queued, stolen and inline operations keeps issue order
+# --------------------------------------------------------------------------------------------
+
+
+def run_mixed_stream(seed, ctx):
+    """dist.all_reduce(async_op=True) of mixed sizes interleaved with functional all_reduces
+    (small: inline when nothing is queued; large: queued), waited in a shuffled order: a wait
+    runs its operation itself only when it is next in line, so every result must match its
+    float64 reference whichever thread ran it."""
+    import random
+
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    sizes = [1, 5000, 3, 70_000, 17, 2, 40_000, 9]
+    pending = []
+    for i, numel in enumerate(sizes):
+        inputs = _inputs(seed, i, numel, torch.float32, world)
+        tensor = inputs[rank].to(dev)
+        if i % 2 == 0:
+            pending.append((dist.all_reduce(tensor, async_op=True), tensor, inputs))
+        else:
+            C10D.all_reduce_(tensor, "sum", _name())
+            pending.append((None, tensor, inputs))
+    order = list(range(len(pending)))
+    random.Random(seed + rank).shuffle(order)  # a different order on every rank
+    for index in order:
+        work, tensor, inputs = pending[index]
+        if work is None:
+            C10D.wait_tensor(tensor)
+        else:
+            work.wait()
+        assert_close_dtype(
+            tensor.cpu(),
+            reference_reduce(inputs, "sum"),
+            torch.float32,
+            world,
+            seed=seed,
+            what=f"operation {index} of the stream",
+        )
+
+
+def test_mixed_stream_keeps_issue_order(rank_pool):
+    for _ in range(3):
+        rank_pool.run(run_mixed_stream, fresh_seed(), timeout=RUN_TIMEOUT)

@@ -17,6 +17,7 @@
 
 #include "backend/communicator.h"
 #include "backend/errors.h"
+#include "backend/functional_scope.h"
 #include "backend/input_checks.h"
 #include "backend/progress_thread.h"
 #include "backend/work.h"
@@ -183,6 +184,11 @@ void runP2PGroup(std::vector<Step>& steps, size_t begin, size_t end, spyrecclCom
 
 bool groupable(const Step& step) { return step.peerCall && step.peerCall->groupable(); }
 
+// A lone send or receive: OpJob::run() posts it and leaves it in flight.
+bool lonePeerCall(const std::vector<Step>& steps) {
+  return steps.size() == 1 && groupable(steps[0]);
+}
+
 // Bytes an operation moves per rank: the larger of its input and its output.
 size_t payloadBytes(const OpRecord& op) {
   return static_cast<size_t>(std::max(op.inNelems, op.outNelems)) *
@@ -278,7 +284,7 @@ class OpJob : public ProgressThread::Job {
     }
     // Grad mode, profiler state, ... of the thread that issued the operation.
     at::ThreadLocalStateGuard tlsGuard(tls_);
-    if (steps_.size() == 1 && groupable(steps_[0])) {
+    if (lonePeerCall(steps_)) {
       return postRequest();
     }
     executeOp(*work_, steps_, timeout_, *comm_, sourceRank_);
@@ -468,7 +474,7 @@ void ProcessGroupSpyreccl::startProgressThread() {
         (void)spyrecclCommPoll(comm->get(), max.count(), nullptr);
       },
       [comm = comm_] { (void)spyrecclCommWakePoll(comm->get()); }};
-  progress_ = std::make_unique<ProgressThread>(label(), std::move(waiter));
+  progress_ = std::make_shared<ProgressThread>(label(), std::move(waiter));
 }
 
 namespace {
@@ -513,9 +519,9 @@ void ProcessGroupSpyreccl::cacheConstants() {
   }
   inlineMaxBytes_ = byteBoundFromEnv(kInlineMaxBytesEnv, kDefaultInlineMaxBytes,
                                      "running small synchronous collectives on the calling thread");
-  inlineAsyncMaxBytes_ =
-      byteBoundFromEnv(kInlineAsyncMaxBytesEnv, kDefaultInlineAsyncMaxBytes,
-                       "running small asynchronous collectives on the calling thread");
+  inlineFunctionalMaxBytes_ =
+      byteBoundFromEnv(kInlineFunctionalMaxBytesEnv, kDefaultInlineFunctionalMaxBytes,
+                       "running small functional collectives on the calling thread");
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupSpyreccl::getBackendOptions() {
@@ -563,12 +569,15 @@ bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
   //    * synchronous calls (async_op=False) wait on the Work right away, so blocking in the
   //      call instead of in wait() changes nothing for them: up to inlineMaxBytes_
   //      (kDefaultInlineMaxBytes);
-  //    * asynchronous calls (async_op=True, and every functional collective that DTensor,
-  //      FSDP2 and compiled graphs issue) may have computation placed between the call and
-  //      its wait, which must overlap the transfer: only messages whose transfer takes about
-  //      as long as the hand-off to the progress thread it saves run inline, up to
-  //      inlineAsyncMaxBytes_ (kDefaultInlineAsyncMaxBytes).
-  const size_t bound = op.asyncOp ? inlineAsyncMaxBytes_ : inlineMaxBytes_;
+  //    * functional collectives (DTensor, FSDP2, compiled graphs) are asynchronous, and
+  //      their callers may place computation between the call and its wait_tensor, which
+  //      must overlap the transfer: only messages whose transfer takes about as long as the
+  //      hand-off it saves run inline, up to inlineFunctionalMaxBytes_;
+  //    * dist.*(async_op=True) never: its Work may be polled or waited on with a timeout
+  //      of its own (WorkSpyreccl::wait runs it on the waiting thread instead, when the
+  //      progress thread has not started it yet).
+  const size_t bound =
+      !op.asyncOp ? inlineMaxBytes_ : (inFunctionalCall() ? inlineFunctionalMaxBytes_ : 0);
   if (bound == 0 || !progress_->idle()) {
     return false;
   }
@@ -639,13 +648,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
     return work;
   }
   const bool postInline = postsInline(op);
+  const bool lone = lonePeerCall(op.steps);
   auto job = std::make_unique<OpJob>(work, std::move(op.steps), effectiveTimeout(op.timeout), comm_,
                                      std::move(op.sourceRank));
   if (postInline && job->startInline()) {
     return work;
   }
-  progress_->post(std::move(job));
+  post(work, std::move(job), lone);
   return work;
+}
+
+void ProcessGroupSpyreccl::post(const c10::intrusive_ptr<WorkSpyreccl>& work,
+                                std::unique_ptr<ProgressThread::Job> job, bool lonePeerCall) {
+  const uint64_t ticket = progress_->post(std::move(job));
+  if (!lonePeerCall) {
+    work->setRunner([thread = std::weak_ptr<ProgressThread>(progress_), ticket] {
+      const auto alive = thread.lock();
+      return alive && alive->runIfNext(ticket);
+    });
+  }
 }
 
 void ProcessGroupSpyreccl::runSynchronously(const char* opName, std::chrono::milliseconds timeout,
@@ -692,8 +713,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::endCoalescing() {
   work->markSubmitted();
   {
     std::lock_guard<std::mutex> submitting(submitMutex_);
-    progress_->post(std::make_unique<OpJob>(work, std::move(batch_.steps),
-                                            effectiveTimeout(batch_.timeout), comm_));
+    const bool lone = lonePeerCall(batch_.steps);
+    post(work,
+         std::make_unique<OpJob>(work, std::move(batch_.steps), effectiveTimeout(batch_.timeout),
+                                 comm_),
+         lone);
   }
   batch_ = OpRecord{};
   return work;

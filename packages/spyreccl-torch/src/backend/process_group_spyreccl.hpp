@@ -3,13 +3,13 @@
 // Modelled on ProcessGroupGloo: every operation is validated on the calling thread, turned
 // into a list of core calls ("steps") and queued on the group's progress thread, which runs
 // them in issue order against the group's spyreccl communicator and completes the returned
-// WorkSpyreccl. Small collectives (synchronous ones, and small asynchronous ones such as the
-// functional collectives) issued while the progress thread is idle run
-// on the calling thread instead (the inline fast path, see submit()): same Work, same
-// errors, without the hand-off between threads; small sends and receives are likewise
-// posted (non-blocking) on the calling thread, and only handed to the progress thread when
-// the core cannot complete them at once. The communicator is created at construction (rank 0
-// publishes a spyrecclUniqueId in the c10d Store) or by spyrecclCommSplit from a parent group.
+// WorkSpyreccl. Small collectives (synchronous ones, and small functional collectives)
+// issued while the progress thread is idle run on the calling thread instead (the inline fast path,
+// see submit()): same Work, same errors, without the hand-off between threads; small sends and
+// receives are likewise posted (non-blocking) on the calling thread, and only handed to the
+// progress thread when the core cannot complete them at once. The communicator is created at
+// construction (rank 0 publishes a spyrecclUniqueId in the c10d Store) or by spyrecclCommSplit from
+// a parent group.
 //
 // Only the spyreccl C API (spyreccl.h) is used; tensors reach it exclusively through
 // tensor_translation.h.
@@ -32,12 +32,12 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "backend/progress_thread.h"
 #include "backend/tensor_translation.h"
 
 namespace spyreccl_torch {
 
 class Communicator;
-class ProgressThread;
 class WorkSpyreccl;
 
 constexpr const char* kBackendName = "spyreccl";
@@ -50,14 +50,17 @@ constexpr const char* kBackendName = "spyreccl";
 // hand-off it saves costs 20-80 us (docs/performance.md, "Per-call cost").
 constexpr const char* kInlineMaxBytesEnv = "SPYRECCL_INLINE_MAX_BYTES";
 constexpr size_t kDefaultInlineMaxBytes = size_t{4} << 20;
-// Asynchronous collectives (async_op=True, and the functional collectives of DTensor, FSDP2
-// and compiled graphs) of at most this many bytes run on the calling thread too, under the
-// same conditions. Their callers may place computation between the call and the wait, so
+// Functional collectives (`_c10d_functional`, what DTensor, FSDP2 and compiled graphs call)
+// of at most this many bytes run on the calling thread too, under the same conditions. They
+// are asynchronous calls whose callers may place computation before their wait_tensor, so
 // the default bound is the size whose transfer takes about as long as the hand-off to the
 // progress thread that running inline saves (docs/performance.md, "Functional
 // collectives"); larger ones keep overlapping with the caller's computation.
-constexpr const char* kInlineAsyncMaxBytesEnv = "SPYRECCL_INLINE_ASYNC_MAX_BYTES";
-constexpr size_t kDefaultInlineAsyncMaxBytes = 64 * 1024;
+// dist.*(async_op=True) never runs inline: its Work may be waited on with a timeout of its
+// own or polled, which a call that blocked until its peers arrived would defeat; its wait()
+// runs the operation itself when the progress thread has not started it yet.
+constexpr const char* kInlineFunctionalMaxBytesEnv = "SPYRECCL_INLINE_FUNCTIONAL_MAX_BYTES";
+constexpr size_t kDefaultInlineFunctionalMaxBytes = 64 * 1024;
 // Sends and receives are posted on the calling thread up to this size (and never above the
 // inline bound): posting copies what fits into the staging slot, which an isend meant to
 // overlap with computation should not pay on the caller's time.
@@ -245,6 +248,10 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   // Queues the operation (or adds it to the open coalescing batch, or runs it inline) and
   // returns its Work.
   c10::intrusive_ptr<c10d::Work> submit(OpRecord op);
+  // Queues a job on the progress thread; unless it is a lone send or receive (whose run()
+  // leaves it in flight), `work`'s waiter may run it itself (WorkSpyreccl::setRunner).
+  void post(const c10::intrusive_ptr<WorkSpyreccl>& work, std::unique_ptr<ProgressThread::Job> job,
+            bool lonePeerCall);
   // Runs `fn(comm)` on the progress thread after everything queued before it and waits.
   void runSynchronously(const char* opName, std::chrono::milliseconds timeout,
                         std::function<void(spyrecclComm_t)> fn);
@@ -258,10 +265,12 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   // Largest payload (bytes) of a synchronous collective that runs inline on the calling
   // thread; 0 disables the inline path.
   size_t inlineMaxBytes_ = 0;
-  // The same for asynchronous collectives (kInlineAsyncMaxBytesEnv).
-  size_t inlineAsyncMaxBytes_ = 0;
+  // The same for functional collectives (kInlineFunctionalMaxBytesEnv).
+  size_t inlineFunctionalMaxBytes_ = 0;
   std::shared_ptr<Communicator> comm_;
-  std::unique_ptr<ProgressThread> progress_;
+  // Shared with the Works of queued collectives, which may run their operation on the
+  // thread that waits for it (WorkSpyreccl::setRunner).
+  std::shared_ptr<ProgressThread> progress_;
   // Serialises posting to the progress thread with running inline, across every thread
   // that uses this group: progress_->idle() only orders an inline operation after jobs
   // posted before it, so without this a job posted by another thread could start on the

@@ -17,8 +17,9 @@ ProgressThread::ProgressThread(std::string name, InFlightWaiter waiter)
 
 ProgressThread::~ProgressThread() { stop(/*drain=*/true); }
 
-void ProgressThread::post(std::unique_ptr<Job> job) {
+uint64_t ProgressThread::post(std::unique_ptr<Job> job) {
   bool wakePeersWait = false;
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!accepting_) {
@@ -26,7 +27,8 @@ void ProgressThread::post(std::unique_ptr<Job> job) {
                                " has been shut down or aborted; it accepts no more operations");
     }
     outstanding_.fetch_add(1, std::memory_order_relaxed);
-    queue_.push_back(std::move(job));
+    ticket = nextTicket_++;
+    queue_.push_back(Queued{ticket, std::move(job)});
     wakePeersWait = waitingForPeers_;
   }
   if (wakePeersWait) {
@@ -34,10 +36,34 @@ void ProgressThread::post(std::unique_ptr<Job> job) {
   } else {
     cv_.notify_one();
   }
+  return ticket;
+}
+
+bool ProgressThread::runIfNext(uint64_t ticket) {
+  std::unique_ptr<Job> job;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (busy_ || inFlightCount_ != 0 || queue_.empty() || queue_.front().ticket != ticket) {
+      return false;
+    }
+    job = std::move(queue_.front().job);
+    queue_.pop_front();
+    busy_ = true;
+  }
+  // The job runs to completion here (only jobs whose run() finishes them are run this way).
+  (void)job->run();
+  job.reset();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+    retire();
+  }
+  cv_.notify_one();  // the thread may be waiting to start the next job
+  return true;
 }
 
 void ProgressThread::stop(bool drain, std::exception_ptr reason) {
-  std::deque<std::unique_ptr<Job>> cancelled;
+  std::deque<Queued> cancelled;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     accepting_ = false;
@@ -50,8 +76,8 @@ void ProgressThread::stop(bool drain, std::exception_ptr reason) {
   if (waiter_.wake) {
     waiter_.wake();
   }
-  for (auto& job : cancelled) {
-    job->cancel(reason);
+  for (auto& entry : cancelled) {
+    entry.job->cancel(reason);
     outstanding_.fetch_sub(1, std::memory_order_release);
   }
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
@@ -75,6 +101,10 @@ size_t ProgressThread::pollInFlight() {
   for (auto it = inFlight_.begin(); it != inFlight_.end();) {
     if ((*it)->poll()) {
       it = inFlight_.erase(it);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --inFlightCount_;
+      }
       retire();
       ++finished;
     } else {
@@ -93,14 +123,17 @@ void ProgressThread::loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (inFlight_.empty()) {
-        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        // A job a caller runs in runIfNext (busy_) must finish before the next one starts.
+        cv_.wait(lock, [this] { return (stopping_ || !queue_.empty()) && !busy_; });
         if (queue_.empty()) {
           return;  // stopping and drained
         }
       }
+      // With jobs in flight nobody else runs jobs (runIfNext refuses), so busy_ is false.
       if (!queue_.empty()) {
-        job = std::move(queue_.front());
+        job = std::move(queue_.front().job);
         queue_.pop_front();
+        busy_ = true;
       }
     }
     if (job) {
@@ -109,11 +142,20 @@ void ProgressThread::loop() {
       if (!inFlight_.empty()) {
         pollInFlight();
       }
-      if (job->run()) {
-        job.reset();
-        retire();
-      } else {
+      const bool finished = job->run();
+      if (!finished) {
         inFlight_.push_back(std::move(job));
+      }
+      job.reset();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        busy_ = false;
+        if (!finished) {
+          ++inFlightCount_;
+        }
+      }
+      if (finished) {
+        retire();
       }
       continue;
     }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -50,8 +51,19 @@ class ProgressThread {
   ProgressThread(const ProgressThread&) = delete;
   ProgressThread& operator=(const ProgressThread&) = delete;
 
-  // Queues `job`; throws if the thread was stopped (the message names `name`).
-  void post(std::unique_ptr<Job> job);
+  // Queues `job`; throws if the thread was stopped (the message names `name`). Returns the
+  // job's ticket (for runIfNext).
+  uint64_t post(std::unique_ptr<Job> job);
+
+  // Runs the job with `ticket` on the calling thread when it is the next one to run and the
+  // thread is doing nothing else (no job running, none in flight), and returns true; false
+  // otherwise (it already ran, is running, or others run first). For a caller that waits on
+  // the job's result anyway: it then needs neither the wake-up of the progress thread nor
+  // the wake-up back, which on a loaded machine can cost more than the operation itself.
+  // Issue order and "one thread at a time on the communicator" hold as for the thread's own
+  // jobs. Only for jobs whose run() finishes them (collectives), never for a lone send or
+  // receive that run() leaves in flight.
+  bool runIfNext(uint64_t ticket);
 
   // Stops accepting jobs and joins the thread. With drain, queued jobs run first; without,
   // they are cancelled with `reason`. Idempotent; must not be called from the thread itself.
@@ -71,16 +83,27 @@ class ProgressThread {
   size_t pollInFlight();
   void retire();
 
+  struct Queued {
+    uint64_t ticket;
+    std::unique_ptr<Job> job;
+  };
+
   const std::string name_;
   const InFlightWaiter waiter_;
-  // Jobs whose run() left work in flight, in issue order. Touched by the thread only.
+  // Jobs whose run() left work in flight, in issue order. Touched by the thread only;
+  // inFlightCount_ (under mutex_) mirrors its size for runIfNext.
   std::deque<std::unique_ptr<Job>> inFlight_;
+  size_t inFlightCount_ = 0;
   // Set (under mutex_) while the thread is about to sleep in waiter_.waitForPeers: post()
   // must then wake it.
   bool waitingForPeers_ = false;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::unique_ptr<Job>> queue_;
+  std::deque<Queued> queue_;
+  uint64_t nextTicket_ = 0;
+  // A job taken from the queue is running (on the thread, or on a caller in runIfNext):
+  // nothing else may start until it finished or went in flight.
+  bool busy_ = false;
   bool stopping_ = false;
   bool accepting_ = true;
   // Jobs posted and not yet finished (run or cancelled).

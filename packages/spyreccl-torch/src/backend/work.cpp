@@ -39,11 +39,32 @@ std::vector<at::Tensor> WorkSpyreccl::result() {
   return outputs_;
 }
 
+void WorkSpyreccl::setRunner(std::function<bool()> runner) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!completed_) {
+    runner_ = std::move(runner);
+  }
+}
+
 bool WorkSpyreccl::wait(std::chrono::milliseconds timeout) {
   if (!submitted_.load()) {
     // A placeholder until endCoalescing (see work.h); waiting for the batch here would
     // wait forever, since only the caller can submit it.
     return true;
+  }
+  // Only an unbounded wait may run the operation itself: a wait with its own timeout must
+  // be able to give up on it (below), which it could not do from inside the operation.
+  std::function<bool()> runner;
+  if (timeout == kNoTimeout) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) {
+      runner = std::move(runner_);
+    }
+    runner_ = nullptr;
+  }
+  if (runner) {
+    // Not under mutex_: running the operation completes this Work, which takes it.
+    (void)runner();
   }
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {

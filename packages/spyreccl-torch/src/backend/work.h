@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,10 +36,11 @@ class WorkSpyreccl : public c10d::Work {
   ~WorkSpyreccl() override;
 
   std::vector<at::Tensor> result() override;
-  // Waits for completion. With a timeout, a wait that expires aborts the communicator (the
-  // operation can no longer finish consistently on all ranks) and throws DistBackendError.
-  // On the Work of an operation recorded inside a coalescing batch that has not been
-  // submitted yet, returns at once (like NCCL's): torch waits on the Work of every
+  // Waits for completion. A queued collective that the progress thread has not started yet
+  // is run on the calling thread instead (see setRunner). With a timeout, a wait that expires
+  // aborts the communicator (the operation can no longer finish consistently on all ranks) and
+  // throws DistBackendError. On the Work of an operation recorded inside a coalescing batch that
+  // has not been submitted yet, returns at once (like NCCL's): torch waits on the Work of every
   // synchronous call inside _coalescing_manager, and the results only exist once the batch
   // has run (wait on the Work returned by endCoalescing for them).
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
@@ -52,6 +54,13 @@ class WorkSpyreccl : public c10d::Work {
   // --- owner side (process group / progress thread) ---
   void addOutputs(const std::vector<at::Tensor>& outputs);
   void markSubmitted() { submitted_.store(true); }
+  // For a queued collective: `runner` runs it on the calling thread if it is still next in
+  // line (ProgressThread::runIfNext) and says whether it did. wait() calls it once before
+  // blocking when it has no timeout of its own, so a caller that waits right away (wait_tensor
+  // after a functional collective, Work.wait() after async_op=True) pays for no thread hand-off,
+  // while a caller that computes first leaves the operation to the progress thread and overlaps
+  // with it.
+  void setRunner(std::function<bool()> runner);
   void setSourceRank(int rank) { sourceRank_.store(rank); }
   void finishSuccess();
   void finishError(std::exception_ptr error);
@@ -67,6 +76,7 @@ class WorkSpyreccl : public c10d::Work {
   const std::shared_ptr<const std::string> groupLabel_;
   std::atomic<bool> submitted_;
   std::atomic<int> sourceRank_{-1};
+  std::function<bool()> runner_;  // guarded by mutex_; taken by the first wait()
 };
 
 }  // namespace spyreccl_torch

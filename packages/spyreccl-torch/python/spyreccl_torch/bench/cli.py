@@ -34,7 +34,7 @@ from .timing import LoopPolicy
 
 __all__ = ["build_parser", "main"]
 
-MODES = ("sweep", "threshold", "ibm", "ddp", "overhead")
+MODES = ("sweep", "threshold", "ibm", "ddp", "overhead", "funcol")
 
 
 def _int_list(text: str) -> list[int]:
@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.2,
         metavar="S",
-        help="target wall time of the timed iterations of one case",
+        help="target wall time of the timed iterations of one case (sweep, funcol)",
     )
     s.add_argument("--min-iters", type=int, default=10)
     s.add_argument("--max-iters", type=int, default=2000)
@@ -180,6 +180,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--ibm-ops",
         type=_name_list(("allreduce", "allgather", "reducescatter")),
         default=["allreduce", "allgather", "reducescatter"],
+    )
+
+    f = p.add_argument_group("funcol")
+    f.add_argument(
+        "--sizes",
+        type=_name_list_sizes,
+        default=[8, 4096, 65536, 1 << 20],
+        metavar="LIST",
+        help="funcol: message sizes, comma separated (default 8,4K,64K,1M)",
+    )
+    f.add_argument(
+        "--graph-backends",
+        type=_name_list(("aot_eager", "inductor", "inductor-cpp")),
+        default=["aot_eager", "inductor", "inductor-cpp"],
+        help="funcol: torch.compile backends of the graph rows (inductor-cpp: inductor "
+        "with cpp_wrapper=True)",
     )
 
     d = p.add_argument_group("ddp")
@@ -341,6 +357,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .overhead import run_overhead
 
             return run_overhead(args)
+        if args.mode == "funcol":
+            from .funcol import run_funcol
+
+            return run_funcol(args)
         from .ddp import run_ddp
 
         return run_ddp(args)

@@ -1,0 +1,26 @@
+// functional_scope.h — marks the calling thread as running a `_c10d_functional` collective.
+//
+// The functional ops (DTensor, FSDP2, compiled graphs) reach the backend as asynchronous
+// calls, just like dist.*(async_op=True). Unlike those, their Work is only ever waited on by
+// wait_tensor (no timeout of its own, no is_completed() polling), so a small one may run on
+// the calling thread (ProcessGroupSpyreccl::runsInline). functional_kernels.cpp opens a scope
+// around each of them for spyre tensors.
+#pragma once
+
+namespace spyreccl_torch {
+
+class FunctionalCallScope {
+ public:
+  FunctionalCallScope();
+  ~FunctionalCallScope();
+  FunctionalCallScope(const FunctionalCallScope&) = delete;
+  FunctionalCallScope& operator=(const FunctionalCallScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Whether the calling thread is inside a FunctionalCallScope.
+bool inFunctionalCall();
+
+}  // namespace spyreccl_torch
