@@ -158,3 +158,42 @@ def test_ibm_mode_self_launches_under_torchrun(tmp_path):
         assert r["size_mb"] in (0.1, 0.125)
         assert r["tmin_us"] <= r["tavg_us"] <= r["tmax_us"] * (1 + 1e-9)
         assert r["minbw_gbps"] <= r["avgbw_gbps"] <= r["maxbw_gbps"]
+
+
+def test_funcol_mode(tmp_path, capsys):
+    """Every row at two sizes with one compiled-graph backend: the ranks agree on the batch
+    lengths, the compiled graphs' results are checked inside, and the table and document
+    carry every row for both levels."""
+    out = tmp_path / "funcol.json"
+    rc = main(
+        [
+            "--mode",
+            "funcol",
+            "--nproc",
+            "2",
+            "--sizes",
+            "8,4K",
+            "--graph-backends",
+            "aot_eager",
+            "--time-per-size",
+            "0.01",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    doc = _load(out)
+    assert doc["mode"] == "funcol"
+    for level in ("spyreccl", "gloo"):
+        result = doc["results"][level]
+        assert sorted(result["sizes"]) == ["4096", "8"]
+        for rows in result["sizes"].values():
+            for row in ("eager", "async+wait", "op", "op_", "funcol", "dtensor"):
+                r = rows[row]
+                assert 0 < r["p10_us"] <= r["median_us"] <= r["p90_us"], (level, row, r)
+            assert "graph_with_us" in rows["aot_eager+"], rows["aot_eager+"]
+        step = result["tp_mlp_step"]
+        assert step["tp"]["median_us"] > 0 and step["local"]["median_us"] > 0
+        assert result["overlap"]["both"] > 0
+    text = capsys.readouterr().out
+    assert "aot_eager+" in text and "tensor-parallel MLP block" in text

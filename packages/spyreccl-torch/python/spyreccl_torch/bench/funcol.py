@@ -192,7 +192,7 @@ def _tp_mlp_step(env: Any, device: Any, budget_s: float) -> dict[str, Any]:
     }
 
 
-def _overlap(env: Any, device: Any) -> dict[str, float]:
+def _overlap(env: Any, device: Any, budget_s: float) -> dict[str, float]:
     """A large functional all_reduce_, computation that does not depend on it, then its
     wait: (collective alone, computation alone, both) per call, and how much of the shorter
     one was hidden."""
@@ -217,7 +217,7 @@ def _overlap(env: Any, device: Any) -> dict[str, float]:
 
     times = {}
     for label, fn in (("collective", collective), ("compute", compute), ("both", both)):
-        samples = _time_batches(dist, torch, fn, 0.5)
+        samples = _time_batches(dist, torch, fn, budget_s)
         times[label] = float(sorted(samples)[len(samples) // 2]) / 1e3
     hidden = times["collective"] + times["compute"] - times["both"]
     times["hidden_fraction"] = hidden / min(times["collective"], times["compute"])
@@ -273,7 +273,7 @@ def funcol_rank(args: dict) -> None:
                 conn.send(("progress", f"{level} {nbytes} B"))
         for level, env in per_level.items():
             results[f"{level}/tp_mlp"] = _tp_mlp_step(env, env["device"], budget * 2)
-            results[f"{level}/overlap"] = _overlap(env, env["device"])
+            results[f"{level}/overlap"] = _overlap(env, env["device"], budget * 2)
         conn.send(("case", 0, results))
         dist.destroy_process_group()
         conn.send(("done",))
