@@ -177,11 +177,12 @@ def test_functional_bound_is_configurable_and_async_op_never_inline(
 # --------------------------------------------------------------------------------------------
 
 
-def run_every_op(seed, numel, ctx):
+def run_every_op(seed, numel, ctx, group_object=False):
     """Every _c10d_functional op of this size; out-of-place outputs and out= tensors are
-    poisoned (or fresh) so that an unwritten element fails."""
+    poisoned (or fresh) so that an unwritten element fails. The group is passed by name, or
+    as the ProcessGroup object (the ops' ``Any group_name`` takes both)."""
     world, rank, dev = ctx.world_size, ctx.rank, ctx.device
-    name = _name()
+    name = dist.group.WORLD if group_object else _name()
     f32 = torch.float32
 
     def check(got, expected, what):
@@ -257,6 +258,10 @@ def run_every_op(seed, numel, ctx):
 )
 def test_every_functional_op_matches_float64(rank_pool, numel):
     rank_pool.run(run_every_op, fresh_seed(), numel, timeout=RUN_TIMEOUT)
+
+
+def test_every_functional_op_takes_a_process_group_object(rank_pool):
+    rank_pool.run(run_every_op, fresh_seed(), 37, group_object=True, timeout=RUN_TIMEOUT)
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,14 +40,29 @@ namespace {
 
 using torch::jit::Stack;
 
-// The ops' `Any group_name`: a group name (str) or a ProcessGroup object. torch's c10d::
-// functions have an overload for each.
+// The ops' `Any group_name`: a group name (str) or a ProcessGroup, which reaches C++ as a
+// script object or, from Python, as a capsule. torch's c10d:: functions have an overload
+// for a name and one for a group.
+c10::intrusive_ptr<c10d::ProcessGroup> processGroup(const c10::IValue& group) {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  if (group.isObject()) {
+    pg = group.toCustomClass<c10d::ProcessGroup>();
+  } else if (group.isCapsule()) {
+    pg = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroup>(group.toCapsule());
+  }
+  TORCH_CHECK(pg,
+              "spyreccl: a _c10d_functional collective's argument 'group_name' must be a "
+              "group name (str) or a ProcessGroup, got ",
+              group.tagKind());
+  return pg;
+}
+
 template <typename Fn>
 auto withGroup(const c10::IValue& group, Fn&& fn) {
   if (group.isString()) {
     return fn(std::string(group.toStringRef()));
   }
-  return fn(group.toCustomClass<c10d::ProcessGroup>());
+  return fn(processGroup(group));
 }
 
 std::vector<at::Tensor> tensors(const c10::IValue& value) { return value.toTensorVector(); }
