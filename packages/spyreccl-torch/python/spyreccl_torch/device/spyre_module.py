@@ -50,6 +50,12 @@ _DeviceLike = int | str | torch.device | None
 
 _U64 = 1 << 64
 
+# Memory statistics and device properties (torch.spyre.memory_allocated, ...).
+from ._memory import *  # noqa: E402, F403
+from ._memory import __all__ as _memory_all  # noqa: E402
+
+__all__ += _memory_all
+
 
 def _ops() -> Any:
     return torch.ops.spyreccl_device
