@@ -65,7 +65,7 @@ void op_set_rng_state(int64_t device, const at::Tensor& state) {
               state.device());
   at::Generator gen = generator_for(device, "set_rng_state");
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+  gen.set_state(state.contiguous());
 }
 
 }  // namespace

@@ -162,10 +162,11 @@ void spyre_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
         value = c10::IValue(c10::Device(c10::kCPU));
       }
     } else if (value.isGenerator()) {
-      value = engine_of(value.toGenerator(), name);
+      value = cpu_engine_for(value.toGenerator(), name);
     } else if (value.isNone() && is_optional_generator(schema.arguments()[i])) {
-      // Draw from the spyre device's default generator rather than the CPU's.
-      value = default_generator(device.index()).get<SpyreGeneratorImpl>()->engine();
+      // Draw from the spyre device's default generator rather than the CPU's
+      // (random ops without a spyre kernel in random_kernels.cc).
+      value = cpu_engine_for(default_generator(device.index()), name);
     }
   }
 

@@ -1,8 +1,12 @@
 #include "generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Utils.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -11,58 +15,61 @@
 namespace spyreccl::device {
 
 SpyreGeneratorImpl::SpyreGeneratorImpl(c10::DeviceIndex device, uint64_t seed)
-    : SpyreGeneratorImpl(device, at::detail::createCPUGenerator(seed)) {}
-
-SpyreGeneratorImpl::SpyreGeneratorImpl(c10::DeviceIndex device, at::Generator engine)
     : c10::GeneratorImpl(spyre_device(device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
-      engine_(std::move(engine)) {}
+      seed_(seed) {}
 
-std::mutex& SpyreGeneratorImpl::engine_mutex() const {
-  return engine_.unsafeGetGeneratorImpl()->mutex_;
-}
-
-// The engine has its own mutex, which CPU kernels take while drawing numbers.
-// Callers of these methods hold this generator's mutex_, so taking the
-// engine's as well keeps state updates atomic with respect to running kernels.
+// Callers of these methods hold mutex_ (torch's convention for generators).
 
 void SpyreGeneratorImpl::set_current_seed(uint64_t seed) {
-  std::lock_guard<std::mutex> lock(engine_mutex());
-  engine_.set_current_seed(seed);
+  seed_ = seed;
+  offset_ = 0;
 }
 
-void SpyreGeneratorImpl::set_offset(uint64_t offset) {
-  std::lock_guard<std::mutex> lock(engine_mutex());
-  engine_.set_offset(offset);
-}
+void SpyreGeneratorImpl::set_offset(uint64_t offset) { offset_ = offset; }
 
-uint64_t SpyreGeneratorImpl::get_offset() const {
-  std::lock_guard<std::mutex> lock(engine_mutex());
-  return engine_.get_offset();
-}
+uint64_t SpyreGeneratorImpl::get_offset() const { return offset_; }
 
-uint64_t SpyreGeneratorImpl::current_seed() const {
-  std::lock_guard<std::mutex> lock(engine_mutex());
-  return engine_.current_seed();
-}
+uint64_t SpyreGeneratorImpl::current_seed() const { return seed_; }
 
 uint64_t SpyreGeneratorImpl::seed() {
-  std::lock_guard<std::mutex> lock(engine_mutex());
-  return engine_.seed();
+  const uint64_t fresh = c10::detail::getNonDeterministicRandom();
+  set_current_seed(fresh);
+  return fresh;
 }
 
 void SpyreGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
-  std::lock_guard<std::mutex> lock(engine_mutex());
-  engine_.unsafeGetGeneratorImpl()->set_state(new_state);
+  TORCH_CHECK(new_state.device().type() == c10::kCPU &&
+                  new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>() &&
+                  new_state.is_contiguous(),
+              "spyre set_rng_state: expected a contiguous CPU torch.uint8 tensor, got ",
+              new_state.dtype(), " on ", new_state.device());
+  TORCH_CHECK(new_state.numel() == kRngStateBytes, "spyre set_rng_state: expected a state of ",
+              kRngStateBytes,
+              " bytes (uint64 seed, uint64 offset: a Philox state from get_rng_state), got ",
+              new_state.numel(), " bytes");
+  const auto* bytes = static_cast<const uint8_t*>(new_state.data());
+  std::memcpy(&seed_, bytes, sizeof(seed_));
+  std::memcpy(&offset_, bytes + sizeof(seed_), sizeof(offset_));
 }
 
 c10::intrusive_ptr<c10::TensorImpl> SpyreGeneratorImpl::get_state() const {
-  std::lock_guard<std::mutex> lock(engine_mutex());
-  return engine_.unsafeGetGeneratorImpl()->get_state();
+  at::Tensor state = at::empty({kRngStateBytes}, at::TensorOptions().dtype(at::kByte));
+  auto* bytes = state.data_ptr<uint8_t>();
+  std::memcpy(bytes, &seed_, sizeof(seed_));
+  std::memcpy(bytes + sizeof(seed_), &offset_, sizeof(offset_));
+  return state.getIntrusivePtr();
+}
+
+uint64_t SpyreGeneratorImpl::reserve(uint64_t count) {
+  const uint64_t first = offset_;
+  offset_ += (count + 3) / 4 * 4;
+  return first;
 }
 
 SpyreGeneratorImpl* SpyreGeneratorImpl::clone_impl() const {
-  std::lock_guard<std::mutex> lock(engine_mutex());
-  return new SpyreGeneratorImpl(device_.index(), engine_.clone());
+  auto* copy = new SpyreGeneratorImpl(device_.index(), seed_);
+  copy->offset_ = offset_;
+  return copy;
 }
 
 const at::Generator& default_generator(c10::DeviceIndex index) {
@@ -84,11 +91,30 @@ at::Generator make_generator(c10::DeviceIndex index) {
                                                 c10::default_rng_seed_val);
 }
 
-at::Generator engine_of(const at::Generator& generator, const char* op) {
+at::Generator spyre_generator_or_default(const std::optional<at::Generator>& generator,
+                                         c10::DeviceIndex device, const char* op) {
+  if (!generator.has_value() || !generator->defined()) {
+    return default_generator(device);
+  }
+  TORCH_CHECK(generator->device().type() == kSpyreDeviceType, op,
+              ": expected a spyre generator for spyre tensors, got a generator on ",
+              generator->device());
+  return *generator;
+}
+
+at::Generator cpu_engine_for(const at::Generator& generator, const char* op) {
   TORCH_CHECK(generator.device().type() == kSpyreDeviceType, op,
               ": expected a spyre generator for spyre tensors, got a generator on ",
               generator.device());
-  return generator.get<SpyreGeneratorImpl>()->engine();
+  auto* impl = generator.get<SpyreGeneratorImpl>();
+  std::lock_guard<std::mutex> lock(impl->mutex_);
+  const uint64_t seed = impl->current_seed();
+  const uint64_t offset = impl->reserve(4);
+  // splitmix64-style mixing: nearby (seed, offset) pairs give unrelated mt19937 seeds.
+  uint64_t z = seed ^ (offset * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return at::detail::createCPUGenerator(z ^ (z >> 31));
 }
 
 }  // namespace spyreccl::device
