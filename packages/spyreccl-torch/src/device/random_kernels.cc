@@ -18,6 +18,7 @@
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/result_type.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include <array>
@@ -31,49 +32,20 @@
 
 #include "device_state.h"
 #include "generator.h"
+#include "philox.h"
 
 namespace spyreccl::device {
 namespace {
 
-using Block = std::array<uint32_t, 4>;
-
-// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"),
-// keyed by the seed, counter = element index in the generator's stream.
-Block philox(uint64_t seed, uint64_t counter) {
-  constexpr uint32_t kMul0 = 0xD2511F53u;
-  constexpr uint32_t kMul1 = 0xCD9E8D57u;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u;
-  constexpr uint32_t kWeyl1 = 0xBB67AE85u;
-  uint32_t c0 = static_cast<uint32_t>(counter);
-  uint32_t c1 = static_cast<uint32_t>(counter >> 32);
-  uint32_t c2 = 0;
-  uint32_t c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed);
-  uint32_t k1 = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(kMul0) * c0;
-    const uint64_t p1 = static_cast<uint64_t>(kMul1) * c2;
-    const uint32_t next0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-    const uint32_t next2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(p1);
-    c3 = static_cast<uint32_t>(p0);
-    c0 = next0;
-    c2 = next2;
-    k0 += kWeyl0;
-    k1 += kWeyl1;
-  }
-  return {c0, c1, c2, c3};
-}
-
-uint64_t word64(const Block& w, int first) {
+uint64_t word64(const PhiloxBlock& w, int first) {
   return (static_cast<uint64_t>(w[first]) << 32) | w[first + 1];
 }
 
 // Uniform in [0, 1) with 53 random bits, and in (0, 1] (safe for log).
-double unit_closed_open(const Block& w, int first = 0) {
+double unit_closed_open(const PhiloxBlock& w, int first = 0) {
   return static_cast<double>(word64(w, first) >> 11) * 0x1p-53;
 }
-double unit_open_closed(const Block& w, int first = 0) {
+double unit_open_closed(const PhiloxBlock& w, int first = 0) {
   return static_cast<double>((word64(w, first) >> 11) + 1) * 0x1p-53;
 }
 // The same with 24 bits, for float and narrower types.
@@ -82,7 +54,7 @@ float unit_open_closed_f(uint32_t x) { return static_cast<float>((x >> 8) + 1) *
 
 // A standard normal value by Box-Muller, in the precision of `opmath_t`.
 template <typename opmath_t>
-opmath_t standard_normal(const Block& w) {
+opmath_t standard_normal(const PhiloxBlock& w) {
   if constexpr (std::is_same_v<opmath_t, double>) {
     const double radius = std::sqrt(-2.0 * std::log(unit_open_closed(w, 0)));
     return radius * std::cos(2.0 * M_PI * unit_closed_open(w, 2));
@@ -93,7 +65,7 @@ opmath_t standard_normal(const Block& w) {
 }
 
 template <typename opmath_t>
-opmath_t uniform01(const Block& w) {
+opmath_t uniform01(const PhiloxBlock& w) {
   if constexpr (std::is_same_v<opmath_t, double>) {
     return unit_closed_open(w);
   } else {
@@ -102,7 +74,7 @@ opmath_t uniform01(const Block& w) {
 }
 
 template <typename opmath_t>
-opmath_t uniform01_open_closed(const Block& w) {
+opmath_t uniform01_open_closed(const PhiloxBlock& w) {
   if constexpr (std::is_same_v<opmath_t, double>) {
     return unit_open_closed(w);
   } else {
@@ -156,7 +128,7 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std,
     using opmath_t = at::opmath_type<scalar_t>;
     const auto m = static_cast<opmath_t>(mean);
     const auto s = static_cast<opmath_t>(std);
-    fill_elements<scalar_t>(self, generator, "normal_", [=](const Block& w) {
+    fill_elements<scalar_t>(self, generator, "normal_", [=](const PhiloxBlock& w) {
       return static_cast<scalar_t>(m + s * standard_normal<opmath_t>(w));
     });
   });
@@ -174,7 +146,7 @@ at::Tensor& uniform_(at::Tensor& self, double from, double to,
     const auto range = static_cast<opmath_t>(to - from);
     const auto lo_s = static_cast<scalar_t>(from);
     const auto hi_s = static_cast<scalar_t>(to);
-    fill_elements<scalar_t>(self, generator, "uniform_", [=](const Block& w) {
+    fill_elements<scalar_t>(self, generator, "uniform_", [=](const PhiloxBlock& w) {
       const auto value = static_cast<scalar_t>(lo + range * uniform01<opmath_t>(w));
       // Rounding to a narrow type can reach `to`; keep the range half-open.
       return (value == hi_s && lo_s != hi_s) ? lo_s : value;
@@ -190,7 +162,7 @@ at::Tensor& exponential_(at::Tensor& self, double lambd, std::optional<at::Gener
       at::kHalf, at::kBFloat16, self.scalar_type(), "exponential_", [&] {
         using opmath_t = at::opmath_type<scalar_t>;
         const auto inv = static_cast<opmath_t>(1.0 / lambd);
-        fill_elements<scalar_t>(self, generator, "exponential_", [=](const Block& w) {
+        fill_elements<scalar_t>(self, generator, "exponential_", [=](const PhiloxBlock& w) {
           return static_cast<scalar_t>(-inv * std::log(uniform01_open_closed<opmath_t>(w)));
         });
       });
@@ -205,7 +177,7 @@ at::Tensor& log_normal_(at::Tensor& self, double mean, double std,
     using opmath_t = at::opmath_type<scalar_t>;
     const auto m = static_cast<opmath_t>(mean);
     const auto s = static_cast<opmath_t>(std);
-    fill_elements<scalar_t>(self, generator, "log_normal_", [=](const Block& w) {
+    fill_elements<scalar_t>(self, generator, "log_normal_", [=](const PhiloxBlock& w) {
       return static_cast<scalar_t>(std::exp(m + s * standard_normal<opmath_t>(w)));
     });
   });
@@ -216,7 +188,7 @@ at::Tensor& bernoulli_float_(at::Tensor& self, double p, std::optional<at::Gener
   TORCH_CHECK(0.0 <= p && p <= 1.0, "bernoulli_ expects p to be in [0, 1], but got p=", p);
   AT_DISPATCH_ALL_TYPES_AND3(
       at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_", [&] {
-        fill_elements<scalar_t>(self, generator, "bernoulli_", [=](const Block& w) {
+        fill_elements<scalar_t>(self, generator, "bernoulli_", [=](const PhiloxBlock& w) {
           return static_cast<scalar_t>(unit_closed_open(w) < p ? 1 : 0);
         });
       });
@@ -255,7 +227,7 @@ at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p_,
         auto* data = static_cast<scalar_t*>(out.mutable_data_ptr());
         at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
-            const Block w = philox(seed, first + static_cast<uint64_t>(i));
+            const PhiloxBlock w = philox(seed, first + static_cast<uint64_t>(i));
             data[i] = static_cast<scalar_t>(unit_closed_open(w) < prob[i] ? 1 : 0);
           }
         });
@@ -285,7 +257,7 @@ at::Tensor& random_range_(at::Tensor& self, int64_t from, uint64_t range,
                           std::optional<at::Generator> generator) {
   AT_DISPATCH_ALL_TYPES_AND3(
       at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "random_", [&] {
-        fill_elements<scalar_t>(self, generator, "random_", [=](const Block& w) {
+        fill_elements<scalar_t>(self, generator, "random_", [=](const PhiloxBlock& w) {
           const uint64_t draw = word64(w, 0);
           const uint64_t offset = range == 0 ? draw : draw % range;
           return static_cast<scalar_t>(static_cast<int64_t>(static_cast<uint64_t>(from) + offset));
@@ -364,6 +336,31 @@ at::Tensor normal_tensor_tensor(const at::Tensor& mean, const at::Tensor& std,
 }
 
 }  // namespace
+
+at::Tensor reserve_keep_mask(c10::IntArrayRef sizes, double keep_prob, c10::Device device,
+                             uint64_t& seed, uint64_t& first) {
+  const int64_t n = c10::multiply_integers(sizes);
+  {
+    at::Generator gen = default_generator(device.index());
+    auto* impl = gen.get<SpyreGeneratorImpl>();
+    std::lock_guard<std::mutex> lock(impl->mutex_);
+    seed = impl->current_seed();
+    first = impl->reserve(static_cast<uint64_t>(n));
+  }
+  return keep_mask(sizes, keep_prob, device, seed, first);
+}
+
+at::Tensor keep_mask(c10::IntArrayRef sizes, double keep_prob, c10::Device device, uint64_t seed,
+                     uint64_t first) {
+  at::Tensor mask = at::empty(sizes, at::TensorOptions().dtype(at::kBool).device(device));
+  bool* data = mask.mutable_data_ptr<bool>();
+  at::parallel_for(0, mask.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      data[i] = unit_closed_open(philox(seed, first + static_cast<uint64_t>(i))) < keep_prob;
+    }
+  });
+  return mask;
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("normal_", TORCH_FN(normal_));

@@ -56,6 +56,11 @@ from ._memory import __all__ as _memory_all  # noqa: E402
 
 __all__ += _memory_all
 
+# DTensor handlers for tensor-parallel attention (installed when DTensor is imported).
+from . import _attention  # noqa: E402
+
+_attention.install()
+
 
 def _ops() -> Any:
     return torch.ops.spyreccl_device
