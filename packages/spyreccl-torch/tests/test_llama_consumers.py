@@ -267,7 +267,7 @@ def test_fsdp2_training_matches_float64_reference(rank_pool):
 def _tp_case(seed: int) -> list[float]:
     from torch.distributed.tensor import DTensor, Shard
 
-    rank, ws, model, mesh = _setup(seed)
+    _rank, ws, model, mesh = _setup(seed)
     batches = _batches(seed, BATCH)  # TP: every rank sees the whole batch
     ref_losses, ref_params = _reference(model, batches, torch.float64)
 
@@ -291,7 +291,7 @@ def test_tensor_parallel_training_matches_float64_reference(rank_pool):
 def _compiled_case(seed: int) -> dict[str, list[float]]:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    rank, ws, model, mesh = _setup(seed)
+    _rank, _ws, model, mesh = _setup(seed)
     batches = _batches(seed, BATCH)
     ref_losses, ref_params = _reference(model, batches, torch.float32)
     # The scale of bfloat16's own error: the same reference under CPU bf16 autocast.

@@ -315,6 +315,13 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
         set_rng_state(state, index)
 
 
+# --- automatic mixed precision (see _amp) --------------------------------------------------
+
+from ._amp import *  # noqa: E402, F403
+from ._amp import __all__ as _amp_all  # noqa: E402
+
+__all__ += _amp_all
+
 # --- inductor (lazy) ----------------------------------------------------------------------
 
 _INDUCTOR_ATTRIBUTES = frozenset(
