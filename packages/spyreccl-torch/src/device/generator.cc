@@ -15,21 +15,27 @@
 namespace spyreccl::device {
 
 SpyreGeneratorImpl::SpyreGeneratorImpl(c10::DeviceIndex device, uint64_t seed)
+    : SpyreGeneratorImpl(device, c10::make_intrusive<SpyreRngState>()) {
+  state_->seed = seed;
+}
+
+SpyreGeneratorImpl::SpyreGeneratorImpl(c10::DeviceIndex device,
+                                       c10::intrusive_ptr<SpyreRngState> state)
     : c10::GeneratorImpl(spyre_device(device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
-      seed_(seed) {}
+      state_(std::move(state)) {}
 
 // Callers of these methods hold mutex_ (torch's convention for generators).
 
 void SpyreGeneratorImpl::set_current_seed(uint64_t seed) {
-  seed_ = seed;
-  offset_ = 0;
+  state_->seed = seed;
+  state_->offset = 0;
 }
 
-void SpyreGeneratorImpl::set_offset(uint64_t offset) { offset_ = offset; }
+void SpyreGeneratorImpl::set_offset(uint64_t offset) { state_->offset = offset; }
 
-uint64_t SpyreGeneratorImpl::get_offset() const { return offset_; }
+uint64_t SpyreGeneratorImpl::get_offset() const { return state_->offset; }
 
-uint64_t SpyreGeneratorImpl::current_seed() const { return seed_; }
+uint64_t SpyreGeneratorImpl::current_seed() const { return state_->seed; }
 
 uint64_t SpyreGeneratorImpl::seed() {
   const uint64_t fresh = c10::detail::getNonDeterministicRandom();
@@ -48,28 +54,39 @@ void SpyreGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
               " bytes (uint64 seed, uint64 offset: a Philox state from get_rng_state), got ",
               new_state.numel(), " bytes");
   const auto* bytes = static_cast<const uint8_t*>(new_state.data());
-  std::memcpy(&seed_, bytes, sizeof(seed_));
-  std::memcpy(&offset_, bytes + sizeof(seed_), sizeof(offset_));
+  std::memcpy(&state_->seed, bytes, sizeof(uint64_t));
+  std::memcpy(&state_->offset, bytes + sizeof(uint64_t), sizeof(uint64_t));
 }
 
 c10::intrusive_ptr<c10::TensorImpl> SpyreGeneratorImpl::get_state() const {
   at::Tensor state = at::empty({kRngStateBytes}, at::TensorOptions().dtype(at::kByte));
   auto* bytes = state.data_ptr<uint8_t>();
-  std::memcpy(bytes, &seed_, sizeof(seed_));
-  std::memcpy(bytes + sizeof(seed_), &offset_, sizeof(offset_));
+  std::memcpy(bytes, &state_->seed, sizeof(uint64_t));
+  std::memcpy(bytes + sizeof(uint64_t), &state_->offset, sizeof(uint64_t));
   return state.getIntrusivePtr();
 }
 
+void SpyreGeneratorImpl::graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& state) {
+  auto* other = dynamic_cast<SpyreGeneratorImpl*>(state.get());
+  TORCH_CHECK(other != nullptr, "spyre graphsafe_set_state: expected the state of a spyre generator");
+  state_ = other->state_;
+}
+
+c10::intrusive_ptr<c10::GeneratorImpl> SpyreGeneratorImpl::graphsafe_get_state() const {
+  return c10::make_intrusive<SpyreGeneratorImpl>(device_.index(), state_);
+}
+
 uint64_t SpyreGeneratorImpl::reserve(uint64_t count) {
-  const uint64_t first = offset_;
-  offset_ += (count + 3) / 4 * 4;
+  const uint64_t first = state_->offset;
+  state_->offset += (count + 3) / 4 * 4;
   return first;
 }
 
 SpyreGeneratorImpl* SpyreGeneratorImpl::clone_impl() const {
-  auto* copy = new SpyreGeneratorImpl(device_.index(), seed_);
-  copy->offset_ = offset_;
-  return copy;
+  auto copy = c10::make_intrusive<SpyreRngState>();
+  copy->seed = state_->seed;
+  copy->offset = state_->offset;
+  return new SpyreGeneratorImpl(device_.index(), std::move(copy));
 }
 
 const at::Generator& default_generator(c10::DeviceIndex index) {

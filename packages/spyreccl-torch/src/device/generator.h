@@ -20,9 +20,18 @@ namespace spyreccl::device {
 // Size of get_state(): uint64 seed, then uint64 offset (CUDA's layout).
 inline constexpr int64_t kRngStateBytes = 16;
 
+// (seed, offset): the whole state of a spyre generator. Held through a shared
+// pointer so that graph-safe RNG (torch.compile's activation checkpointing) can
+// point a generator at another one's state, as CUDA's generator does.
+struct SpyreRngState final : c10::intrusive_ptr_target {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
 class SpyreGeneratorImpl final : public c10::GeneratorImpl {
  public:
   SpyreGeneratorImpl(c10::DeviceIndex device, uint64_t seed);
+  SpyreGeneratorImpl(c10::DeviceIndex device, c10::intrusive_ptr<SpyreRngState> state);
 
   // Seeding resets the offset to 0 (as CUDA's generator does).
   void set_current_seed(uint64_t seed) override;
@@ -32,6 +41,10 @@ class SpyreGeneratorImpl final : public c10::GeneratorImpl {
   uint64_t seed() override;
   void set_state(const c10::TensorImpl& new_state) override;
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override;
+  // Graph-safe state handling: get returns a generator sharing this one's state
+  // object; set makes this generator use `state`'s state object (no copy).
+  void graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& state) override;
+  c10::intrusive_ptr<c10::GeneratorImpl> graphsafe_get_state() const override;
 
   // Reserves `count` counters for one random op: returns the first, advances the
   // offset past them (rounded up to a multiple of 4). Caller holds mutex_.
@@ -40,8 +53,7 @@ class SpyreGeneratorImpl final : public c10::GeneratorImpl {
  private:
   SpyreGeneratorImpl* clone_impl() const override;
 
-  uint64_t seed_;
-  uint64_t offset_ = 0;
+  c10::intrusive_ptr<SpyreRngState> state_;
 };
 
 // Default generator of device `index` (-1: current device). Lives forever.

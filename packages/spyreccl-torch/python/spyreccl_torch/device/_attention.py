@@ -16,17 +16,14 @@ are installed when something else imports ``torch.distributed.tensor``.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import sys
+import math
 import threading
-import warnings
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import torch
+
+from ._import_hooks import after_import
 
 __all__ = ["install"]
 
@@ -73,17 +70,6 @@ def _bias_replicating_handler(query_index: int, bias_index: int) -> Callable[...
 
 
 def _register_handlers() -> None:
-    try:
-        _register_handlers_unchecked()
-    except Exception as error:  # runs inside an import, which must not break
-        warnings.warn(
-            f"spyreccl: tensor-parallel attention with a mask on spyre is unavailable: {error}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-
-
-def _register_handlers_unchecked() -> None:
     from torch.distributed.tensor import DTensor
 
     aten = torch.ops.aten
@@ -96,45 +82,66 @@ def _register_handlers_unchecked() -> None:
         handlers.setdefault(op, _bias_replicating_handler(query_index, bias_index))
 
 
-class _ChainedLoader(importlib.abc.Loader):
-    """Runs the real loader, then ``callback``."""
+def _efficient_attention_math(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    compute_log_sumexp: bool,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+) -> Any:
+    """Inductor decomposition of spyre's efficient attention without dropout.
 
-    def __init__(self, loader: importlib.abc.Loader, callback: Callable[[], None]) -> None:
-        self._loader = loader
-        self._callback = callback
+    The op carries the ``nondeterministic_seeded`` tag (it can drop out), so inside a
+    compiled activation-checkpointed region AOTAutograd wraps it in RNG-state operators
+    that inductor implements for CUDA only. Without dropout it is deterministic: the same
+    computation as src/device/attention.cc in plain ops, which inductor also fuses. The
+    outputs keep the op's meta layout (output over (B, L, H, E) memory, float32
+    log-sum-exp padded to 32 queries, 0-d seed and offset).
+    """
+    if query.device.type != "spyre" or dropout_p != 0.0:
+        return NotImplemented
+    acc = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    b, h, length, _ = query.shape
+    scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    scores = (query.to(acc) @ key.to(acc).transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(length, key.shape[2], dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_bias is not None:
+        scores = scores + attn_bias.to(acc)
+    lse = torch.logsumexp(scores, -1)
+    finite_lse = lse.masked_fill(lse == float("-inf"), 0.0)  # all-masked rows give zeros
+    probs = torch.exp(scores - finite_lse.unsqueeze(-1))
+    out = (probs @ value.to(acc)).to(query.dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    if compute_log_sumexp:
+        padded = (length + 31) // 32 * 32
+        saved = torch.nn.functional.pad(lse.float(), (0, padded - length), value=float("inf"))
+    else:
+        saved = lse.new_empty((b, h, 0), dtype=torch.float32)
+    zero = torch.zeros((), dtype=torch.int64, device=query.device)
+    return out, saved, zero, zero.clone()
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
 
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        module.__spec__.loader = self._loader  # the module is loaded: hide this wrapper
-        module.__loader__ = self._loader
-        self._callback()
+def _register_decomposition() -> None:
+    from torch._inductor.decomposition import register_decomposition
 
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Meta path finder that runs ``callback`` once ``name`` has been imported."""
-
-    def __init__(self, name: str, callback: Callable[[], None]) -> None:
-        self._name = name
-        self._callback = callback
-
-    def find_spec(
-        self, fullname: str, path: Any = None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self._name:
-            return None
-        sys.meta_path.remove(self)  # one shot; the other finders locate the module
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ChainedLoader(spec.loader, self._callback)
-        return spec
+    register_decomposition(torch.ops.aten._scaled_dot_product_efficient_attention.default)(
+        _efficient_attention_math
+    )
 
 
 def install() -> None:
-    """Installs the DTensor handlers now if DTensor is loaded, else when it loads."""
-    if _DTENSOR_MODULE in sys.modules:
-        _register_handlers()
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(_DTENSOR_MODULE, _register_handlers))
+    """Installs the DTensor handlers and the inductor decomposition, now for the modules
+    already loaded, else when they load."""
+    after_import(_DTENSOR_MODULE, _register_handlers, "tensor-parallel attention with a mask")
+    # After lowering.py, which asserts that no decomposition exists for the ops it
+    # registers fallbacks for (this one is spyre-only and declines other devices).
+    after_import(
+        "torch._inductor.lowering",
+        _register_decomposition,
+        "compiled, activation-checkpointed attention on spyre",
+    )

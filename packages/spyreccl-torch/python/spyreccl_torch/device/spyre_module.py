@@ -56,10 +56,17 @@ from ._memory import __all__ as _memory_all  # noqa: E402
 
 __all__ += _memory_all
 
-# DTensor handlers for tensor-parallel attention (installed when DTensor is imported).
-from . import _attention  # noqa: E402
+# Default generators (see _random); _install_integrations() runs once the device is named.
+from . import _attention, _random  # noqa: E402
+from ._random import _get_generator, default_generators  # noqa: E402, F401
 
-_attention.install()
+
+def _install_integrations() -> None:
+    """Hooks into torch modules that ``import torch`` does not load (or loads before the
+    device is named): DTensor's handlers for tensor-parallel attention, compile's graph-safe
+    RNG. Called by :func:`spyreccl_torch.device.register` after the rename."""
+    _attention.install()
+    _random.install()
 
 
 def _ops() -> Any:
