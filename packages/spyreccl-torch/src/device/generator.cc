@@ -68,7 +68,8 @@ c10::intrusive_ptr<c10::TensorImpl> SpyreGeneratorImpl::get_state() const {
 
 void SpyreGeneratorImpl::graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& state) {
   auto* other = dynamic_cast<SpyreGeneratorImpl*>(state.get());
-  TORCH_CHECK(other != nullptr, "spyre graphsafe_set_state: expected the state of a spyre generator");
+  TORCH_CHECK(other != nullptr,
+              "spyre graphsafe_set_state: expected the state of a spyre generator");
   state_ = other->state_;
 }
 
