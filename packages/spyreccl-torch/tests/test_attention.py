@@ -12,6 +12,7 @@ backward are compared with a single-process float64 reference.
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -253,3 +254,50 @@ def _tp_attention_case(seed: int, variant: str) -> None:
 @pytest.mark.parametrize("variant", ["causal", "mask", "bool_mask", "plain"])
 def test_tensor_parallel_attention_matches_reference(rank_pool, variant):
     rank_pool.run(_tp_attention_case, fresh_seed(), variant)
+
+
+def _checkpointed_attention(q, k, v, dropout_p=0.0):
+    from torch.utils.checkpoint import checkpoint
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p) * 2
+
+    return checkpoint(attention, q, k, v, use_reentrant=False)
+
+
+def test_compiled_checkpointed_attention_matches_eager():
+    """Inductor with activation checkpointing: spyre's efficient attention (a seeded op) is
+    decomposed for inductor, so the compiled forward and backward match eager."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(fresh_seed())
+    inputs = [t.float() for t in _qkv(gen)]
+    grad = torch.randn(B, H, L, E + 2, generator=gen)
+    eager = [t.to(SPYRE).requires_grad_() for t in inputs]
+    compiled = [t.to(SPYRE).requires_grad_() for t in inputs]
+    out = _checkpointed_attention(*eager)
+    out.backward(grad.to(SPYRE))
+    out_c = torch.compile(_checkpointed_attention, backend="inductor", fullgraph=True)(*compiled)
+    out_c.backward(grad.to(SPYRE))
+    torch.testing.assert_close(out_c.cpu(), out.detach().cpu(), rtol=1e-5, atol=1e-5)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a.grad.cpu(), b.grad.cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_checkpointed_dropout_replays_the_same_mask():
+    """With dropout, the recomputation in the backward must draw the forward's mask (spyre is
+    a graph-safe RNG device). The output is linear in v, so <out, g> == <v, dL/dv> holds
+    exactly when the backward used the forward's mask, and fails for any other mask."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = [t.to(SPYRE).requires_grad_() for t in _qkv(gen)]
+    grad = torch.randn(B, H, L, E + 2, generator=gen, dtype=torch.float64).to(SPYRE)
+    fn = torch.compile(
+        lambda q, k, v: _checkpointed_attention(q, k, v, dropout_p=0.5), backend="aot_eager"
+    )
+    out = fn(q, k, v)
+    out.backward(grad)
+    lhs = (out.detach() * grad).sum().item()
+    rhs = (v.detach() * v.grad).sum().item()
+    assert math.isclose(lhs, rhs, rel_tol=1e-10, abs_tol=1e-10), (lhs, rhs)
+    with torch.no_grad():  # dropout did drop
+        assert not torch.allclose(out, _checkpointed_attention(q, k, v))

@@ -334,3 +334,33 @@ def _tp_module_init_case(seed: int) -> None:
     w = tp.weight.full_tensor().cpu()
     assert w.abs().max().item() <= bound and w.std().item() > bound / 3
     np.testing.assert_equal(len(set(w.flatten().tolist())), w.numel())  # no repeated draws
+
+
+def test_default_generators_share_state_for_graph_safe_rng():
+    """torch.compile's graph-safe RNG swaps generator state objects: graphsafe_get_state shares
+    the state (it advances with the generator), clone_state copies it, graphsafe_set_state
+    makes the generator draw from another state object."""
+    from torch._functorch._aot_autograd.utils import supports_graphsafe_rng
+
+    assert supports_graphsafe_rng(torch.device(SPYRE))
+    gens = torch.spyre.default_generators
+    assert len(gens) == torch.spyre.device_count()
+    g = torch.spyre._get_generator(torch.device("spyre:1"))
+    assert g.device == torch.device("spyre:1")
+    seed = fresh_seed()
+    g.manual_seed(seed)
+    assert gens[1].initial_seed() == seed  # the default generator itself
+    shared, copy = g.graphsafe_get_state(), g.clone_state()
+    torch.rand(6, device="spyre:1")
+    assert shared.get_state().view(torch.int64).tolist() == [seed, 8]
+    assert copy.get_state().view(torch.int64).tolist() == [seed, 0]
+
+    other = g.clone_state().manual_seed(seed + 1)
+    saved = g.graphsafe_get_state()
+    g.graphsafe_set_state(other)
+    drawn = torch.rand(4, device="spyre:1").cpu()
+    g.graphsafe_set_state(saved)
+    assert other.get_state().view(torch.int64).tolist() == [seed + 1, 4]
+    assert g.get_state().view(torch.int64).tolist() == [seed, 8]
+    torch.spyre.set_rng_state(_state(seed + 1, 0), 1)
+    assert torch.equal(torch.rand(4, device="spyre:1").cpu(), drawn)
