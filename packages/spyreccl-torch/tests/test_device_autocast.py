@@ -252,3 +252,72 @@ def test_checkpointed_training_under_autocast_matches_cpu(rng, ckpt):
     for name, ref in ref_grads.items():
         assert grads[name].dtype == ref.dtype == torch.float32, name
         torch.testing.assert_close(grads[name], ref, rtol=0, atol=0, msg=name)
+
+
+def test_compiled_checkpointed_training_under_autocast(rng):
+    # torch.compile (inductor) + activation checkpointing + bfloat16 autocast on spyre,
+    # against the same model run eagerly under CPU autocast.
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    on_cpu = _Model(16, 2, ckpt="non_reentrant")
+    on_spyre = _Model(16, 2, ckpt="non_reentrant")
+    for model in (on_cpu, on_spyre):
+        for block in model.blocks:
+            block.dropout.p = 0.0
+    on_spyre.load_state_dict(on_cpu.state_dict())
+    on_spyre.to(SPYRE)
+    x = _randn(rng, 4, 10, 16)
+    y = torch.from_numpy(rng.integers(0, 3, size=(4, 10)))
+
+    ref_loss, ref_grads = _train_step(on_cpu, x, y, "cpu", 0)
+    torch._dynamo.reset()
+    compiled = torch.compile(on_spyre, backend="inductor")
+    loss, _ = _train_step(compiled, x.to(SPYRE), y.to(SPYRE), "spyre", 0)
+    grads = {name: p.grad.cpu() for name, p in on_spyre.named_parameters()}
+
+    # Inductor fuses the float32 ops around the bfloat16 matmuls, so intermediate values
+    # are rounded to bfloat16 at other points than in eager mode: a few bfloat16 units of
+    # each gradient's scale (the loss is float32: cross_entropy is on the fp32 list).
+    eps = torch.finfo(torch.bfloat16).eps
+    torch.testing.assert_close(loss, ref_loss, rtol=4 * eps, atol=0)
+    assert grads.keys() == ref_grads.keys()
+    for name, ref in ref_grads.items():
+        assert grads[name].dtype == torch.float32, name
+        scale = float(ref.abs().max())
+        torch.testing.assert_close(grads[name], ref, rtol=0, atol=4 * eps * scale, msg=name)
+
+
+def test_grad_scaler_matches_cpu(rng):
+    # float16 autocast with torch.amp.GradScaler("spyre"): the scaled steps, an overflowing
+    # step (skipped, scale halved) and the parameters equal a CPU run's.
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    on_cpu = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.GELU(), torch.nn.Linear(12, 3))
+    on_spyre = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.GELU(), torch.nn.Linear(12, 3))
+    on_spyre.load_state_dict(on_cpu.state_dict())
+    on_spyre.to(SPYRE)
+    batches = [(_randn(rng, 8, 6), _randn(rng, 8, 3)) for _ in range(4)]
+    batches[2] = (batches[2][0] * 1e6, batches[2][1])  # float16 overflow in the forward
+
+    def run(model: torch.nn.Module, device: str) -> tuple[list[float], list[float]]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**12)
+        scales, losses = [], []
+        for x, y in batches:
+            with torch.autocast(device, dtype=torch.float16):
+                loss = F.mse_loss(model(x.to(device)), y.to(device))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            scales.append(scaler.get_scale())
+            losses.append(float(loss.detach()))
+        return scales, losses
+
+    cpu_scales, cpu_losses = run(on_cpu, "cpu")
+    scales, losses = run(on_spyre, "spyre")
+    assert scales == cpu_scales and scales[2] == scales[1] / 2, scales
+    assert losses[2] != losses[2]  # the overflowing step's loss is NaN on both
+    torch.testing.assert_close(
+        torch.tensor(losses), torch.tensor(cpu_losses), rtol=0, atol=0, equal_nan=True
+    )
+    for (name, p), ref in zip(on_spyre.named_parameters(), on_cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), ref.detach(), rtol=0, atol=0, msg=name)

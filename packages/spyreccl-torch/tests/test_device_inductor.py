@@ -104,6 +104,12 @@ CASES: dict[str, Case] = {
         lambda x, w, b: torch.relu(x @ w + b),
         lambda rng: (_randn(rng, 12, 20), _randn(rng, 20, 9), _randn(rng, 9)),
     ),
+    # Inductor switches convolution graphs to channels-last inputs (layout optimisation)
+    # and checks the strides of the convolution's result against torch's shape function.
+    "conv2d_relu": Case(
+        lambda a, w, b: F.conv2d(a, w, b, padding=1).relu() * 2,
+        lambda rng: (_randn(rng, 2, 3, 8, 8), _randn(rng, 4, 3, 3, 3), _randn(rng, 4)),
+    ),
     "bmm": Case(
         lambda a, b: torch.bmm(a, b).tanh(),
         lambda rng: (_randn(rng, 3, 4, 5), _randn(rng, 3, 5, 6)),
@@ -262,3 +268,22 @@ def test_device_interface_worker_tracks_the_current_device():
         caching_worker_current_devices.pop("spyre", None)
         if saved is not None:
             caching_worker_current_devices["spyre"] = saved
+
+
+def test_convolution_results_have_the_strides_torch_predicts(rng):
+    # FakeTensor (what torch.compile traces with) predicts the Overrideable backend's
+    # format for PrivateUse1 convolutions; eager spyre results must have those strides.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    a = _randn(rng, 2, 3, 8, 8).float().to(SPYRE).to(memory_format=torch.channels_last)
+    w = _randn(rng, 4, 3, 3, 3).float().to(SPYRE).to(memory_format=torch.channels_last)
+    a.requires_grad_(True)
+    w.requires_grad_(True)
+    out = F.conv2d(a, w, padding=1)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        predicted = F.conv2d(mode.from_tensor(a), mode.from_tensor(w), padding=1)
+    assert out.stride() == predicted.stride()
+    expected = F.conv2d(a.detach().cpu().double(), w.detach().cpu().double(), padding=1)
+    torch.testing.assert_close(out.detach().cpu().double(), expected, rtol=1e-5, atol=1e-5)
+    out.backward(torch.ones_like(out))
+    assert a.grad is not None and w.grad is not None

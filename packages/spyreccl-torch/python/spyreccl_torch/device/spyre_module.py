@@ -119,7 +119,9 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    """The emulated device needs no lazy initialisation; it is ready once registered."""
+    """True: the emulated device has no runtime context to create (torch code such as
+    DeviceMesh reads this to decide whether to pick a device for the process; ``LOCAL_RANK``
+    already did). ``LOCAL_RANK`` itself is validated on first use (see ``_local_rank``)."""
     return True
 
 
@@ -128,9 +130,8 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-def _lazy_init() -> None:
-    """Nothing to initialise (see :func:`is_initialized`)."""
-
+# Validates LOCAL_RANK on first use (see _local_rank).
+from ._local_rank import _lazy_init  # noqa: E402
 
 _device_count: int | None = None
 
@@ -146,12 +147,15 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    """Index of the calling thread's current spyre device."""
+    """Index of the calling thread's current spyre device (``LOCAL_RANK``'s until the
+    thread selects one)."""
+    _lazy_init()
     return int(_ops().current_device())
 
 
 def set_device(device: _DeviceLike) -> None:
     """Sets the calling thread's current spyre device."""
+    _lazy_init()
     _ops().set_device(_device_index(device, optional=False))
 
 
