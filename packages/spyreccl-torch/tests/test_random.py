@@ -92,7 +92,8 @@ def test_get_set_state_round_trip_and_fork_rng():
     torch.spyre.set_rng_state(state)
     assert torch.equal(torch.randn(100, device=SPYRE).cpu(), a)
     before_fork = torch.spyre.get_rng_state()
-    with torch.random.fork_rng(devices=[torch.device("spyre:0")], device_type="spyre"):
+    current = torch.device(SPYRE, torch.spyre.current_device())
+    with torch.random.fork_rng(devices=[current], device_type="spyre"):
         torch.spyre.manual_seed(1)
         torch.rand(50, device=SPYRE)
     # fork_rng restored the state from before the block: seed unchanged, offset 100 on.
