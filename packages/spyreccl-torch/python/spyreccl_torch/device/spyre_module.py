@@ -56,6 +56,11 @@ from ._memory import __all__ as _memory_all  # noqa: E402
 
 __all__ += _memory_all
 
+# torch.utils.checkpoint stashes and replays a device's random state only when its module
+# says the device is initialized (as torch.cuda._initialized does); the emulated device always
+# is. Without it, recomputed dropout would draw new masks from the spyre generator.
+_initialized = True
+
 # Default generators (see _random); _install_integrations() runs once the device is named.
 from . import _attention, _random  # noqa: E402
 from ._random import _get_generator, default_generators  # noqa: E402, F401
