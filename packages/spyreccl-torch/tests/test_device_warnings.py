@@ -15,10 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from spyreccl_torch import device as spyre_device
+
 pytestmark = [
     pytest.mark.skipif(
-        not (hasattr(torch, "spyre") and torch.spyre.is_available()),
-        reason="the emulated spyre device is not registered",
+        not spyre_device.register(), reason="the emulated spyre device stepped aside"
     ),
     pytest.mark.filterwarnings("error"),
 ]
