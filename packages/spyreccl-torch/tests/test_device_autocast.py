@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from spyreccl_torch import device as spyre_device
+
 pytestmark = pytest.mark.skipif(
-    not (hasattr(torch, "spyre") and torch.spyre.is_available()),
-    reason="the emulated spyre device is not registered",
+    not spyre_device.register(), reason="the emulated spyre device stepped aside"
 )
 
 SPYRE = torch.device("spyre")

@@ -17,9 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from spyreccl_torch import device as spyre_device
+
 pytestmark = pytest.mark.skipif(
-    not (hasattr(torch, "spyre") and torch.spyre.is_available()),
-    reason="the emulated spyre device is not registered",
+    not spyre_device.register(), reason="the emulated spyre device stepped aside"
 )
 
 SPYRE = torch.device("spyre")
@@ -287,3 +288,55 @@ def test_convolution_results_have_the_strides_torch_predicts(rng):
     torch.testing.assert_close(out.detach().cpu().double(), expected, rtol=1e-5, atol=1e-5)
     out.backward(torch.ones_like(out))
     assert a.grad is not None and w.grad is not None
+
+
+# Functions of float tensors whose gradients are checked: (function, input shapes).
+_BACKWARD_CASES = {
+    "group_norm": (lambda x, w, b: F.group_norm(x, 2, w, b), [(3, 6, 5, 5), (6,), (6,)]),
+    "rms_norm_silu_rope": (
+        lambda q, w, c, s: (
+            torch.cat([q[..., :4] * c - q[..., 4:] * s, q[..., 4:] * c + q[..., :4] * s], -1)
+            * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + 1e-6)
+            * w
+            * F.silu(q)
+        ),
+        [(2, 3, 5, 8), (8,), (5, 4), (5, 4)],
+    ),
+    "causal_sdpa": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        [(2, 2, 6, 4), (2, 2, 6, 4), (2, 2, 6, 4)],
+    ),
+    "interpolate_avg_pool": (
+        lambda x: F.avg_pool2d(F.interpolate(x, scale_factor=2, mode="bilinear"), 3),
+        [(2, 3, 6, 6)],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BACKWARD_CASES))
+def test_inductor_backward_matches_float64(rng, name):
+    fn, shapes = _BACKWARD_CASES[name]
+    inputs = [_randn(rng, *s) for s in shapes]
+    spyre_inputs = [t.float().to(SPYRE).requires_grad_(True) for t in inputs]
+    ref_inputs = [t.clone().requires_grad_(True) for t in inputs]
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend="inductor")(*spyre_inputs)
+    expected = fn(*ref_inputs)
+    grad = _randn(rng, *expected.shape)
+    out.backward(grad.float().to(SPYRE))
+    expected.backward(grad)
+    torch.testing.assert_close(out.detach().cpu().double(), expected.detach(), rtol=1e-4, atol=1e-5)
+    for i, (got, ref) in enumerate(zip(spyre_inputs, ref_inputs)):
+        assert got.grad is not None and got.grad.device.type == "spyre", i
+        torch.testing.assert_close(got.grad.cpu().double(), ref.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_inductor_dynamic_shapes(rng):
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a: (a * 2).softmax(0).sum(1), backend="inductor", dynamic=True)
+    for n in (3, 5, 9):
+        a = _randn(rng, n, 4)
+        out = compiled(a.float().to(SPYRE))
+        torch.testing.assert_close(
+            out.cpu().double(), (a * 2).softmax(0).sum(1), rtol=1e-5, atol=1e-6
+        )

@@ -15,11 +15,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
+
+from spyreccl_torch import device as spyre_device
 
 pytestmark = pytest.mark.skipif(
-    not (hasattr(torch, "spyre") and torch.spyre.is_available()),
-    reason="the emulated spyre device is not registered",
+    not spyre_device.register(), reason="the emulated spyre device stepped aside"
 )
 
 _PYTHON = sys.executable

@@ -15,10 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from spyreccl_torch import device as spyre_device
+
 pytestmark = [
     pytest.mark.skipif(
-        not (hasattr(torch, "spyre") and torch.spyre.is_available()),
-        reason="the emulated spyre device is not registered",
+        not spyre_device.register(), reason="the emulated spyre device stepped aside"
     ),
     pytest.mark.filterwarnings("error"),
 ]
@@ -126,3 +127,38 @@ def test_operators_cpu_runs_natively_run_the_cpu_kernel_on_spyre():
     first = torch.ops.spyreccl_device.route_to_cpu_kernels()
     assert first > 100
     assert torch.ops.spyreccl_device.route_to_cpu_kernels() == first
+
+
+def test_main_job_prints_no_warning():
+    # The main job (examples/tp_train.py under torchrun, as `nox -s demo` runs it, without
+    # the timing table) must print no warning at all.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "tp_train.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "PYTHONWARNINGS")}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            "--no-bench",
+            "--steps",
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tp_train: OK" in result.stdout
+    assert "warn" not in result.stderr.lower(), result.stderr[-3000:]

@@ -210,14 +210,15 @@ bool runs_a_composite_where_cpu_has_a_kernel(const c10::OperatorHandle& op) {
 }
 
 int64_t route_to_cpu_kernels() {
+  // Never destroyed: the registrations must live as long as the process, and
+  // deregistering during static destruction (after the threads torch started are
+  // gone) aborts the process. The static pointer keeps it reachable.
+  static torch::Library* library = nullptr;
   static int64_t routed = 0;
   static std::once_flag once;
   std::call_once(once, [] {
-    // Deliberately leaked: the registrations must live as long as the process, and
-    // deregistering during static destruction (after the threads torch started are
-    // gone) aborts the process.
-    auto* library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
-                                       __FILE__, __LINE__);
+    library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                 __FILE__, __LINE__);
     c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
     for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) {
