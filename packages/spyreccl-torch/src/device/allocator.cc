@@ -1,13 +1,17 @@
 #include "allocator.h"
 
 #include <c10/util/Exception.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "device_state.h"
 #include "spyreccl/spyreccl.h"
@@ -15,12 +19,19 @@
 namespace spyreccl::device {
 namespace {
 
+using c10::CachingAllocator::Stat;
+using c10::CachingAllocator::StatArray;
+using c10::CachingAllocator::StatType;
+using c10::CachingDeviceAllocator::DeviceStats;
+
 // Large allocations come from spyreccl's shareable memory arena (spyrecclMemAlloc): the
 // core's collectives then read peers' tensors in place instead of staging every byte
 // through the communicator's shared segment (one copy between processes instead of two).
 // Small ones stay in ordinary host memory: the arena hands out whole pages, and small
 // collectives are staged anyway (below SPYRECCL_DIRECT_MIN_BYTES).
 constexpr std::size_t kArenaMinBytes = 64 << 10;
+// The arena's block granularity (spyreccl.h: blocks are page aligned).
+constexpr std::size_t kArenaPageBytes = 4096;
 
 // SPYRECCL_DEVICE_ARENA=0 keeps every allocation in ordinary host memory (to compare
 // the two transfer paths, or if the arena is unwanted). Read once.
@@ -33,34 +44,124 @@ bool arena_enabled() {
   return enabled;
 }
 
-// Live allocations by start address, so that getDeviceFromPtr can answer for
-// interior pointers too. One mutex is enough: emulated-device allocation rates
-// are bounded by the CPU kernels that consume the memory.
-class AllocationRegistry {
- public:
-  void add(const void* ptr, std::size_t nbytes, c10::DeviceIndex device, bool arena) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    live_[reinterpret_cast<std::uintptr_t>(ptr)] = Entry{nbytes, device, arena};
+// Where a block's memory came from. Statistics put arena blocks in the "large pool"
+// and ordinary host memory in the "small pool", so memory_stats tells the two apart.
+enum class BlockKind : std::uint8_t {
+  kHost,     // posix_memalign, freed by release()
+  kArena,    // spyrecclMemAlloc, freed by release()
+  kAdopted,  // a CPU kernel's result relabelled as spyre memory, freed by release_adopted()
+};
+
+// Bytes a block holds from the system: arena blocks are whole pages.
+std::size_t reserved_bytes_of(BlockKind kind, std::size_t nbytes) {
+  if (kind == BlockKind::kArena) {
+    return (nbytes + kArenaPageBytes - 1) / kArenaPageBytes * kArenaPageBytes;
+  }
+  return nbytes;
+}
+
+StatType pool_of(BlockKind kind) {
+  return kind == BlockKind::kArena ? StatType::LARGE_POOL : StatType::SMALL_POOL;
+}
+
+void for_aggregate_and(StatArray& stats, StatType pool, bool increase, std::size_t amount) {
+  for (StatType type : {StatType::AGGREGATE, pool}) {
+    Stat& stat = stats[static_cast<std::size_t>(type)];
+    if (increase) {
+      stat.increase(amount);
+    } else {
+      stat.decrease(amount);
+    }
+  }
+}
+
+// Statistics of one device. The allocator does not cache: a block is returned to
+// the system when its last user frees it, so every allocated block is also a
+// reserved segment and an active block, and nothing is ever inactive or split.
+// allocated/active/requested bytes are the exact sizes asked for; reserved bytes
+// add the arena's page rounding.
+struct DeviceCounters {
+  DeviceStats stats;
+
+  void add(BlockKind kind, std::size_t nbytes, bool fresh_from_system) {
+    const StatType pool = pool_of(kind);
+    const std::size_t reserved = reserved_bytes_of(kind, nbytes);
+    for_aggregate_and(stats.allocation, pool, true, 1);
+    for_aggregate_and(stats.segment, pool, true, 1);
+    for_aggregate_and(stats.active, pool, true, 1);
+    for_aggregate_and(stats.allocated_bytes, pool, true, nbytes);
+    for_aggregate_and(stats.reserved_bytes, pool, true, reserved);
+    for_aggregate_and(stats.active_bytes, pool, true, nbytes);
+    for_aggregate_and(stats.requested_bytes, pool, true, nbytes);
+    if (fresh_from_system) {
+      ++stats.num_device_alloc;
+    }
   }
 
-  // Forgets `ptr`; returns whether it came from the arena.
-  bool remove(const void* ptr) {
+  void remove(BlockKind kind, std::size_t nbytes, bool back_to_system) {
+    const StatType pool = pool_of(kind);
+    const std::size_t reserved = reserved_bytes_of(kind, nbytes);
+    for_aggregate_and(stats.allocation, pool, false, 1);
+    for_aggregate_and(stats.segment, pool, false, 1);
+    for_aggregate_and(stats.active, pool, false, 1);
+    for_aggregate_and(stats.allocated_bytes, pool, false, nbytes);
+    for_aggregate_and(stats.reserved_bytes, pool, false, reserved);
+    for_aggregate_and(stats.active_bytes, pool, false, nbytes);
+    for_aggregate_and(stats.requested_bytes, pool, false, nbytes);
+    if (back_to_system) {
+      ++stats.num_device_free;
+    }
+  }
+
+  template <typename F>
+  void for_each_stat_array(F f) {
+    for (StatArray* array :
+         {&stats.allocation, &stats.segment, &stats.active, &stats.inactive_split,
+          &stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
+          &stats.inactive_split_bytes, &stats.requested_bytes}) {
+      for (Stat& stat : *array) {
+        f(stat);
+      }
+    }
+  }
+};
+
+// Live allocations by start address (so that getDeviceFromPtr can answer for interior
+// pointers too) and the per-device statistics, under one mutex: emulated-device
+// allocation rates are bounded by the CPU kernels that consume the memory.
+class AllocationRegistry {
+ public:
+  void add(const void* ptr, std::size_t nbytes, c10::DeviceIndex device, BlockKind kind) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_[reinterpret_cast<std::uintptr_t>(ptr)] = Entry{nbytes, device, kind};
+    counters(device).add(kind, nbytes, /*fresh_from_system=*/kind != BlockKind::kAdopted);
+  }
+
+  // Forgets `ptr`; returns its kind if it was live.
+  std::optional<BlockKind> remove(const void* ptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
     if (it == live_.end()) {
-      return false;
+      return std::nullopt;
     }
-    const bool arena = it->second.arena;
+    const Entry entry = it->second;
     live_.erase(it);
-    return arena;
+    counters(entry.device).remove(entry.kind, entry.nbytes, /*back_to_system=*/true);
+    return entry.kind;
   }
 
   void relabel(const void* ptr, c10::DeviceIndex device) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-    if (it != live_.end()) {
-      it->second.device = device;
+    if (it == live_.end() || it->second.device == device) {
+      return;
     }
+    Entry& entry = it->second;
+    // The block moves between devices: it leaves one device's statistics and joins
+    // the other's, without a system allocation or free.
+    counters(entry.device).remove(entry.kind, entry.nbytes, /*back_to_system=*/false);
+    counters(device).add(entry.kind, entry.nbytes, /*fresh_from_system=*/false);
+    entry.device = device;
   }
 
   std::optional<c10::DeviceIndex> find(const void* ptr) const {
@@ -77,14 +178,52 @@ class AllocationRegistry {
     return std::nullopt;
   }
 
+  DeviceStats stats(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return counters(device).stats;
+  }
+
+  void reset_peak(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    counters(device).for_each_stat_array([](Stat& stat) { stat.reset_peak(); });
+  }
+
+  void reset_accumulated(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceCounters& c = counters(device);
+    c.for_each_stat_array([](Stat& stat) { stat.reset_accumulated(); });
+    c.stats.num_alloc_retries = 0;
+    c.stats.num_ooms = 0;
+    c.stats.num_device_alloc = 0;
+    c.stats.num_device_free = 0;
+  }
+
+  void count_oom(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters(device).stats.num_ooms;
+  }
+
  private:
   struct Entry {
     std::size_t nbytes;
     c10::DeviceIndex device;
-    bool arena;  // from spyrecclMemAlloc (else posix_memalign)
+    BlockKind kind;
   };
+
+  // Caller holds mutex_.
+  DeviceCounters& counters(c10::DeviceIndex device) {
+    if (per_device_.empty()) {
+      per_device_.resize(static_cast<std::size_t>(device_count()));
+    }
+    TORCH_INTERNAL_ASSERT(device >= 0 && static_cast<std::size_t>(device) < per_device_.size(),
+                          "spyre allocator: device index ", static_cast<int>(device),
+                          " out of range");
+    return per_device_[static_cast<std::size_t>(device)];
+  }
+
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, Entry> live_;
+  std::vector<DeviceCounters> per_device_;
 };
 
 AllocationRegistry& registry() {
@@ -93,13 +232,14 @@ AllocationRegistry& registry() {
   return *instance;
 }
 
-// The one deleter of both kinds of memory (c10's raw_deallocate calls raw_deleter()
-// without the DataPtr, so the registry says which kind `ptr` is).
+// The one deleter of both kinds of memory this allocator hands out (c10's
+// raw_deallocate calls raw_deleter() without the DataPtr, so the registry says which
+// kind `ptr` is).
 void release(void* ptr) {
   if (ptr == nullptr) {
     return;
   }
-  if (registry().remove(ptr)) {
+  if (registry().remove(ptr) == BlockKind::kArena) {
     // Cannot fail for a block the registry knows; a deleter must not throw anyway.
     (void)spyrecclMemFree(ptr);
   } else {
@@ -107,7 +247,45 @@ void release(void* ptr) {
   }
 }
 
-class SpyreHostAllocator final : public c10::Allocator {
+// A CPU kernel's result adopted as spyre memory: the original DataPtr (with its own
+// deleter) lives on in the context until the spyre storage frees it.
+struct AdoptedBlock {
+  c10::DataPtr original;
+};
+
+void release_adopted(void* context) {
+  auto* block = static_cast<AdoptedBlock*>(context);
+  registry().remove(block->original.get());
+  delete block;
+}
+
+// Free and total bytes of the host memory behind every emulated device: MemAvailable
+// (what the kernel could give without swapping) and the physical memory size.
+std::pair<std::size_t, std::size_t> host_memory_info() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  const std::size_t total =
+      pages > 0 && page_size > 0 ? static_cast<std::size_t>(pages) * page_size : 0;
+  std::size_t available = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::size_t value_kib = 0;
+  std::string unit;
+  while (meminfo >> key >> value_kib >> unit) {
+    if (key == "MemAvailable:") {
+      available = value_kib * 1024;
+      break;
+    }
+  }
+  if (available == 0) {
+    const long free_pages = sysconf(_SC_AVPHYS_PAGES);
+    available =
+        free_pages > 0 && page_size > 0 ? static_cast<std::size_t>(free_pages) * page_size : 0;
+  }
+  return {std::min(available, total), total};
+}
+
+class SpyreHostAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(std::size_t nbytes) override {
     return allocate_on(current_device(), nbytes);
@@ -117,6 +295,38 @@ class SpyreHostAllocator final : public c10::Allocator {
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
+  }
+
+  // Host memory needs no initialisation: ready once the library is loaded.
+  bool initialized() override { return true; }
+
+  // Nothing is cached (freed blocks go straight back to the system or the arena), so
+  // there is nothing to release; private pools (CUDA graphs) do not exist here.
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}
+
+  // Every spyre operator completes on the calling thread: a block can never be in
+  // use by a later stream operation, so there is no dependency to record.
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream stream) override {
+    TORCH_CHECK(stream.device_type() == kSpyreDeviceType,
+                "spyre recordStream: expected a spyre stream, got one on ", stream.device());
+  }
+
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    return registry().stats(resolve_device_index(device, "spyre memory_stats"));
+  }
+
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    registry().reset_accumulated(resolve_device_index(device, "spyre reset_accumulated_stats"));
+  }
+
+  void resetPeakStats(c10::DeviceIndex device) override {
+    registry().reset_peak(resolve_device_index(device, "spyre reset_peak_stats"));
+  }
+
+  // Every emulated device is backed by the same host memory.
+  std::pair<std::size_t, std::size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    resolve_device_index(device, "spyre get_memory_info");
+    return host_memory_info();
   }
 };
 
@@ -140,7 +350,7 @@ AliasGrowthAllocator g_alias_growth_allocator;
 
 }  // namespace
 
-c10::Allocator* host_allocator() { return &g_allocator; }
+c10::DeviceAllocator* host_allocator() { return &g_allocator; }
 
 c10::Allocator* alias_growth_allocator() { return &g_alias_growth_allocator; }
 
@@ -152,22 +362,34 @@ c10::DataPtr allocate_on(c10::DeviceIndex index, std::size_t nbytes) {
   void* ptr = nullptr;
   if (nbytes >= kArenaMinBytes && arena_enabled() &&
       spyrecclMemAlloc(&ptr, nbytes) == spyrecclSuccess) {
-    registry().add(ptr, nbytes, index, /*arena=*/true);
+    registry().add(ptr, nbytes, index, BlockKind::kArena);
     return {ptr, ptr, &release, device};
   }
   // No arena (or it is exhausted): ordinary memory, whose collectives are staged.
   const int rc = posix_memalign(&ptr, kAllocationAlignment, nbytes);
+  if (rc != 0 || ptr == nullptr) {
+    registry().count_oom(index);
+  }
   TORCH_CHECK_WITH(OutOfMemoryError, rc == 0 && ptr != nullptr, "spyre allocator: cannot allocate ",
                    nbytes, " bytes of host memory for ", device, " (posix_memalign returned ", rc,
                    ")");
-  registry().add(ptr, nbytes, index, /*arena=*/false);
+  registry().add(ptr, nbytes, index, BlockKind::kHost);
   return {ptr, ptr, &release, device};
 }
 
-void relabel(c10::DataPtr& data, c10::Device device) {
-  if (device.type() == kSpyreDeviceType && data.get_deleter() == &release &&
-      data.get() != nullptr) {
-    registry().relabel(data.get(), device.index());
+void adopt(c10::DataPtr& data, std::size_t nbytes, c10::Device device) {
+  if (device.type() == kSpyreDeviceType && data.get() != nullptr) {
+    const c10::DeleterFnPtr deleter = data.get_deleter();
+    if (deleter == &release || deleter == &release_adopted) {
+      registry().relabel(data.get(), device.index());
+    } else {
+      // Memory of another allocator (a CPU kernel's result): keep its deleter in a
+      // context that also takes the block out of the statistics when it is freed.
+      void* ptr = data.get();
+      auto* block = new AdoptedBlock{std::move(data)};
+      data = c10::DataPtr(ptr, block, &release_adopted, device);
+      registry().add(ptr, nbytes, device.index(), BlockKind::kAdopted);
+    }
   }
   data.unsafe_set_device(device);
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Storage.h>
 
 #include <cstddef>
@@ -16,7 +17,10 @@ inline constexpr std::size_t kAllocationAlignment = 64;
 // The PrivateUse1 allocator (also registered with c10::SetAllocator). Data
 // pointers are plain host addresses, directly readable by the collective
 // library; the DataPtr is labelled with the calling thread's current device.
-c10::Allocator* host_allocator();
+// It is a c10::DeviceAllocator, so torch.accelerator.memory_* works: it keeps
+// per-device statistics of every block that backs a spyre storage (its own
+// blocks and CPU-kernel results adopted through adopt()).
+c10::DeviceAllocator* host_allocator();
 
 // Allocator for CPU aliases of spyre storages (see host_alias.h): the same
 // host memory and deleter as host_allocator(), labelled CPU so that the CPU
@@ -27,12 +31,14 @@ c10::Allocator* alias_growth_allocator();
 // Allocates `nbytes` of host memory labelled as spyre device `device`.
 c10::DataPtr allocate_on(c10::DeviceIndex device, std::size_t nbytes);
 
-// Moves `data` to spyre device `device` (memory stays where it is; only the
-// label changes), keeping the allocation registry in step.
-void relabel(c10::DataPtr& data, c10::Device device);
+// Moves `data` (`nbytes` long) to spyre device `device` (memory stays where it
+// is; only the label changes), keeping the allocation registry and statistics in
+// step. Memory from another allocator (a CPU kernel's fresh result) is wrapped so
+// that the spyre statistics count it until it is freed.
+void adopt(c10::DataPtr& data, std::size_t nbytes, c10::Device device);
 
-// Device of the live allocation containing `ptr`, if it came from
-// host_allocator(). Storages adopted from CPU kernels are not tracked.
+// Device of the live spyre allocation containing `ptr` (from host_allocator()
+// or adopted), if any.
 std::optional<c10::DeviceIndex> device_of_allocation(const void* ptr);
 
 // Grows or shrinks a spyre storage to `nbytes`, keeping the common prefix.

@@ -65,7 +65,13 @@ void op_set_rng_state(int64_t device, const at::Tensor& state) {
               state.device());
   at::Generator gen = generator_for(device, "set_rng_state");
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+  gen.set_state(state.contiguous());
+}
+
+// The default generator itself (torch.spyre.default_generators), e.g. for
+// torch.compile's graph-safe RNG, which swaps its state.
+at::Generator op_default_generator(int64_t device) {
+  return generator_for(device, "default_generator");
 }
 
 }  // namespace
@@ -79,6 +85,7 @@ TORCH_LIBRARY(spyreccl_device, m) {
   m.def("initial_seed(int device) -> int", &op_initial_seed);
   m.def("get_rng_state(int device) -> Tensor", &op_get_rng_state);
   m.def("set_rng_state(int device, Tensor state) -> ()", &op_set_rng_state);
+  m.def("default_generator(int device) -> Generator?", &op_default_generator);
 }
 
 }  // namespace spyreccl::device

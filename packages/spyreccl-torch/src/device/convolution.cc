@@ -5,6 +5,14 @@
 // kernels throw, so they never reach the boxed fallback. These kernels lend
 // the operands to the CPU convolution (and its backward), which picks the
 // best CPU algorithm, and adopt the results without copying.
+//
+// Results are returned in the contiguous memory format: that is what torch's
+// shape functions promise for the Overrideable convolution backend that
+// PrivateUse1 devices get (FakeTensor asks _conv_determine_backend_memory_format),
+// and what torch.compile's generated code checks (assert_size_stride). CPU
+// kernels keep channels-last inputs channels-last, so such results are made
+// contiguous (one copy; inductor feeds channels-last inputs when it optimises
+// the layout of convolution graphs).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
@@ -23,6 +31,12 @@ at::Tensor lend_optional(HostAliasScope& scope, const std::optional<at::Tensor>&
   return t.has_value() && t->defined() ? scope.lend(*t) : at::Tensor();
 }
 
+// The spyre result for a CPU kernel's `host` result, in the contiguous format
+// (see the file comment).
+at::Tensor contiguous_result(HostAliasScope& scope, const at::Tensor& host) {
+  return scope.to_spyre(host.defined() ? host.contiguous() : host);
+}
+
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
                        c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
@@ -33,7 +47,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
       at::convolution(scope.lend(input), scope.lend(weight),
                       bias_host.defined() ? std::optional<at::Tensor>(bias_host) : std::nullopt,
                       stride, padding, dilation, transposed, output_padding, groups);
-  return scope.to_spyre(output);
+  return contiguous_result(scope, output);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
@@ -48,7 +62,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
       scope.lend(grad_output), scope.lend(input), scope.lend(weight),
       output_mask[2] ? std::optional<c10::IntArrayRef>(bias_sizes) : std::nullopt, stride, padding,
       dilation, transposed, output_padding, groups, output_mask);
-  return {scope.to_spyre(grad_input), scope.to_spyre(grad_weight), scope.to_spyre(grad_bias)};
+  return {contiguous_result(scope, grad_input), contiguous_result(scope, grad_weight),
+          contiguous_result(scope, grad_bias)};
 }
 
 }  // namespace

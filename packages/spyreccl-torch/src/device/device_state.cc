@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <limits>
 
+#include "local_rank.h"
+
 namespace spyreccl::device {
 namespace {
 
@@ -31,7 +33,10 @@ c10::DeviceIndex parse_device_count() noexcept {
   return static_cast<c10::DeviceIndex>(value);
 }
 
-thread_local c10::DeviceIndex tls_current_device = 0;
+// -1 until the thread selects a device: it then runs on the process's device
+// (LOCAL_RANK's, see local_rank.h).
+constexpr c10::DeviceIndex kUnset = -1;
+thread_local c10::DeviceIndex tls_current_device = kUnset;
 
 }  // namespace
 
@@ -46,7 +51,9 @@ void check_device_index(c10::DeviceIndex index, const char* what) {
               " (the count comes from ", kDeviceCountEnv, ")");
 }
 
-c10::DeviceIndex current_device() noexcept { return tls_current_device; }
+c10::DeviceIndex current_device() noexcept {
+  return tls_current_device != kUnset ? tls_current_device : local_rank_device();
+}
 
 void set_current_device(c10::DeviceIndex index) {
   check_device_index(index, "set_device");

@@ -22,7 +22,8 @@ c10::DeviceIndex device_count() noexcept;
 // Throws a c10::Error naming `what` when `index` is not a valid device index.
 void check_device_index(c10::DeviceIndex index, const char* what);
 
-// The calling thread's current device (0 until set), like cudaGetDevice.
+// The calling thread's current device, like cudaGetDevice: until the thread
+// sets one, the process's device (LOCAL_RANK's under torchrun, else 0).
 c10::DeviceIndex current_device() noexcept;
 
 // Checked and unchecked setters of the calling thread's current device.

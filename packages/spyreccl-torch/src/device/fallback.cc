@@ -5,6 +5,10 @@
 // (view_as_real, unfold, diagonal, ...) return true views of the spyre
 // storage, in-place and out= operators write the spyre memory itself, and
 // results allocated by the CPU kernel become spyre tensors by relabelling.
+//
+// The same function also serves, as an explicit spyre kernel, the operators
+// for which CPU has a kernel of its own but PrivateUse1 would get a composite
+// one (see route_to_cpu_kernels), so that spyre runs what CPU runs.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
@@ -12,7 +16,9 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -162,10 +168,11 @@ void spyre_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
         value = c10::IValue(c10::Device(c10::kCPU));
       }
     } else if (value.isGenerator()) {
-      value = engine_of(value.toGenerator(), name);
+      value = cpu_engine_for(value.toGenerator(), name);
     } else if (value.isNone() && is_optional_generator(schema.arguments()[i])) {
-      // Draw from the spyre device's default generator rather than the CPU's.
-      value = default_generator(device.index()).get<SpyreGeneratorImpl>()->engine();
+      // Draw from the spyre device's default generator rather than the CPU's
+      // (random ops without a spyre kernel in random_kernels.cc).
+      value = cpu_engine_for(default_generator(device.index()), name);
     }
   }
 
@@ -183,10 +190,66 @@ void spyre_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
   }
 }
 
+// Operators for which CPU has a kernel of its own while PrivateUse1 would get a
+// composite one. Structured operators register their functional and in-place
+// variants as CompositeExplicitAutogradNonFunctional for every backend: a
+// spyre call would allocate the output on spyre and redispatch to the out=
+// variant, whose CPU kernel then runs with an output that is already sized. A
+// CPU call takes the functional kernel directly. The two differ where the
+// out= kernel resizes that output (mse_loss with reduction: CPU's out= kernel
+// first sizes it like the inputs, which warns "An output with one or more
+// elements was resized", then shrinks it to 0-d), and some
+// CompositeExplicitAutograd decompositions (native_layer_norm, native_group_norm)
+// round differently from CPU's fused kernels. Routing them to the fallback
+// runs exactly CPU's kernel on the spyre memory, in one dispatch.
+bool runs_a_composite_where_cpu_has_a_kernel(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+         !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) &&
+         (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));
+}
+
+int64_t route_to_cpu_kernels() {
+  // Never destroyed: the registrations must live as long as the process, and
+  // deregistering during static destruction (after the threads torch started are
+  // gone) aborts the process. The static pointer keeps it reachable.
+  static torch::Library* library = nullptr;
+  static int64_t routed = 0;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                 __FILE__, __LINE__);
+    c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) {
+        continue;
+      }
+      const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+      if (!op.has_value() || !runs_a_composite_where_cpu_has_a_kernel(*op)) {
+        continue;
+      }
+      const std::string qualified =
+          name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+      library->impl(qualified.c_str(),
+                    torch::CppFunction::makeFromBoxedFunction<&spyre_fallback>());
+      ++routed;
+    }
+  });
+  return routed;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&spyre_fallback>());
+}
+
+// Called once by the Python loader after the library is loaded, when every
+// explicit spyre kernel of this library (kernels.cc) is registered: static
+// initialisers of different files run in no fixed order, so the scan cannot
+// run in one of them.
+TORCH_LIBRARY_FRAGMENT(spyreccl_device, m) {
+  m.def("route_to_cpu_kernels() -> int", &route_to_cpu_kernels);
 }
 
 }  // namespace spyreccl::device

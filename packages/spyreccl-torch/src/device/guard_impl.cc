@@ -65,6 +65,13 @@ class SpyreGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
+  // Every operator runs a CPU kernel on host memory, so every dtype the CPU
+  // supports is supported (the default capability: all of them).
+  c10::DeviceCapability getDeviceCapability(c10::Device device) const override {
+    check_spyre(device, "spyre getDeviceCapability");
+    return c10::DeviceCapability();
+  }
+
   // Events carry only a host timestamp: work recorded before an event has
   // already run when record() is called, so events are complete immediately
   // and only elapsed_time needs state.

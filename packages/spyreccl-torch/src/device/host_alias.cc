@@ -105,7 +105,7 @@ void HostAliasScope::commit() {
       // block is released by the spyre storage.
       c10::DataPtr owned =
           host->set_data_ptr(c10::DataPtr(const_cast<void*>(now), c10::Device(c10::kCPU)));
-      relabel(owned, spyre->device());
+      adopt(owned, host->nbytes(), spyre->device());
       spyre->set_data_ptr_noswap(std::move(owned));
     }
     spyre->set_nbytes(host->nbytes());
@@ -128,9 +128,12 @@ c10::Storage HostAliasScope::adopt_storage(const c10::Storage& host) {
   c10::StorageImpl* impl = host.unsafeGetStorageImpl();
   if (std::find(adopted_.begin(), adopted_.end(), impl) == adopted_.end()) {
     // Fresh memory the CPU kernel allocated for its result: nobody else holds
-    // it, so relabelling it as spyre memory is a move, not a copy. The spyre
-    // allocator serves any later growth.
-    relabel(impl->_mutable_data_ptr_no_checks(), device_);
+    // it, so relabelling it as spyre memory is a move, not a copy (adopt()
+    // also counts it in the spyre memory statistics). The spyre allocator
+    // serves any later growth.
+    c10::DataPtr data = impl->set_data_ptr(c10::DataPtr());
+    adopt(data, impl->nbytes(), device_);
+    impl->set_data_ptr_noswap(std::move(data));
     if (impl->allocator() != nullptr) {
       impl->set_allocator(host_allocator());
     }

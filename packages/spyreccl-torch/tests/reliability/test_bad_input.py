@@ -51,8 +51,11 @@ def _cases(rank: int, world: int):
     cases["cpu_tensor"] = Case(lambda: dist.all_reduce(torch.ones(3)))
     cpu_out = torch.full((N * world,), float("nan"))
     cases["mixed_devices"] = Case(lambda: dist.all_gather_single(cpu_out, x), [cpu_out])
+    # Explicit indices: each rank's current device is its LOCAL_RANK's, so `x` is on
+    # spyre:<rank> and would match spyre:1 on rank 1.
     other = _poisoned(N * world, device="spyre:1")
-    cases["mixed_spyre_indices"] = Case(lambda: dist.all_gather_single(other, x), [other])
+    x_on_0 = x.to("spyre:0")
+    cases["mixed_spyre_indices"] = Case(lambda: dist.all_gather_single(other, x_on_0), [other])
     expanded = torch.zeros(1, device=S).expand(N * world)
     cases["overlapping_output"] = Case(lambda: dist.all_gather_single(expanded, x))
     cases["overlapping_in_place"] = Case(

@@ -99,6 +99,7 @@ def _register_locked() -> bool:
     # generate_methods_for_privateuse1_backend raises when run twice.
     if not hasattr(torch.Tensor, "is_spyre"):
         backend_registration.generate_methods_for_privateuse1_backend(for_storage=True)
+    spyre_module._install_integrations()
     _log.debug("spyreccl_torch.device: emulated spyre device registered from %s", path)
     return True
 

@@ -8,7 +8,11 @@ inductor so:
   emits kernel calls for spyre exactly as for ``cpu`` (the stock wrapper refuses
   non-triton kernel calls on unknown devices);
 * a dynamo ``DeviceInterface`` for spyre (not triton-capable, answers from ``torch.spyre``);
-* ``DeviceOpOverrides`` whose device guards use ``torch.spyre.device``.
+* ``DeviceOpOverrides`` whose device guards use ``torch.spyre.device``;
+* two device-scoped adjustments where torch 2.13 hard-codes device names and offers no
+  registration hook (see :func:`_install_backend_name` and
+  :func:`_install_cpu_codegen_node_check`): spyre kernels are C++ kernels ("cpp"), and
+  spyre scheduler nodes take the CPU path of the scheduler's loop optimisations.
 
 Imported by ``torch.spyre.__getattr__`` the first time inductor asks for its codegen
 classes, so ``import torch`` never pays for importing inductor.
@@ -16,11 +20,16 @@ classes, so ``import torch`` never pays for importing inductor.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
 import torch
-from torch._dynamo.device_interface import CpuInterface, register_interface_for_device
+from torch._dynamo.device_interface import (
+    CpuInterface,
+    caching_worker_current_devices,
+    register_interface_for_device,
+)
 from torch._inductor.codegen.common import (
     register_backend_for_device,
     register_device_op_overrides,
@@ -84,6 +93,23 @@ class SpyreDeviceOpOverrides(CpuDeviceOpOverrides):
 class SpyreInterface(CpuInterface):
     """Dynamo's view of the spyre runtime: host execution, no streams, no triton."""
 
+    class Worker(CpuInterface.Worker):
+        """Device queries for inductor's compile workers (``device="spyre"`` without an
+        index resolves through ``Worker.current_device``). The device a worker was told
+        to use is remembered, as for CUDA; otherwise the process's current device."""
+
+        @staticmethod
+        def set_device(device: int) -> None:
+            caching_worker_current_devices[_DEVICE] = torch.spyre._device_index(
+                device, optional=False
+            )
+
+        @staticmethod
+        def current_device() -> int:
+            if _DEVICE in caching_worker_current_devices:
+                return caching_worker_current_devices[_DEVICE]
+            return torch.spyre.current_device()
+
     class device:  # lowercase: the name is fixed by DeviceInterface
         def __new__(cls, device: Any) -> Any:
             return torch.spyre.device(device)
@@ -142,6 +168,79 @@ _lock = threading.Lock()
 _registered = False
 
 
+def _is_spyre(device_type: str | None) -> bool:
+    """Whether inductor's current device (or ``device_type``) is spyre."""
+    if not device_type:
+        from torch._inductor.virtualized import V
+
+        device_type = V.graph.get_current_device_or_throw().type
+    return device_type == _DEVICE
+
+
+def _install_backend_name() -> None:
+    """Makes ``get_current_backend()`` answer "cpp" for spyre.
+
+    Inductor asks ``torch._inductor.utils.get_current_backend()`` which kernel language the
+    current device's kernels are written in (CSE, dtype propagation and the compute-dtype
+    upcast differ between "cpp" and "triton"). torch 2.13 hard-codes that map: cpu, mps,
+    xpu and tpu are listed, every other device gets ``config.cuda_backend`` ("triton"), and
+    ``register_backend_for_device`` has no parameter for it (its ``device_custom_config``
+    only feeds cache keys). Spyre kernels come from ``CppScheduling``, so with "triton" the
+    C++ codegen sees triton-style values and fails (``assert index.dtype is not None``).
+
+    Setting ``config.cuda_backend = "cpp"`` would also switch CUDA devices of the same
+    process to the C++ backend, so instead the function is wrapped: spyre answers "cpp",
+    every other device reaches the original. Modules that imported the function by name
+    are rebound to the wrapper.
+    """
+    import torch._inductor.utils as inductor_utils
+
+    original = inductor_utils.get_current_backend
+    if getattr(original, "_spyre_wrapped", False):
+        return
+
+    def get_current_backend(device_type: str | None = None) -> str:
+        if _is_spyre(device_type):
+            return "cpp"
+        return original(device_type)
+
+    get_current_backend._spyre_wrapped = True  # type: ignore[attr-defined]
+    get_current_backend.__wrapped__ = original  # type: ignore[attr-defined]
+    get_current_backend.__doc__ = original.__doc__
+    for name, module in list(sys.modules.items()):
+        if (name == "torch._inductor" or name.startswith("torch._inductor.")) and getattr(
+            module, "get_current_backend", None
+        ) is original:
+            module.get_current_backend = get_current_backend  # type: ignore[attr-defined]
+
+
+def _install_cpu_codegen_node_check() -> None:
+    """Counts spyre scheduler nodes as CPU-generated in ``BaseSchedulerNode.is_cpu``.
+
+    The scheduler uses ``is_cpu()`` only to keep GPU-style loop reordering, pointwise
+    reindexing and index inversion away from nodes whose kernels ``CppScheduling`` writes
+    ("not validated for CPU codegen"); on spyre nodes the reindexing pass fails (``can't
+    multiply sequence by non-int of type 'tuple'``: C++ node groups are size tuples, not
+    SIMD numels). Spyre nodes are generated by the same C++ scheduling, so they take the
+    CPU path. Switching the passes off in ``torch._inductor.config`` would change every
+    device's compilation; this changes spyre nodes only.
+    """
+    from torch._inductor.scheduler import BaseSchedulerNode
+
+    original = BaseSchedulerNode.is_cpu
+    if getattr(original, "_spyre_wrapped", False):
+        return
+
+    def is_cpu(self: BaseSchedulerNode) -> bool:
+        device = self.get_device()
+        return (device is not None and device.type == _DEVICE) or original(self)
+
+    is_cpu._spyre_wrapped = True  # type: ignore[attr-defined]
+    is_cpu.__wrapped__ = original  # type: ignore[attr-defined]
+    is_cpu.__doc__ = original.__doc__
+    BaseSchedulerNode.is_cpu = is_cpu  # type: ignore[method-assign]
+
+
 def register() -> None:
     """Registers spyre with inductor and dynamo (idempotent)."""
     global _registered
@@ -157,13 +256,8 @@ def register() -> None:
         )
         register_interface_for_device(_DEVICE, SpyreInterface)
         register_device_op_overrides(_DEVICE, SpyreDeviceOpOverrides())
-        # Inductor re-indexes pointwise loops fused into reductions for every device but
-        # "cpu", assuming a GPU-style kernel; spyre kernels come from CppScheduling, where
-        # that pass fails ("can't multiply sequence by non-int of type 'tuple'"). The pass
-        # is an optimisation only, so it is switched off once spyre joins inductor.
-        import torch._inductor.config as inductor_config
-
-        inductor_config.loop_reindexing_after_fusion = False
+        _install_backend_name()
+        _install_cpu_codegen_node_check()
         _registered = True
 
 

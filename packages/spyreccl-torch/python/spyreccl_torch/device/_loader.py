@@ -56,4 +56,7 @@ def load() -> Path:
     path = library_path()
     # load_library is idempotent per path (dlopen returns the same handle).
     torch.ops.load_library(str(path))
+    # Now that all of the library's kernels are registered: operators that CPU runs with
+    # its own kernel run that kernel on spyre too, not a composite (idempotent).
+    torch.ops.spyreccl_device.route_to_cpu_kernels()
     return path

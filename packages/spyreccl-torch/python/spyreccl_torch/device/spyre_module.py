@@ -50,6 +50,29 @@ _DeviceLike = int | str | torch.device | None
 
 _U64 = 1 << 64
 
+# Memory statistics and device properties (torch.spyre.memory_allocated, ...).
+from ._memory import *  # noqa: E402, F403
+from ._memory import __all__ as _memory_all  # noqa: E402
+
+__all__ += _memory_all
+
+# torch.utils.checkpoint stashes and replays a device's random state only when its module
+# says the device is initialized (as torch.cuda._initialized does); the emulated device always
+# is. Without it, recomputed dropout would draw new masks from the spyre generator.
+_initialized = True
+
+# Default generators (see _random); _install_integrations() runs once the device is named.
+from . import _attention, _random  # noqa: E402
+from ._random import _get_generator, default_generators  # noqa: E402, F401
+
+
+def _install_integrations() -> None:
+    """Hooks into torch modules that ``import torch`` does not load (or loads before the
+    device is named): DTensor's handlers for tensor-parallel attention, compile's graph-safe
+    RNG. Called by :func:`spyreccl_torch.device.register` after the rename."""
+    _attention.install()
+    _random.install()
+
 
 def _ops() -> Any:
     return torch.ops.spyreccl_device
@@ -101,7 +124,9 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    """The emulated device needs no lazy initialisation; it is ready once registered."""
+    """True: the emulated device has no runtime context to create (torch code such as
+    DeviceMesh reads this to decide whether to pick a device for the process; ``LOCAL_RANK``
+    already did). ``LOCAL_RANK`` itself is validated on first use (see ``_local_rank``)."""
     return True
 
 
@@ -110,9 +135,8 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-def _lazy_init() -> None:
-    """Nothing to initialise (see :func:`is_initialized`)."""
-
+# Validates LOCAL_RANK on first use (see _local_rank).
+from ._local_rank import _lazy_init  # noqa: E402
 
 _device_count: int | None = None
 
@@ -128,12 +152,15 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    """Index of the calling thread's current spyre device."""
+    """Index of the calling thread's current spyre device (``LOCAL_RANK``'s until the
+    thread selects one)."""
+    _lazy_init()
     return int(_ops().current_device())
 
 
 def set_device(device: _DeviceLike) -> None:
     """Sets the calling thread's current spyre device."""
+    _lazy_init()
     _ops().set_device(_device_index(device, optional=False))
 
 
@@ -303,6 +330,13 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
     for index, state in enumerate(new_states):
         set_rng_state(state, index)
 
+
+# --- automatic mixed precision (see _amp) --------------------------------------------------
+
+from ._amp import *  # noqa: E402, F403
+from ._amp import __all__ as _amp_all  # noqa: E402
+
+__all__ += _amp_all
 
 # --- inductor (lazy) ----------------------------------------------------------------------
 

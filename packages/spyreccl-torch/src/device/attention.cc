@@ -1,0 +1,246 @@
+// Fused scaled-dot-product attention for spyre.
+//
+// On a device without a fused SDPA, torch decomposes F.scaled_dot_product_attention
+// into its math path, which builds plain mask tensors and so cannot run on DTensors
+// ("got mixed torch.Tensor and DTensor"). Spyre instead registers a choice function
+// for the PrivateUse1 SDPA stub that picks the "efficient attention" backend, and
+// implements aten::_scaled_dot_product_efficient_attention (+ backward) for spyre:
+// DTensor has sharding rules for that op pair (heads or batch sharded), so
+// Megatron-style tensor parallel attention works unchanged. The kernels compute
+// exactly (no tiling): scores, a log-sum-exp saved for the backward, and
+// attention probabilities recomputed from it; half/bfloat16 are computed in
+// float32, as the math path does. Dropout masks come from the spyre Philox
+// stream, and the (seed, offset) returned by the forward rebuilds the same mask
+// in the backward.
+#include <ATen/Context.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/logsumexp.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "device_state.h"
+#include "philox.h"
+
+namespace spyreccl::device {
+namespace {
+
+using at::SDPBackend;
+
+bool is_attention_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+// Which SDPA backend spyre uses: efficient attention (this file) for 4-D dense
+// inputs of one floating dtype with as many key/value heads as query heads; the
+// math decomposition otherwise (grouped-query attention, other ranks), and
+// whatever torch.nn.attention.sdpa_kernel() allows.
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double /*dropout_p*/,
+                         bool /*is_causal*/, std::optional<double> /*scale*/, bool /*enable_gqa*/) {
+  const auto& ctx = at::globalContext();
+  const bool shapes_fit = query.dim() == 4 && key.dim() == 4 && value.dim() == 4 &&
+                          key.size(1) == query.size(1) && value.size(1) == query.size(1) &&
+                          key.size(0) == query.size(0) && value.size(0) == query.size(0);
+  const bool dtypes_fit = is_attention_dtype(query.scalar_type()) &&
+                          key.scalar_type() == query.scalar_type() &&
+                          value.scalar_type() == query.scalar_type();
+  const bool dense = !query.is_nested() && !key.is_nested() && !value.is_nested() &&
+                     (!attn_mask.has_value() || !attn_mask->is_nested());
+  if (ctx.userEnabledMemEfficientSDP() && shapes_fit && dtypes_fit && dense) {
+    return static_cast<int64_t>(SDPBackend::efficient_attention);
+  }
+  if (ctx.userEnabledMathSDP()) {
+    return static_cast<int64_t>(SDPBackend::math);
+  }
+  return static_cast<int64_t>(SDPBackend::error);
+}
+
+at::ScalarType compute_dtype(at::ScalarType t) {
+  return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
+}
+
+double softmax_scale(const at::Tensor& query, std::optional<double> scale) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
+}
+
+void check_inputs(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
+              ": expected 4-D query, key, value (batch, heads, length, dim), got ", q.sizes(), ", ",
+              k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(0) == v.size(0) && q.size(1) == k.size(1) &&
+                  q.size(1) == v.size(1) && k.size(2) == v.size(2) && q.size(3) == k.size(3),
+              op, ": incompatible shapes query ", q.sizes(), ", key ", k.sizes(), ", value ",
+              v.sizes());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), op,
+              ": query, key and value must have one dtype, got ", q.scalar_type(), ", ",
+              k.scalar_type(), ", ", v.scalar_type());
+}
+
+// Attention scores (B, H, L, S) in `acc` precision: scaled q k^T, causal mask
+// (top-left aligned, as the math path) and additive bias.
+at::Tensor scores_of(const at::Tensor& q, const at::Tensor& k,
+                     const std::optional<at::Tensor>& bias, bool is_causal, double scale,
+                     at::ScalarType acc) {
+  at::Tensor scores = at::matmul(q.to(acc), k.to(acc).transpose(-2, -1)).mul_(scale);
+  if (is_causal) {
+    const int64_t L = q.size(2);
+    const int64_t S = k.size(2);
+    at::Tensor keep = at::ones({L, S}, q.options().dtype(at::kBool)).tril();
+    scores.masked_fill_(keep.logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  if (bias.has_value() && bias->defined()) {
+    scores.add_(
+        bias->scalar_type() == at::kBool
+            ? at::zeros_like(*bias, bias->options().dtype(acc))
+                  .masked_fill_(bias->logical_not(), -std::numeric_limits<double>::infinity())
+            : bias->to(acc));
+  }
+  return scores;
+}
+
+// exp(scores - lse), with rows that every position masked out (lse = -inf)
+// giving zeros, as the math path's safe softmax does.
+at::Tensor probabilities(const at::Tensor& scores, const at::Tensor& lse) {
+  at::Tensor finite_lse = lse.masked_fill(lse.isneginf(), 0.0);
+  return (scores - finite_lse.unsqueeze(-1)).exp_();
+}
+
+// An uninitialised (b, h, n, d) tensor over (b, n, h, d) memory.
+at::Tensor transposed_heads_empty(int64_t b, int64_t h, int64_t n, int64_t d,
+                                  const at::TensorOptions& options) {
+  return at::empty({b, n, h, d}, options).transpose(1, 2);
+}
+
+at::Tensor transposed_heads_like(const at::Tensor& t) {
+  return transposed_heads_empty(t.size(0), t.size(1), t.size(2), t.size(3), t.options());
+}
+
+at::Tensor philox_scalar(uint64_t value, c10::Device device) {
+  return at::scalar_tensor(static_cast<int64_t>(value),
+                           at::TensorOptions().dtype(at::kLong).device(device));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_bias, bool compute_log_sumexp, double dropout_p,
+    bool is_causal, std::optional<double> scale) {
+  check_inputs("_scaled_dot_product_efficient_attention", query, key, value);
+  TORCH_CHECK(0.0 <= dropout_p && dropout_p <= 1.0,
+              "_scaled_dot_product_efficient_attention: dropout_p must be in [0, 1], got ",
+              dropout_p);
+  const at::ScalarType acc = compute_dtype(query.scalar_type());
+  at::Tensor scores = scores_of(query, key, attn_bias, is_causal, softmax_scale(query, scale), acc);
+  at::Tensor lse = at::logsumexp(scores, -1);
+  at::Tensor probs = probabilities(scores, lse);
+  uint64_t seed = 0;
+  uint64_t first = 0;
+  if (dropout_p > 0.0) {
+    at::Tensor keep =
+        reserve_keep_mask(probs.sizes(), 1.0 - dropout_p, query.device(), seed, first);
+    probs = probs.mul_(keep).div_(1.0 - dropout_p);
+  }
+  // The layout the op's meta function declares (and DTensor, fake tensors and
+  // inductor plan with): output (B, H, L, Ev) over (B, L, H, Ev) memory, float32
+  // log-sum-exp padded to a multiple of 32 queries, 0-dim int64 seed and offset.
+  at::Tensor out = transposed_heads_empty(query.size(0), query.size(1), query.size(2),
+                                          value.size(3), query.options());
+  out.copy_(at::matmul(probs, value.to(acc)));
+  at::Tensor saved_lse;
+  if (compute_log_sumexp) {
+    const int64_t padded = (query.size(2) + 31) / 32 * 32;
+    saved_lse = at::full({query.size(0), query.size(1), padded},
+                         std::numeric_limits<float>::infinity(), lse.options().dtype(at::kFloat));
+    saved_lse.narrow(-1, 0, query.size(2)).copy_(lse);
+  } else {
+    saved_lse = at::empty({query.size(0), query.size(1), 0}, lse.options().dtype(at::kFloat));
+  }
+  return {out, saved_lse, philox_scalar(seed, query.device()),
+          philox_scalar(first, query.device())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& attn_bias_or_undefined, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
+    double dropout_p, std::array<bool, 4> grad_input_mask, bool is_causal,
+    std::optional<double> scale) {
+  check_inputs("_scaled_dot_product_efficient_attention_backward", query, key, value);
+  if (!grad_out.defined()) {
+    return {};  // no gradient flowed into the output: none flows out
+  }
+  const std::optional<at::Tensor> attn_bias =
+      attn_bias_or_undefined.defined() ? std::optional<at::Tensor>(attn_bias_or_undefined)
+                                       : std::nullopt;
+  const at::ScalarType acc = compute_dtype(query.scalar_type());
+  const double s = softmax_scale(query, scale);
+  at::Tensor scores = scores_of(query, key, attn_bias, is_causal, s, acc);
+  // Recomputed rather than read from `logsumexp`, which is float32 (the op's
+  // declared dtype) and would cost float64 inputs their precision.
+  at::Tensor lse = at::logsumexp(scores, -1);
+  at::Tensor probs = probabilities(scores, lse);
+  at::Tensor dropped = probs;
+  std::optional<at::Tensor> keep;
+  if (dropout_p > 0.0) {
+    keep = keep_mask(probs.sizes(), 1.0 - dropout_p, query.device(),
+                     static_cast<uint64_t>(philox_seed.item<int64_t>()),
+                     static_cast<uint64_t>(philox_offset.item<int64_t>()));
+    dropped = probs * *keep / (1.0 - dropout_p);
+  }
+  const at::Tensor dout = grad_out.to(acc);
+  // Gradients in the layout of the op's meta function: q, k, v gradients over
+  // (B, L, H, E) memory, the bias gradient with its last dimension padded to 16.
+  at::Tensor grad_v = transposed_heads_like(value);
+  grad_v.copy_(at::matmul(dropped.transpose(-2, -1), dout));
+  // d(softmax): dS = P * (dP - rowsum(dP * P)), dP = dO V^T (through the dropout).
+  at::Tensor dprobs = at::matmul(dout, value.to(acc).transpose(-2, -1));
+  if (keep.has_value()) {
+    dprobs.mul_(*keep).div_(1.0 - dropout_p);
+  }
+  // rowsum(dO * O) in `acc` precision: from the probabilities rather than from
+  // `out`, which half/bfloat16 inputs have rounded.
+  const at::Tensor row = (dprobs * probs).sum(-1, /*keepdim=*/true);
+  const at::Tensor dscores = probs * (dprobs - row);
+  at::Tensor grad_q = transposed_heads_like(query);
+  grad_q.copy_(at::matmul(dscores, key.to(acc)).mul_(s));
+  at::Tensor grad_k = transposed_heads_like(key);
+  grad_k.copy_(at::matmul(dscores.transpose(-2, -1), query.to(acc)).mul_(s));
+  at::Tensor grad_bias;
+  if (grad_input_mask[3] && attn_bias.has_value() && attn_bias->defined()) {
+    const int64_t S = key.size(2);
+    grad_bias = at::empty({query.size(0), query.size(1), query.size(2), (S + 15) / 16 * 16},
+                          attn_bias->options())
+                    .narrow(-1, 0, S);
+    grad_bias.copy_(dscores);
+  }
+  return {grad_q, grad_k, grad_v, grad_bias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient_attention));
+  m.impl("_scaled_dot_product_efficient_attention_backward",
+         TORCH_FN(efficient_attention_backward));
+}
+
+}  // namespace spyreccl::device
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &spyreccl::device::fused_sdp_choice)
+}  // namespace at::native

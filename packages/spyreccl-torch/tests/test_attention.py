@@ -1,0 +1,303 @@
+"""Scaled-dot-product attention on spyre.
+
+Spyre's SDPA takes the fused "efficient attention" path (src/device/attention.cc): it must
+match CPU SDPA (forward and backward; causal, float and boolean masks, scale, dropout) and
+fall back to the math path where the fused kernel does not apply (grouped-query attention,
+3-D inputs, sdpa_kernel(MATH)). Under tensor parallelism, q/k/v DTensors sharded on the head
+dimension (Megatron-style ColwiseParallel projections whose outputs stay DTensors) go through
+DTensor's sharding rule for that op, with or without a plain attention mask; forward and
+backward are compared with a single-process float64 reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from spyreccl_testing.inputs import fresh_seed
+
+SPYRE = "spyre"
+B, H, L, S, E = 2, 4, 7, 9, 8
+
+
+def _qkv(gen: torch.Generator, heads_kv: int = H, s: int = S) -> list[torch.Tensor]:
+    return [
+        torch.randn(B, H, L, E, generator=gen, dtype=torch.float64),
+        torch.randn(B, heads_kv, s, E, generator=gen, dtype=torch.float64),
+        torch.randn(B, heads_kv, s, E + 2, generator=gen, dtype=torch.float64),
+    ]
+
+
+def _run(device: str, dtype: torch.dtype, inputs: list[torch.Tensor], grad: torch.Tensor, **kw):
+    """SDPA output and input gradients on `device` in `dtype`, as float64 CPU tensors."""
+    leaves = [t.detach().to(device, dtype).requires_grad_() for t in inputs]
+    kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    out = F.scaled_dot_product_attention(*leaves, **kw)
+    out.backward(grad.to(device, dtype))
+    return out, [out.detach().cpu().double()] + [t.grad.cpu().double() for t in leaves]
+
+
+CASES = {
+    "plain": {},
+    "causal": {"is_causal": True},
+    "float_mask": {"attn_mask": "float"},
+    "bool_mask": {"attn_mask": "bool"},
+    "scale": {"scale": 0.37},
+    "causal_scale": {"is_causal": True, "scale": 1.7},
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sdpa_matches_cpu(case, dtype):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    inputs = _qkv(gen)
+    kw = dict(CASES[case])
+    if kw.get("attn_mask") == "float":
+        kw["attn_mask"] = torch.randn(L, S, generator=gen, dtype=torch.float64).to(dtype)
+    elif kw.get("attn_mask") == "bool":
+        kw["attn_mask"] = torch.rand(B, 1, L, S, generator=gen) > 0.3
+    grad = torch.randn(B, H, L, E + 2, generator=gen, dtype=torch.float64)
+    # Reference: CPU SDPA in float64 (from the inputs rounded to `dtype`, as spyre sees them).
+    ref_inputs = [t.to(dtype).double() for t in inputs]
+    ref_kw = {
+        k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+        for k, v in kw.items()
+    }
+    _, expected = _run("cpu", torch.float64, ref_inputs, grad.to(dtype).double(), **ref_kw)
+    out, got = _run(SPYRE, dtype, inputs, grad, **kw)
+    assert "EfficientAttention" in type(out.grad_fn).__name__, out.grad_fn
+    # float64: exact up to summation order. float32: ~1e-6 relative per product, sums of
+    # O(10) terms. bfloat16: inputs are exact (rounded before both runs), spyre computes in
+    # float32 and rounds the results once to bfloat16 (2**-8 relative).
+    tol = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 2e-2}[dtype]
+    for name, g, e in zip(["output", "grad q", "grad k", "grad v"], got, expected):
+        torch.testing.assert_close(
+            g, e, rtol=tol, atol=tol, msg=lambda m, n=name: f"{n} ({case}, seed {seed}): {m}"
+        )
+
+
+def test_math_fallbacks_match_cpu():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    # Grouped-query attention (2 kv heads for 4 query heads) takes the math path.
+    inputs = _qkv(gen, heads_kv=2)
+    grad = torch.randn(B, H, L, E + 2, generator=gen, dtype=torch.float64)
+    out, got = _run(SPYRE, torch.float64, inputs, grad, enable_gqa=True, is_causal=True)
+    _, expected = _run("cpu", torch.float64, inputs, grad, enable_gqa=True, is_causal=True)
+    assert "EfficientAttention" not in type(out.grad_fn).__name__
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12, msg=f"gqa (seed {seed})")
+    # Explicitly requested math path, and 3-D inputs.
+    inputs = _qkv(gen)
+    with sdpa_kernel(SDPBackend.MATH):
+        out, got = _run(SPYRE, torch.float64, inputs, grad)
+    assert "EfficientAttention" not in type(out.grad_fn).__name__
+    _, expected = _run("cpu", torch.float64, inputs, grad)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+    three_d = [t[0] for t in inputs]
+    out3 = F.scaled_dot_product_attention(*[t.to(SPYRE) for t in three_d])
+    torch.testing.assert_close(out3.cpu(), F.scaled_dot_product_attention(*three_d))
+
+
+def test_fully_masked_rows_give_zeros_like_cpu():
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = _qkv(gen)
+    mask = torch.ones(L, S, dtype=torch.bool)
+    mask[2] = False  # query 2 may attend to nothing
+    out = F.scaled_dot_product_attention(
+        q.to(SPYRE), k.to(SPYRE), v.to(SPYRE), attn_mask=mask.to(SPYRE)
+    )
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out.cpu(), expected)
+    assert out[:, :, 2].abs().max().item() == 0
+
+
+def test_dropout_is_reproducible_and_its_gradient_is_exact():
+    """The dropout mask comes from the spyre Philox stream; the backward rebuilds the same
+    mask from the (seed, offset) the forward returned: gradcheck against finite differences
+    of the forward (reseeded each call) in float64."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = [t[:1, :2, :4, :3].to(SPYRE).requires_grad_() for t in _qkv(gen)]
+    seed = fresh_seed()
+
+    def attention(q, k, v):
+        torch.spyre.manual_seed(seed)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.4)
+
+    a, b = attention(q, k, v), attention(q, k, v)
+    assert torch.equal(a.cpu(), b.cpu())
+    with torch.no_grad():
+        assert not torch.equal(
+            F.scaled_dot_product_attention(q, k, v, dropout_p=0.4).cpu(),
+            F.scaled_dot_product_attention(q, k, v).cpu(),
+        )
+    assert torch.autograd.gradcheck(attention, (q, k, v))
+
+
+# --- tensor parallel attention (2 ranks) --------------------------------------------------
+
+DIM, HEADS, BATCH, SEQ = 32, 4, 2, 6
+
+
+class Attention(nn.Module):
+    """Ordinary attention code: the head count comes from the projection's output, so the
+    same module runs unsharded and with DTensor projections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head_dim = DIM // HEADS
+        self.q = nn.Linear(DIM, DIM)
+        self.k = nn.Linear(DIM, DIM)
+        self.v = nn.Linear(DIM, DIM)
+        self.o = nn.Linear(DIM, DIM)
+
+    def forward(self, x, mask=None, causal=False):
+        b, s, _ = x.shape
+
+        def heads(t):
+            return t.view(b, s, -1, self.head_dim).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), attn_mask=mask, is_causal=causal
+        )
+        return self.o(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def _tp_attention_case(seed: int, variant: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    torch.accelerator.set_device_index(rank)
+    torch.manual_seed(seed)
+    module = Attention()
+    reference = copy.deepcopy(module).double()
+    plan = {
+        # use_local_output=False: SDPA receives DTensors sharded on the heads dimension.
+        "q": ColwiseParallel(use_local_output=False),
+        "k": ColwiseParallel(use_local_output=False),
+        "v": ColwiseParallel(use_local_output=False),
+        "o": RowwiseParallel(),
+    }
+    tp = parallelize_module(module.to(SPYRE), init_device_mesh(SPYRE, (ws,)), plan)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(BATCH, SEQ, DIM, generator=gen, dtype=torch.float64)
+    grad = torch.randn(BATCH, SEQ, DIM, generator=gen, dtype=torch.float64)
+    mask = None
+    if variant == "mask":
+        mask = torch.randn(BATCH, 1, SEQ, SEQ, generator=gen, dtype=torch.float64)
+    elif variant == "bool_mask":
+        mask = torch.rand(SEQ, SEQ, generator=gen) > 0.4
+        mask.fill_diagonal_(True)
+    causal = variant == "causal"
+
+    seen = {}
+    original = F.scaled_dot_product_attention
+
+    def spy(q, *args, **kwargs):
+        seen["q"] = q
+        return original(q, *args, **kwargs)
+
+    F.scaled_dot_product_attention = spy
+    try:
+        x_dev = x.float().to(SPYRE).requires_grad_()
+        mask_dev = (
+            None
+            if mask is None
+            else mask.to(SPYRE, torch.float32 if mask.is_floating_point() else torch.bool)
+        )
+        out = tp(x_dev, mask_dev, causal)
+        out.backward(grad.float().to(SPYRE))
+    finally:
+        F.scaled_dot_product_attention = original
+    q = seen["q"]
+    assert isinstance(q, DTensor) and q.placements == (Shard(1),), (
+        "SDPA must see head-sharded DTensors"
+    )
+    assert q.to_local().shape[1] * ws == HEADS
+
+    x_ref = x.clone().requires_grad_()
+    out_ref = reference(x_ref, mask, causal)
+    out_ref.backward(grad)
+    msg = f"(rank {rank}, seed {seed}, {variant})"
+    # float32 against float64: a handful of roundings on O(1) values.
+    torch.testing.assert_close(
+        out.detach().cpu().double(), out_ref.detach(), rtol=1e-5, atol=1e-5, msg=f"output {msg}"
+    )
+    torch.testing.assert_close(
+        x_dev.grad.cpu().double(), x_ref.grad, rtol=1e-5, atol=1e-5, msg=f"grad x {msg}"
+    )
+    ref_params = dict(reference.named_parameters())
+    for name, p in tp.named_parameters():
+        g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        torch.testing.assert_close(
+            g.cpu().double(), ref_params[name].grad, rtol=1e-5, atol=1e-5, msg=f"grad {name} {msg}"
+        )
+
+
+@pytest.mark.world_sizes(2)
+@pytest.mark.parametrize("variant", ["causal", "mask", "bool_mask", "plain"])
+def test_tensor_parallel_attention_matches_reference(rank_pool, variant):
+    rank_pool.run(_tp_attention_case, fresh_seed(), variant)
+
+
+def _checkpointed_attention(q, k, v, dropout_p=0.0):
+    from torch.utils.checkpoint import checkpoint
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p) * 2
+
+    return checkpoint(attention, q, k, v, use_reentrant=False)
+
+
+def test_compiled_checkpointed_attention_matches_eager():
+    """Inductor with activation checkpointing: spyre's efficient attention (a seeded op) is
+    decomposed for inductor, so the compiled forward and backward match eager."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(fresh_seed())
+    inputs = [t.float() for t in _qkv(gen)]
+    grad = torch.randn(B, H, L, E + 2, generator=gen)
+    eager = [t.to(SPYRE).requires_grad_() for t in inputs]
+    compiled = [t.to(SPYRE).requires_grad_() for t in inputs]
+    out = _checkpointed_attention(*eager)
+    out.backward(grad.to(SPYRE))
+    out_c = torch.compile(_checkpointed_attention, backend="inductor", fullgraph=True)(*compiled)
+    out_c.backward(grad.to(SPYRE))
+    torch.testing.assert_close(out_c.cpu(), out.detach().cpu(), rtol=1e-5, atol=1e-5)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a.grad.cpu(), b.grad.cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_checkpointed_dropout_replays_the_same_mask():
+    """With dropout, the recomputation in the backward must draw the forward's mask (spyre is
+    a graph-safe RNG device). The output is linear in v, so <out, g> == <v, dL/dv> holds
+    exactly when the backward used the forward's mask, and fails for any other mask."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = [t.to(SPYRE).requires_grad_() for t in _qkv(gen)]
+    grad = torch.randn(B, H, L, E + 2, generator=gen, dtype=torch.float64).to(SPYRE)
+    fn = torch.compile(
+        lambda q, k, v: _checkpointed_attention(q, k, v, dropout_p=0.5), backend="aot_eager"
+    )
+    out = fn(q, k, v)
+    out.backward(grad)
+    lhs = (out.detach() * grad).sum().item()
+    rhs = (v.detach() * v.grad).sum().item()
+    assert math.isclose(lhs, rhs, rel_tol=1e-10, abs_tol=1e-10), (lhs, rhs)
+    with torch.no_grad():  # dropout did drop
+        assert not torch.allclose(out, _checkpointed_attention(q, k, v))
