@@ -131,7 +131,11 @@ def _graph_samples(env: Any, backend: str, t: Any, budget_s: float) -> dict[str,
     torch, dist = env["torch"], env["dist"]
     cpp = backend == "inductor-cpp"
     import torch._inductor.config as inductor_config
+    from torch._dynamo import reset as reset_dynamo
 
+    # Dynamo caches compiled code per code object, and its guards do not cover inductor's
+    # config: without a reset, the C++-wrapper rows would reuse the Python-wrapper graphs.
+    reset_dynamo()
     try:
         with inductor_config.patch(cpp_wrapper=cpp):
             coll, plain = _compiled_pair(env, backend)
