@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from . import _C
+from . import _C, multinode
 
 BACKEND_NAME = "spyreccl"
 DEVICE_TYPE = "spyre"
@@ -53,11 +53,36 @@ def _make_options(dist_opts, backend_opts) -> _C.ProcessGroupSpyreccl.Options:
     return options
 
 
-def _create(dist_opts, backend_opts) -> _C.ProcessGroupSpyreccl:
-    """Backend creator called by torch.distributed (extended API)."""
+def _create(dist_opts, backend_opts):
+    """Backend creator called by torch.distributed (extended API).
+
+    Ranks on one node (the usual case) get the C++ ``ProcessGroupSpyreccl``. Ranks on several
+    nodes get a :class:`~spyreccl_torch.multinode.HierarchicalProcessGroup` (spyreccl on each
+    node, gloo between nodes); torch accepts a ``ProcessGroup`` subclass from a creator and
+    uses it as the whole group.
+    """
     options = _make_options(dist_opts, backend_opts)
-    return _C.ProcessGroupSpyreccl(
-        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, options
+    if not dist.is_initialized():
+        # A new default group: the job may have been re-launched on other nodes.
+        multinode.topology.forget()
+    topology = multinode.discover(
+        dist_opts.store,
+        dist_opts.group_rank,
+        dist_opts.group_size,
+        options.global_ranks_in_group,
+        options.timeout,
+    )
+    if topology.single_node:
+        return _C.ProcessGroupSpyreccl(
+            dist_opts.store, dist_opts.group_rank, dist_opts.group_size, options
+        )
+    return multinode.HierarchicalProcessGroup(
+        dist_opts.store,
+        topology,
+        options,
+        options.group_name,
+        options.global_ranks_in_group,
+        options.timeout,
     )
 
 

@@ -1,0 +1,860 @@
+"""A process group whose ranks span several nodes: spyreccl on each node, gloo between them.
+
+spyreccl's communicators live in shared memory, so one can only hold ranks of one host.
+A group whose ranks are on several nodes is therefore built from:
+
+- ``local``: a ``ProcessGroupSpyreccl`` over this node's ranks (shared memory);
+- ``cross``: a gloo group over the ranks that have this rank's local index, one per node
+  that has one (the "leaders" group for local index 0 exists on every node);
+- ``flat``: a gloo group over every rank, for what has no useful hierarchy here: CPU tensors,
+  all_to_all and send/recv between nodes.
+
+gloo moves host memory, so data crossing nodes is copied to the host first (as raw bytes for
+data movement, so gloo's dtype coverage does not matter; widened to a dtype gloo reduces for
+reductions). Reductions take one of two routes:
+
+- *leader*: reduce on each node to local rank 0, all_reduce among the leaders, broadcast on
+  each node. Any layout, least traffic between nodes per call: small messages and uneven nodes.
+- *sharded*: reduce-scatter on each node, all_reduce of every shard between the ranks of the
+  same local index (all nodes in parallel), all-gather on each node. Every rank moves 1/L of
+  the data between nodes: large messages on nodes of equal size.
+
+16- and 8-bit floats are reduced in float32 and rounded once at the end, and AVG divides the
+exact total once, so the results match the single-node path's (which also accumulates in
+wider types and rounds once) within its tolerances, whatever the number of stages.
+
+Every operation runs to completion on the calling thread (the stages depend on each other);
+the returned Work is already complete. torch lets a Python class act as a whole process group
+(``ProcessGroup`` subclasses, see torch's PyProcessGroup), not as a backend, so this class is
+what the backend creator returns for multi-node groups; single-node groups keep the plain C++
+``ProcessGroupSpyreccl``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+from torch.futures import Future
+
+from .topology import Topology
+
+# Reductions of at least this many bytes (as reduced, i.e. after widening) take the sharded
+# route when the nodes hold the same number of ranks; smaller ones the leader route.
+SHARDED_MIN_BYTES_ENV = "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES"
+DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
+
+_SPYRE = "spyre"
+_NARROW_FLOATS = frozenset(
+    {torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
+)
+_RedOp = dist.ReduceOp.RedOpType
+
+
+class _DoneWork(dist.Work):
+    """The Work of an operation that completed before it was returned."""
+
+    def __init__(self, result: list[torch.Tensor] | None = None) -> None:
+        super().__init__()
+        self._result = result if result is not None else []
+        self._future: Future = Future()
+        self._future.set_result(self._result)
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:  # noqa: ARG002
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> Future:
+        return self._future
+
+
+class _ThenWork(dist.Work):
+    """Waits for other Works, then runs `after` (e.g. copies a host buffer that gloo
+    received into the spyre tensor) exactly once."""
+
+    def __init__(
+        self,
+        works: Sequence[Any],
+        after: Callable[[], None] | None = None,
+        result: list[torch.Tensor] | None = None,
+        keep: Any = None,
+        describe: Callable[[BaseException], BaseException] | None = None,
+    ) -> None:
+        super().__init__()
+        self._works = list(works)
+        self._after = after
+        self._result = result if result is not None else []
+        self._keep = keep  # host copies gloo reads/writes until the Work completes
+        self._describe = describe
+        self._lock = threading.Lock()
+        self._done = False
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        with self._lock:
+            if self._done:
+                return True
+            try:
+                for work in self._works:
+                    if timeout is None:
+                        work.wait()
+                    else:
+                        work.wait(timeout)
+                if self._after is not None:
+                    self._after()
+            except Exception as error:
+                if self._describe is not None:
+                    raise self._describe(error) from error
+                raise
+            self._done = True
+            self._keep = None
+            return True
+
+    def is_completed(self) -> bool:
+        return self._done or all(w.is_completed() for w in self._works) and self._after is None
+
+    def is_success(self) -> bool:
+        return self._done
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> Future:
+        self.wait()
+        future: Future = Future()
+        future.set_result(self._result)
+        return future
+
+
+def _timeout_of(timeout: Any) -> datetime.timedelta:
+    if isinstance(timeout, datetime.timedelta):
+        return timeout
+    return datetime.timedelta(seconds=float(timeout))
+
+
+def _host_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 host copy of `t`'s elements (gloo moves every dtype as bytes)."""
+    host = t.detach().contiguous().cpu().reshape(-1)
+    return host.view(torch.uint8) if host.dtype != torch.uint8 else host
+
+
+def _bytes_into(t: torch.Tensor, host: torch.Tensor) -> None:
+    """Copies a flat uint8 host buffer made by _host_bytes back into `t`."""
+    values = host.view(t.dtype) if t.dtype != torch.uint8 else host
+    t.copy_(values.reshape(t.shape))
+
+
+class _Plan:
+    """How one reduction is carried out: the dtype it is computed in, and the ops for the
+    on-node and the between-nodes stages."""
+
+    def __init__(self, op: Any, dtype: torch.dtype, size: int) -> None:
+        kind = op.op if hasattr(op, "op") else op
+        self.kind = kind
+        self.dtype = dtype
+        self.size = size
+        self.work_dtype = dtype
+        if dtype in _NARROW_FLOATS:
+            self.work_dtype = torch.float32
+        elif dtype == torch.int16:  # gloo has no int16 kernels; wraps the same in int32
+            self.work_dtype = torch.int32
+        elif dtype == torch.bool:
+            self.work_dtype = torch.uint8
+        if kind == _RedOp.AVG and not dtype.is_floating_point:
+            self.work_dtype = torch.int64  # the exact total, truncated once at the end
+        self.local_op = op
+        self.cross_op: Any = op
+        if kind == _RedOp.AVG:
+            self.local_op = self.cross_op = dist.ReduceOp.SUM
+        elif kind == _RedOp.PREMUL_SUM:
+            # The factor applies once, to every input, on its node; the node totals add up.
+            self.cross_op = dist.ReduceOp.SUM
+        if dtype == torch.bool:
+            # Booleans: SUM is a logical or, PRODUCT a logical and (on 0/1 bytes).
+            mapped = {_RedOp.SUM: dist.ReduceOp.MAX, _RedOp.PRODUCT: dist.ReduceOp.MIN}
+            if kind in mapped:
+                self.local_op = self.cross_op = mapped[kind]
+
+    def prepare(self, t: torch.Tensor, always_copy: bool) -> torch.Tensor:
+        if self.work_dtype != t.dtype:
+            return t.to(self.work_dtype)
+        return t.clone() if always_copy else t
+
+    def finish(self, work: torch.Tensor) -> torch.Tensor:
+        """The result in the caller's dtype."""
+        if self.kind == _RedOp.AVG:
+            if work.dtype.is_floating_point:
+                work = work / self.size
+            else:
+                work = torch.div(work, self.size, rounding_mode="trunc")
+        if self.dtype == torch.bool:
+            return work != 0
+        return work.to(self.dtype) if work.dtype != self.dtype else work
+
+
+class HierarchicalProcessGroup(dist.ProcessGroup):
+    """See the module docstring. Built by spyreccl_torch's backend creator when a group's
+    ranks are on more than one node."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        topology: Topology,
+        options: Any,
+        group_name: str,
+        global_ranks: Sequence[int],
+        timeout: Any,
+    ) -> None:
+        super().__init__(topology.rank, topology.size)
+        from .. import _C
+
+        self._topo = topology
+        self._timeout = _timeout_of(timeout)
+        self._name = group_name
+        self._global_ranks = list(global_ranks) or list(range(topology.size))
+        self._seq = 0
+        self._failed: str | None = None
+        self._coalesced: list[Any] | None = None
+        self._sharded_min_bytes = int(
+            os.environ.get(SHARDED_MIN_BYTES_ENV, DEFAULT_SHARDED_MIN_BYTES)
+        )
+        node = topology.node
+        local_ranks = topology.local_ranks
+
+        # One store namespace per sub-group: the node's spyreccl rendezvous and every gloo
+        # group's connection setup must not see each other's keys.
+        local_options = options.__copy__()
+        local_options.timeout = self._timeout
+        local_options.group_name = f"{group_name}/node{node}"
+        local_options.global_ranks_in_group = [self._global_ranks[r] for r in local_ranks]
+        self._local = _C.ProcessGroupSpyreccl(
+            dist.PrefixStore(f"spyreccl/node{node}/", store),
+            topology.local_rank,
+            len(local_ranks),
+            local_options,
+        )
+        cross_ranks = topology.cross_ranks(topology.local_rank)
+        self._cross_ranks = cross_ranks
+        self._cross = None
+        if len(cross_ranks) > 1:
+            self._cross = dist.ProcessGroupGloo(
+                dist.PrefixStore(f"spyreccl/cross{topology.local_rank}/", store),
+                cross_ranks.index(topology.rank),
+                len(cross_ranks),
+                self._timeout,
+            )
+        self._flat = dist.ProcessGroupGloo(
+            dist.PrefixStore("spyreccl/flat/", store), topology.rank, topology.size, self._timeout
+        )
+
+    # -- identity ------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802  (the C++ virtual's name)
+        return "spyreccl"
+
+    def name(self) -> str:
+        return "spyreccl"
+
+    @property
+    def topology(self) -> Topology:
+        return self._topo
+
+    def __repr__(self) -> str:
+        return (
+            f"HierarchicalProcessGroup('{self._name}', rank {self._topo.rank} of "
+            f"{self._topo.size}, {len(self._topo.nodes)} nodes)"
+        )
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _label(self) -> str:
+        return (
+            f"process group '{self._name}' (rank {self._topo.rank} of {self._topo.size}, "
+            f"node {self._topo.node} of {len(self._topo.nodes)})"
+        )
+
+    def _run(self, op_name: str, body: Callable[[], list[torch.Tensor] | None]) -> dist.Work:
+        """Runs one operation with its sequence number; a failure names both and leaves the
+        group unusable (its sub-groups are aborted, so that ranks of this node that wait for
+        this one in an on-node stage fail too instead of waiting for the timeout)."""
+        if self._failed is not None:
+            raise RuntimeError(
+                f"spyreccl: {op_name} on {self._label()}: the group failed earlier "
+                f"({self._failed}); create a new one"
+            )
+        self._seq += 1
+        seq = self._seq
+        try:
+            result = body()
+        except Exception as error:
+            raise self._fail(op_name, seq, error) from error
+        work = _DoneWork(result)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _fail(self, op_name: str, seq: int, error: BaseException) -> RuntimeError:
+        self._failed = f"{op_name} seq {seq}"
+        self._abort_children()
+        return RuntimeError(
+            f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}"
+        )
+
+    def _abort_children(self) -> None:
+        for child in (self._local, self._cross, self._flat):
+            if child is None:
+                continue
+            try:
+                child.abort()
+            except Exception:  # noqa: S110  (best effort: the group is being given up)
+                pass
+
+    @staticmethod
+    def _wait(work: Any) -> None:
+        if work is not None:
+            work.wait()
+
+    def _is_local(self, peer: int) -> bool:
+        return self._topo.node_of[peer] == self._topo.node
+
+    @staticmethod
+    def _on_spyre(tensors: Sequence[torch.Tensor]) -> bool:
+        return all(t.device.type == _SPYRE for t in tensors)
+
+    # -- building blocks -------------------------------------------------------------------
+
+    def _local_reduce_to_leader(self, t: torch.Tensor, op: Any) -> None:
+        opts = c10d.ReduceOptions()
+        opts.reduceOp = op
+        opts.rootRank = 0
+        opts.rootTensor = 0
+        self._wait(self._local.reduce([t], opts))
+
+    def _local_broadcast(self, t: torch.Tensor, root: int) -> None:
+        opts = c10d.BroadcastOptions()
+        opts.rootRank = root
+        opts.rootTensor = 0
+        self._wait(self._local.broadcast([t], opts))
+
+    def _cross_all_reduce(self, t: torch.Tensor, op: Any) -> None:
+        """All-reduces `t` (spyre or host) among this rank's cross group, through the host."""
+        if self._cross is None:
+            return
+        host = t.detach().cpu() if t.device.type != "cpu" else t
+        opts = c10d.AllreduceOptions()
+        opts.reduceOp = op
+        self._wait(self._cross.allreduce([host], opts))
+        if host is not t:
+            t.copy_(host)
+
+    def _all_reduce_work(self, work: torch.Tensor, plan: _Plan) -> None:
+        """All-reduces `work` (contiguous, the plan's work dtype) in place over the group."""
+        topo = self._topo
+        local_size = len(topo.local_ranks)
+        nbytes = work.numel() * work.element_size()
+        if topo.uniform and local_size > 1 and nbytes >= self._sharded_min_bytes:
+            flat = work.reshape(-1)
+            shard = -(-flat.numel() // local_size)
+            padded = flat
+            if shard * local_size != flat.numel():
+                padded = torch.zeros(shard * local_size, dtype=work.dtype, device=work.device)
+                padded[: flat.numel()].copy_(flat)
+            mine = torch.empty(shard, dtype=work.dtype, device=work.device)
+            rs = c10d.ReduceScatterOptions()
+            rs.reduceOp = plan.local_op
+            self._wait(self._local._reduce_scatter_base(mine, padded, rs))
+            self._cross_all_reduce(mine, plan.cross_op)
+            self._wait(self._local._allgather_base(padded, mine, c10d.AllgatherOptions()))
+            if padded is not flat:
+                flat.copy_(padded[: flat.numel()])
+            return
+        self._local_reduce_to_leader(work, plan.local_op)
+        if topo.local_rank == 0:
+            self._cross_all_reduce(work, plan.cross_op)
+        self._local_broadcast(work, 0)
+
+    def _all_reduce_into(self, t: torch.Tensor, op: Any) -> None:
+        plan = _Plan(op, t.dtype, self._topo.size)
+        work = plan.prepare(t, always_copy=not t.is_contiguous())
+        self._all_reduce_work(work, plan)
+        result = plan.finish(work)
+        if result is not t:
+            t.copy_(result)
+
+    def _broadcast_into(self, t: torch.Tensor, root: int) -> None:
+        """Hierarchical broadcast of `t` from group rank `root`."""
+        topo = self._topo
+        root_node = topo.node_of[root]
+        buf = t if t.is_contiguous() else t.contiguous()
+        if topo.node == root_node:
+            self._local_broadcast(buf, topo.local_rank_of[root])
+        if topo.local_rank == 0 and self._cross is not None:
+            host = _host_bytes(buf)
+            opts = c10d.BroadcastOptions()
+            opts.rootRank = root_node  # the leaders' group lists the nodes in order
+            opts.rootTensor = 0
+            self._wait(self._cross.broadcast([host], opts))
+            if topo.node != root_node:
+                _bytes_into(buf, host)
+        if topo.node != root_node:
+            self._local_broadcast(buf, 0)
+        if buf is not t:
+            t.copy_(buf)
+
+    def _all_gather_flat(self, inp: torch.Tensor) -> torch.Tensor:
+        """Every rank's `inp` (same numel and dtype everywhere), concatenated in rank order
+        into a flat tensor on `inp`'s device."""
+        topo = self._topo
+        n = inp.numel()
+        flat_in = inp.detach().contiguous().reshape(-1)
+        local_size = len(topo.local_ranks)
+        node_buf = torch.empty(local_size * n, dtype=inp.dtype, device=inp.device)
+        self._wait(self._local._allgather_base(node_buf, flat_in, c10d.AllgatherOptions()))
+        full = torch.empty(topo.size * n, dtype=inp.dtype, device=inp.device)
+        if topo.local_rank == 0:
+            # Leaders exchange whole nodes, padded to the largest node (gloo gathers equal
+            # sizes), then place every rank's block at its position.
+            widest = max(len(m) for m in topo.nodes)
+            block = n * inp.element_size()
+            mine = torch.zeros(widest * block, dtype=torch.uint8)
+            mine[: local_size * block].copy_(_host_bytes(node_buf))
+            gathered = torch.empty(len(topo.nodes) * widest * block, dtype=torch.uint8)
+            self._wait(self._cross._allgather_base(gathered, mine, c10d.AllgatherOptions()))
+            ordered = torch.empty(topo.size * block, dtype=torch.uint8)
+            for node, members in enumerate(topo.nodes):
+                for i, r in enumerate(members):
+                    start = (node * widest + i) * block
+                    ordered[r * block : (r + 1) * block].copy_(gathered[start : start + block])
+            _bytes_into(full, ordered)
+        self._local_broadcast(full, 0)
+        return full
+
+    # -- collectives ---------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllreduceOptions()
+        if not self._on_spyre(tensors):
+            return self._flat.allreduce(tensors, opts)
+
+        def body() -> list[torch.Tensor]:
+            for t in tensors:
+                self._all_reduce_into(t, opts.reduceOp)
+            return tensors
+
+        return self._run("all_reduce", body)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()
+        if not self._on_spyre(tensors):
+            return self._flat.allreduce_coalesced(tensors, opts)
+
+        def body() -> list[torch.Tensor]:
+            # One reduction per dtype over the concatenation: one pass through every stage.
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for t in tensors:
+                by_dtype.setdefault(t.dtype, []).append(t)
+            for group in by_dtype.values():
+                flat = torch.cat([t.detach().reshape(-1) for t in group])
+                self._all_reduce_into(flat, opts.reduceOp)
+                offset = 0
+                for t in group:
+                    t.copy_(flat[offset : offset + t.numel()].reshape(t.shape))
+                    offset += t.numel()
+            return tensors
+
+        return self._run("all_reduce_coalesced", body)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else c10d.ReduceOptions()
+        if not self._on_spyre(tensors):
+            return self._flat.reduce(tensors, opts)
+
+        def body() -> list[torch.Tensor]:
+            t = tensors[0]
+            plan = _Plan(opts.reduceOp, t.dtype, self._topo.size)
+            # Only the root's tensor changes: everyone reduces a copy.
+            work = plan.prepare(t, always_copy=True).contiguous()
+            self._all_reduce_work(work, plan)
+            if self._topo.rank == opts.rootRank:
+                t.copy_(plan.finish(work))
+            return tensors
+
+        return self._run("reduce", body)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else c10d.BroadcastOptions()
+        if not self._on_spyre(tensors):
+            return self._flat.broadcast(tensors, opts)
+
+        def body() -> list[torch.Tensor]:
+            self._broadcast_into(tensors[0], opts.rootRank)
+            return tensors
+
+        return self._run("broadcast", body)
+
+    def allgather(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        if not self._on_spyre(inputs):
+            return self._flat.allgather(output_lists, inputs, opts)
+
+        def body() -> list[torch.Tensor]:
+            outs = output_lists[0]
+            inp = inputs[0]
+            self._check_list("all_gather", "tensor_list", outs, inp)
+            full = self._all_gather_flat(inp)
+            n = inp.numel()
+            for r, out in enumerate(outs):
+                out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
+            return outs
+
+        return self._run("all_gather", body)
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+
+        def body() -> list[torch.Tensor]:
+            for outs, inp in zip(output_lists, inputs, strict=True):
+                self._check_list("all_gather_coalesced", "output_tensor_lists", outs, inp)
+                full = self._all_gather_flat(inp)
+                n = inp.numel()
+                for r, out in enumerate(outs):
+                    out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
+            return [t for outs in output_lists for t in outs]
+
+        return self._run("all_gather_coalesced", body)
+
+    def _allgather_base(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Any:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        if not self._on_spyre([inp]):
+            return self._flat._allgather_base(output, inp, opts)
+
+        def body() -> list[torch.Tensor]:
+            self._check_numel("all_gather_into_tensor", output, inp.numel() * self._topo.size)
+            output.copy_(self._all_gather_flat(inp).reshape(output.shape))
+            return [output]
+
+        return self._run("all_gather_into_tensor", body)
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        if not self._on_spyre(inputs):
+            return self._flat.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+        def body() -> list[torch.Tensor]:
+            for out, inp in zip(outputs, inputs, strict=True):
+                self._check_numel("all_gather_into_tensor", out, inp.numel() * self._topo.size)
+                out.copy_(self._all_gather_flat(inp).reshape(out.shape))
+            return outputs
+
+        return self._run("all_gather_into_tensor_coalesced", body)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def _reduce_scatter_flat(self, flat: torch.Tensor, op: Any, out: torch.Tensor) -> None:
+        """`flat` holds world_size equal blocks; `out` receives the reduction of this rank's."""
+        self._all_reduce_into(flat, op)
+        n = out.numel()
+        r = self._topo.rank
+        out.copy_(flat[r * n : (r + 1) * n].reshape(out.shape))
+
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        if not self._on_spyre(outputs):
+            return self._flat.reduce_scatter(outputs, input_lists, opts)
+
+        def body() -> list[torch.Tensor]:
+            out = outputs[0]
+            ins = input_lists[0]
+            self._check_list("reduce_scatter", "input_list", ins, out)
+            flat = torch.cat([t.detach().reshape(-1) for t in ins])
+            self._reduce_scatter_flat(flat, opts.reduceOp, out)
+            return outputs
+
+        return self._run("reduce_scatter", body)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None):
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        if not self._on_spyre([output]):
+            return self._flat._reduce_scatter_base(output, inp, opts)
+
+        def body() -> list[torch.Tensor]:
+            self._check_numel("reduce_scatter_tensor", inp, output.numel() * self._topo.size)
+            flat = inp.detach().reshape(-1).clone()
+            self._reduce_scatter_flat(flat, opts.reduceOp, output)
+            return [output]
+
+        return self._run("reduce_scatter_tensor", body)
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        if not self._on_spyre(outputs):
+            return self._flat.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+        def body() -> list[torch.Tensor]:
+            for out, inp in zip(outputs, inputs, strict=True):
+                self._check_numel("reduce_scatter_tensor", inp, out.numel() * self._topo.size)
+                flat = inp.detach().reshape(-1).clone()
+                self._reduce_scatter_flat(flat, opts.reduceOp, out)
+            return outputs
+
+        return self._run("reduce_scatter_tensor_coalesced", body)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def gather(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.GatherOptions()
+        if not self._on_spyre(inputs):
+            return self._flat.gather(output_lists, inputs, opts)
+
+        def body() -> list[torch.Tensor]:
+            inp = inputs[0]
+            is_root = self._topo.rank == opts.rootRank
+            if is_root:
+                self._check_list("gather", "gather_list", output_lists[0], inp)
+            full = self._all_gather_flat(inp)
+            if not is_root:
+                return []
+            n = inp.numel()
+            for r, out in enumerate(output_lists[0]):
+                out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
+            return output_lists[0]
+
+        return self._run("gather", body)
+
+    def scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.ScatterOptions()
+        if not self._on_spyre(outputs):
+            return self._flat.scatter(outputs, input_lists, opts)
+
+        def body() -> list[torch.Tensor]:
+            out = outputs[0]
+            n = out.numel()
+            full = torch.empty(self._topo.size * n, dtype=out.dtype, device=out.device)
+            if self._topo.rank == opts.rootRank:
+                self._check_list("scatter", "scatter_list", input_lists[0], out)
+                full.copy_(torch.cat([t.detach().reshape(-1) for t in input_lists[0]]))
+            self._broadcast_into(full, opts.rootRank)
+            r = self._topo.rank
+            out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
+            return outputs
+
+        return self._run("scatter", body)
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        inp: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllToAllOptions()
+        if not self._on_spyre([output, inp]):
+            return self._flat.alltoall_base(
+                output, inp, output_split_sizes, input_split_sizes, opts
+            )
+
+        def body() -> list[torch.Tensor]:
+            # gloo on host bytes: splits count rows (dim 0), scaled to bytes per row.
+            def byte_splits(t: torch.Tensor, splits: list[int]) -> list[int]:
+                if not splits:
+                    return []
+                row = (t.numel() // t.shape[0] if t.dim() and t.shape[0] else 0) * t.element_size()
+                return [int(s) * row for s in splits]
+
+            host_in = _host_bytes(inp)
+            host_out = torch.empty(output.numel() * output.element_size(), dtype=torch.uint8)
+            self._wait(
+                self._flat.alltoall_base(
+                    host_out,
+                    host_in,
+                    byte_splits(output, list(output_split_sizes)),
+                    byte_splits(inp, list(input_split_sizes)),
+                    c10d.AllToAllOptions(),
+                )
+            )
+            _bytes_into(output, host_out)
+            return [output]
+
+        return self._run("all_to_all_single", body)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllToAllOptions()
+        if not self._on_spyre(outputs + inputs):
+            return self._flat.alltoall(outputs, inputs, opts)
+
+        def body() -> list[torch.Tensor]:
+            host_in = torch.cat([_host_bytes(t) for t in inputs])
+            out_sizes = [t.numel() * t.element_size() for t in outputs]
+            in_sizes = [t.numel() * t.element_size() for t in inputs]
+            host_out = torch.empty(sum(out_sizes), dtype=torch.uint8)
+            self._wait(
+                self._flat.alltoall_base(
+                    host_out, host_in, out_sizes, in_sizes, c10d.AllToAllOptions()
+                )
+            )
+            offset = 0
+            for t, size in zip(outputs, out_sizes, strict=True):
+                _bytes_into(t, host_out[offset : offset + size])
+                offset += size
+            return outputs
+
+        return self._run("all_to_all", body)
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        def body() -> list[torch.Tensor]:
+            # Everyone on the node has arrived, then every node (through its leader), then
+            # the leaders release their nodes.
+            self._wait(self._local.barrier(c10d.BarrierOptions()))
+            if self._topo.local_rank == 0 and self._cross is not None:
+                self._wait(self._cross.barrier(c10d.BarrierOptions()))
+            self._wait(self._local.barrier(c10d.BarrierOptions()))
+            return []
+
+        return self._run("barrier", body)
+
+    # -- point to point --------------------------------------------------------------------
+
+    def _p2p_error(self, what: str) -> Callable[[BaseException], BaseException]:
+        def describe(error: BaseException) -> BaseException:
+            self._failed = what
+            return RuntimeError(f"spyreccl: {what} failed on {self._label()}: {error}")
+
+        return describe
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
+        if not self._on_spyre(tensors):
+            return self._flat.send(tensors, dst, tag)
+        self._seq += 1
+        if self._is_local(dst):
+            work = self._local.send(tensors, self._topo.local_rank_of[dst], tag)
+        else:
+            host = _host_bytes(tensors[0])
+            gloo = self._flat.send([host], dst, tag)
+            what = f"send seq {self._seq} to rank {dst} (tag {tag}, between nodes)"
+            work = _ThenWork([gloo], None, tensors, keep=host, describe=self._p2p_error(what))
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
+        if not self._on_spyre(tensors):
+            return self._flat.recv(tensors, src, tag)
+        self._seq += 1
+        if self._is_local(src):
+            work = self._local.recv(tensors, self._topo.local_rank_of[src], tag)
+        else:
+            t = tensors[0]
+            host = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
+            gloo = self._flat.recv([host], src, tag)
+            what = f"recv seq {self._seq} from rank {src} (tag {tag}, between nodes)"
+            work = _ThenWork(
+                [gloo],
+                lambda: _bytes_into(t, host),
+                tensors,
+                keep=host,
+                describe=self._p2p_error(what),
+            )
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
+        raise RuntimeError(
+            f"spyreccl: recv from any source (dist.recv without src) is not supported on "
+            f"{self._label()}, whose ranks span several nodes; name the sender"
+        )
+
+    # -- coalescing: every operation above completes (or is posted) when issued, so a batch
+    # only has to collect the Works and wait for all of them at its end.
+
+    def _start_coalescing(self, device: torch.device) -> None:  # noqa: ARG002
+        if self._coalesced is not None:
+            raise RuntimeError(f"spyreccl: coalescing already started on {self._label()}")
+        self._coalesced = []
+
+    def _end_coalescing(self, device: torch.device) -> dist.Work:  # noqa: ARG002
+        works, self._coalesced = self._coalesced or [], None
+        return _ThenWork(works)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def abort(self) -> None:
+        self._abort_children()
+
+    def shutdown(self) -> None:
+        self._local.shutdown()
+        for child in (self._cross, self._flat):
+            if child is not None:
+                try:
+                    child.shutdown()
+                except Exception:  # noqa: S110  (gloo has nothing to flush)
+                    pass
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self._timeout = timeout
+        for child in (self._local, self._cross, self._flat):
+            if child is not None:
+                child.set_timeout(timeout)
+
+    # -- argument checks -------------------------------------------------------------------
+
+    def _check_list(
+        self, op: str, arg: str, tensors: Sequence[torch.Tensor], like: torch.Tensor
+    ) -> None:
+        if len(tensors) != self._topo.size:
+            raise ValueError(
+                f"spyreccl: {op}: argument '{arg}' has {len(tensors)} tensors, expected one "
+                f"per rank ({self._topo.size})"
+            )
+        for i, t in enumerate(tensors):
+            if t.numel() != like.numel() or t.dtype != like.dtype:
+                raise ValueError(
+                    f"spyreccl: {op}: {arg}[{i}] has {t.numel()} elements of {t.dtype}, "
+                    f"expected {like.numel()} of {like.dtype}"
+                )
+
+    def _check_numel(self, op: str, t: torch.Tensor, expected: int) -> None:
+        if t.numel() != expected:
+            raise ValueError(
+                f"spyreccl: {op}: the tensor has {t.numel()} elements, expected {expected} "
+                f"(world size {self._topo.size} × the per-rank size)"
+            )
