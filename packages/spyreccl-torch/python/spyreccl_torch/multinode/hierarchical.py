@@ -227,6 +227,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._topo = topology
         self._timeout = _timeout_of(timeout)
         self._name = group_name
+        self._desc = ""
         self._global_ranks = list(global_ranks) or list(range(topology.size))
         self._seq = 0
         self._failed: str | None = None
@@ -270,6 +271,21 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     def name(self) -> str:
         return "spyreccl"
+
+    # c10d keeps a group's name and description in its backends; this group registers none
+    # (it dispatches itself), so it keeps them and answers the C++ getters (DeviceMesh,
+    # functional collectives and the group registry ask for group_name).
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._desc = desc
 
     @property
     def topology(self) -> Topology:

@@ -1,0 +1,153 @@
+"""Launching a job on simulated nodes of this machine.
+
+Each node is one ``torchrun --nnodes N --node-rank i`` (its agent and its ranks) against one
+static rendezvous on 127.0.0.1. Where the machine allows it (root, or unprivileged user
+namespaces), each node runs in its own mount and UTS namespaces, with its own hostname and a
+private tmpfs on /dev/shm: shared memory between nodes is then impossible, as between real
+servers, and the backend finds the nodes by itself (hostname + boot id). Elsewhere the nodes
+share the host and ``SPYRECCL_NODE_ID`` tells every rank its node; the report says which.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKER = Path(__file__).with_name("_node_worker.py")
+SHM_SIZE = "512m"
+
+
+@functools.cache
+def namespaces_usable() -> str | None:
+    """None when `unshare --mount --uts` with a private /dev/shm works here, else why not."""
+    probe = (
+        "mount -t tmpfs -o size=1m tmpfs /dev/shm && hostname spyreccl-probe && "
+        "test \"$(hostname)\" = spyreccl-probe"
+    )
+    try:
+        done = subprocess.run(
+            ["unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"unshare unavailable: {error}"
+    if done.returncode != 0:
+        return f"unshare --mount --uts failed: {done.stderr.strip() or done.returncode}"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class JobResult:
+    isolated: bool  # True: namespaces; False: SPYRECCL_NODE_ID on a shared host
+    returncodes: list[int]
+    logs: list[str]
+    reports: dict[int, dict] = field(default_factory=dict)
+    elapsed: float = 0.0
+
+    def describe(self) -> str:
+        mode = "namespaces" if self.isolated else "SPYRECCL_NODE_ID override (no namespaces)"
+        text = [f"simulated nodes via {mode}; return codes {self.returncodes}"]
+        for i, log in enumerate(self.logs):
+            text.append(f"--- node {i} log (tail) ---\n{log[-6000:]}")
+        return "\n".join(text)
+
+
+def run_job(
+    nprocs: list[int],
+    mode: str,
+    out_dir: Path,
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    ranks_expected: int | None = None,
+) -> JobResult:
+    """Runs `_node_worker.py <mode>` on len(nprocs) simulated nodes, node i with nprocs[i]
+    ranks; returns when every node's torchrun has exited (or kills them after `timeout`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    isolated = namespaces_usable() is None
+    port = free_port()
+    procs = []
+    logs = []
+    start = time.monotonic()
+    for node, nproc in enumerate(nprocs):
+        log_path = out_dir / f"node{node}.log"
+        logs.append(log_path)
+        node_env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "SPYRECCL_MN_OUT": str(out_dir),
+            "PYTHONUNBUFFERED": "1",
+            # torchrun's agents must not wait long for a node that is gone.
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            **(env or {}),
+        }
+        if not isolated:
+            node_env["SPYRECCL_NODE_ID"] = f"simnode{node}"
+        torchrun = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={len(nprocs)}",
+            f"--node-rank={node}",
+            f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "--max-restarts=0",
+            "--monitor-interval=0.2",
+            str(WORKER),
+            mode,
+        ]
+        if isolated:
+            setup = (
+                f"mount -t tmpfs -o size={SHM_SIZE} tmpfs /dev/shm && "
+                f"hostname simnode{node} && exec \"$@\""
+            )
+            cmd = ["unshare", "--mount", "--uts", "--propagation", "private", "--"]
+            cmd += ["sh", "-c", setup, "sh", *torchrun]
+        else:
+            cmd = torchrun
+        log = open(log_path, "w")  # noqa: SIM115  (closed below)
+        procs.append(
+            (
+                subprocess.Popen(
+                    cmd,
+                    env=node_env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                ),
+                log,
+            )
+        )
+    codes = []
+    for proc, log in procs:
+        remaining = max(1.0, timeout - (time.monotonic() - start))
+        try:
+            codes.append(proc.wait(timeout=remaining))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            codes.append(-9)
+        log.close()
+    result = JobResult(isolated, codes, [p.read_text(errors="replace") for p in logs])
+    result.elapsed = time.monotonic() - start
+    for path in out_dir.glob("rank*.json"):
+        report = json.loads(path.read_text())
+        result.reports[int(report["rank"])] = report
+    return result

@@ -1,0 +1,154 @@
+"""Jobs whose ranks span nodes, on simulated nodes of this machine (see _launch.py).
+
+Each test is one job launch (a torchrun per node) that runs many cases inside, because every
+rank and every torchrun agent pays the torch import: 2 nodes x 2 ranks run the full table
+(every operation, reduce op and dtype against float64 / exact references, subgroups, a 2-d
+DeviceMesh, DDP); 3 + 1 ranks run the reductions and data movement on uneven nodes. The
+failure tests kill a rank on one node, and start a job whose second node never comes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _launch import WORKER, free_port, namespaces_usable, run_job
+
+from spyreccl_testing.inputs import fresh_seed
+
+JOB_TIMEOUT = 240.0
+
+
+def _host_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("spyreccl")}
+
+
+@pytest.fixture
+def no_leaks():
+    """No spyreccl segment may be left in this host's /dev/shm (the simulated nodes' own
+    /dev/shm vanish with their namespaces; without namespaces they are this one)."""
+    before = _host_segments()
+    yield
+    leaked = _host_segments() - before
+    assert not leaked, f"spyreccl segments left in /dev/shm: {sorted(leaked)}"
+
+
+def _mode_note(result) -> str:
+    if result.isolated:
+        return "nodes isolated by namespaces"
+    return f"NO namespaces ({namespaces_usable()}): nodes simulated with SPYRECCL_NODE_ID"
+
+
+def _check_job(result, nprocs: list[int], seed: int) -> None:
+    world = sum(nprocs)
+    context = f"seed {seed}; {_mode_note(result)}\n{result.describe()}"
+    assert sorted(result.reports) == list(range(world)), f"missing rank reports; {context}"
+    failures = [f for r in sorted(result.reports) for f in result.reports[r]["failures"]]
+    assert not failures, (
+        f"{len(failures)} failure(s), replay with SPYRECCL_TEST_SEED={seed}:\n"
+        + "\n".join(failures[:20])
+        + f"\n{context}"
+    )
+    expected_nodes, start = [], 0
+    for n in nprocs:
+        expected_nodes.append(list(range(start, start + n)))
+        start += n
+    for rank, report in result.reports.items():
+        assert report["group_type"] == "HierarchicalProcessGroup", (rank, report)
+        assert report["nodes"] == expected_nodes, (rank, report["nodes"])
+        assert report["done"] == report["cases"], (rank, report)
+        node = next(i for i, members in enumerate(expected_nodes) if rank in members)
+        if result.isolated:
+            # Its own hostname and /dev/shm: nothing but its own node's segments visible.
+            assert report["hostname"] == f"simnode{node}", report["hostname"]
+        else:
+            assert report["node_env"] == f"simnode{node}"
+    assert result.returncodes == [0] * len(nprocs), context
+
+
+def test_two_nodes_two_ranks_every_operation(tmp_path, no_leaks):
+    seed = fresh_seed()
+    result = run_job([2, 2], "ops", tmp_path, timeout=JOB_TIMEOUT, env={"SPYRECCL_MN_SEED": str(seed), "SPYRECCL_MN_BACKEND": "cpu:gloo,spyre:spyreccl"})
+    _check_job(result, [2, 2], seed)
+    print(f"2x2: {result.reports[0]['cases']} cases in {result.reports[0]['seconds']:.1f} s; {_mode_note(result)}")
+
+
+def test_uneven_nodes_three_plus_one(tmp_path, no_leaks):
+    seed = fresh_seed()
+    result = run_job([3, 1], "uneven", tmp_path, timeout=JOB_TIMEOUT, env={"SPYRECCL_MN_SEED": str(seed)})
+    _check_job(result, [3, 1], seed)
+
+
+def test_rank_killed_on_one_node_fails_every_rank(tmp_path, no_leaks):
+    victim = 3  # node 1's second rank: not a leader, so the error has to travel
+    pg_timeout = 20.0
+    result = run_job(
+        [2, 2],
+        "kill",
+        tmp_path,
+        timeout=JOB_TIMEOUT,
+        env={"SPYRECCL_MN_VICTIM": str(victim), "SPYRECCL_MN_PG_TIMEOUT": str(pg_timeout)},
+    )
+    context = f"{_mode_note(result)}\n{result.describe()}"
+    death = float((tmp_path / "death_time").read_text())
+    survivors = [r for r in range(4) if r != victim]
+    assert sorted(result.reports) == survivors, context
+    for rank in survivors:
+        report = result.reports[rank]
+        error = report["error"]
+        assert error, f"rank {rank} saw no error after rank {victim} died; {context}"
+        assert "all_reduce" in error and "seq" in error, f"rank {rank}: {error}"
+        assert f"rank {victim}" in error, f"rank {rank} does not name the dead rank: {error}"
+        delay = report["error_time"] - death
+        assert delay <= pg_timeout, f"rank {rank} failed {delay:.1f} s after the death: {error}"
+
+
+def test_node_that_never_joins_fails_init_everywhere(tmp_path, no_leaks):
+    """A 4-rank job whose second node never starts: the first node's ranks must fail in
+    init_process_group within the timeout, naming the ranks that never came."""
+    timeout = 6.0
+    store = tmp_path / "store"
+    procs = []
+    env = {
+        **os.environ,
+        "SPYRECCL_MN_OUT": str(tmp_path),
+        "SPYRECCL_MN_PG_TIMEOUT": str(timeout),
+        "WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+        "SPYRECCL_NODE_ID": "simnode0",
+    }
+    start = time.monotonic()
+    for rank in (0, 1):
+        env_r = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        # A FileStore: the rendezvous itself does not wait for all ranks (a TCPStore would
+        # fail before the backend), so the backend's own node exchange is what must time out.
+        env_r["SPYRECCL_MN_INIT"] = f"file://{store}"
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), "nojoin"], env=env_r))
+    for p in procs:
+        p.wait(timeout=120)
+    elapsed = time.monotonic() - start
+    reports = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    assert sorted(reports) == [0, 1]
+    for rank, report in reports.items():
+        error = report["error"]
+        assert error and "never published" in error and "[2, 3]" in error, (rank, error)
+        assert report["seconds"] <= timeout + 10, (rank, report["seconds"])
+    assert elapsed < 120
+
+
+def test_topology_from_node_ids():
+    from spyreccl_torch.multinode import Topology
+
+    topo = Topology.from_node_ids(2, ["b", "a", "b", "b"])
+    assert topo.nodes == ((0, 2, 3), (1,))
+    assert (topo.node, topo.local_rank, topo.uniform, topo.single_node) == (0, 1, False, False)
+    assert topo.cross_ranks(0) == (0, 1) and topo.cross_ranks(1) == (2,)
+    one = Topology.from_node_ids(0, ["x", "x"])
+    assert one.single_node and one.uniform and one.local_ranks == (0, 1)
