@@ -30,7 +30,7 @@ def namespaces_usable() -> str | None:
     """None when `unshare --mount --uts` with a private /dev/shm works here, else why not."""
     probe = (
         "mount -t tmpfs -o size=1m tmpfs /dev/shm && hostname spyreccl-probe && "
-        "test \"$(hostname)\" = spyreccl-probe"
+        'test "$(hostname)" = spyreccl-probe'
     )
     try:
         done = subprocess.run(
@@ -75,10 +75,14 @@ def run_job(
     *,
     timeout: float,
     env: dict[str, str] | None = None,
-    ranks_expected: int | None = None,
+    stop_after_reports: int | None = None,
 ) -> JobResult:
     """Runs `_node_worker.py <mode>` on len(nprocs) simulated nodes, node i with nprocs[i]
-    ranks; returns when every node's torchrun has exited (or kills them after `timeout`)."""
+    ranks; returns when every node's torchrun has exited (or kills them after `timeout`).
+
+    stop_after_reports: once that many ranks wrote their report, give the rest 3 s and kill
+    what still runs (after a rank died, torchrun's agents on other nodes wait minutes in
+    their exit barrier for the agent that gave up)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     isolated = namespaces_usable() is None
     port = free_port()
@@ -116,7 +120,7 @@ def run_job(
         if isolated:
             setup = (
                 f"mount -t tmpfs -o size={SHM_SIZE} tmpfs /dev/shm && "
-                f"hostname simnode{node} && exec \"$@\""
+                f'hostname simnode{node} && exec "$@"'
             )
             cmd = ["unshare", "--mount", "--uts", "--propagation", "private", "--"]
             cmd += ["sh", "-c", setup, "sh", *torchrun]
@@ -135,15 +139,22 @@ def run_job(
                 log,
             )
         )
+    deadline = start + timeout
+    reported_at = None
+    while any(proc.poll() is None for proc, _ in procs) and time.monotonic() < deadline:
+        if (
+            stop_after_reports is not None
+            and reported_at is None
+            and len(list(out_dir.glob("rank*.json"))) >= stop_after_reports
+        ):
+            reported_at = time.monotonic()
+            deadline = min(deadline, reported_at + 3.0)
+        time.sleep(0.2)
     codes = []
     for proc, log in procs:
-        remaining = max(1.0, timeout - (time.monotonic() - start))
-        try:
-            codes.append(proc.wait(timeout=remaining))
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            codes.append(-9)
+        codes.append(proc.wait())
         log.close()
     result = JobResult(isolated, codes, [p.read_text(errors="replace") for p in logs])
     result.elapsed = time.monotonic() - start

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
 
-from _ops_support import (  # noqa: E402
+from _ops_support import (
     DTYPES,
     LARGE,
     REDUCE_OPS,
@@ -45,8 +45,8 @@ from _ops_support import (  # noqa: E402
     reference_op,
 )
 
-from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce  # noqa: E402
-from spyreccl_testing.inputs import poison_, random_tensor, rank_seed  # noqa: E402
+from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce
+from spyreccl_testing.inputs import poison_, random_tensor, rank_seed
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -86,7 +86,9 @@ def c_all_reduce(case, seed, ctx):
     if async_op:
         assert work.wait() and work.is_completed()
     expected = reference_reduce(inputs, reference_op(op, factor), dtype)
-    check_result(t, expected, dtype, ctx.world_size, seed, f"all_reduce {op} {dtype_id(dtype)} {shape}")
+    check_result(
+        t, expected, dtype, ctx.world_size, seed, f"all_reduce {op} {dtype_id(dtype)} {shape}"
+    )
 
 
 def c_reduce(case, seed, ctx):
@@ -106,7 +108,11 @@ def c_reduce(case, seed, ctx):
 def c_broadcast(case, seed, ctx):
     _, dtype, n, root = case
     src = random_tensor(n, dtype, "cpu", seed, nranks=ctx.world_size)
-    t = src.to(_dev(ctx)) if ctx.rank == root else poison_(torch.empty(n, dtype=dtype, device=_dev(ctx)))
+    t = (
+        src.to(_dev(ctx))
+        if ctx.rank == root
+        else poison_(torch.empty(n, dtype=dtype, device=_dev(ctx)))
+    )
     dist.broadcast(t, src=root)
     check_exact(t, src, seed, ctx.world_size, f"broadcast {dtype_id(dtype)} n={n} root={root}")
 
@@ -117,7 +123,9 @@ def c_all_gather(case, seed, ctx):
     mine = inputs[ctx.rank].to(_dev(ctx))
     what = f"all_gather {dtype_id(dtype)} {shape} into_tensor={into_tensor}"
     if into_tensor:
-        out = poison_(torch.empty((ctx.world_size * inputs[0].numel(),), dtype=dtype, device=_dev(ctx)))
+        out = poison_(
+            torch.empty((ctx.world_size * inputs[0].numel(),), dtype=dtype, device=_dev(ctx))
+        )
         dist.all_gather_into_tensor(out, mine)
         check_exact(out, torch.cat([x.reshape(-1) for x in inputs]), seed, ctx.world_size, what)
     else:
@@ -150,11 +158,17 @@ def c_gather_scatter(case, seed, ctx):
     _, dtype, n, root = case
     w = ctx.world_size
     inputs = rank_inputs(seed, n, dtype, w)
-    gl = [poison_(torch.empty(n, dtype=dtype, device=_dev(ctx))) for _ in range(w)] if ctx.rank == root else None
+    gl = (
+        [poison_(torch.empty(n, dtype=dtype, device=_dev(ctx))) for _ in range(w)]
+        if ctx.rank == root
+        else None
+    )
     dist.gather(inputs[ctx.rank].to(_dev(ctx)), gl, dst=root)
     if ctx.rank == root:
         for r in range(w):
-            check_exact(gl[r], inputs[r], seed, w, f"gather {dtype_id(dtype)} root={root} [rank {r}]")
+            check_exact(
+                gl[r], inputs[r], seed, w, f"gather {dtype_id(dtype)} root={root} [rank {r}]"
+            )
     chunks = rank_inputs(seed, n, dtype, w, salt=7)
     out = poison_(torch.empty(n, dtype=dtype, device=_dev(ctx)))
     sl = [c.to(_dev(ctx)) for c in chunks] if ctx.rank == root else None
@@ -176,13 +190,21 @@ def c_all_to_all(case, seed, ctx):
     else:
         in_splits = out_splits = [2] * w
     per_rank = [
-        random_tensor((sum(rows(s, d) for d in range(w)) if with_splits else 2 * w, cols), dtype, "cpu", rank_seed(seed, s), nranks=w)
+        random_tensor(
+            (sum(rows(s, d) for d in range(w)) if with_splits else 2 * w, cols),
+            dtype,
+            "cpu",
+            rank_seed(seed, s),
+            nranks=w,
+        )
         for s in range(w)
     ]
     src = per_rank[r].to(_dev(ctx))
     out = poison_(torch.empty((sum(out_splits), cols), dtype=dtype, device=_dev(ctx)))
     dist.all_to_all_single(
-        out, src, output_split_sizes=out_splits if with_splits else None,
+        out,
+        src,
+        output_split_sizes=out_splits if with_splits else None,
         input_split_sizes=in_splits if with_splits else None,
     )
     pieces = []
@@ -190,7 +212,9 @@ def c_all_to_all(case, seed, ctx):
         s_splits = [rows(s, d) for d in range(w)] if with_splits else [2] * w
         start = sum(s_splits[:r])
         pieces.append(per_rank[s][start : start + s_splits[r]])
-    check_exact(out, torch.cat(pieces), seed, w, f"all_to_all_single {dtype_id(dtype)} splits={with_splits}")
+    check_exact(
+        out, torch.cat(pieces), seed, w, f"all_to_all_single {dtype_id(dtype)} splits={with_splits}"
+    )
     # list form
     ins = [random_tensor(5, dtype, "cpu", rank_seed(seed + d, r), nranks=w) for d in range(w)]
     outs = [poison_(torch.empty(5, dtype=dtype, device=_dev(ctx))) for _ in range(w)]
@@ -223,8 +247,20 @@ def c_p2p(case, seed, ctx):
         for req in reqs:
             req.wait()
     what = f"send/recv {dtype_id(dtype)} n={n} batched={batched}"
-    check_exact(got_prev, random_tensor(n, dtype, "cpu", rank_seed(seed, prv), nranks=w), seed, w, what + f" from {prv}")
-    check_exact(got_far, random_tensor(n, dtype, "cpu", rank_seed(seed, far_src), nranks=w), seed, w, what + f" from {far_src}")
+    check_exact(
+        got_prev,
+        random_tensor(n, dtype, "cpu", rank_seed(seed, prv), nranks=w),
+        seed,
+        w,
+        what + f" from {prv}",
+    )
+    check_exact(
+        got_far,
+        random_tensor(n, dtype, "cpu", rank_seed(seed, far_src), nranks=w),
+        seed,
+        w,
+        what + f" from {far_src}",
+    )
 
 
 def c_coalesced(case, seed, ctx):
@@ -235,7 +271,14 @@ def c_coalesced(case, seed, ctx):
     ts = [p[ctx.rank].to(_dev(ctx)) for p in per]
     dist.all_reduce_coalesced(ts, op=dist_op(op))
     for i, t in enumerate(ts):
-        check_result(t, reference_reduce(per[i], reference_op(op), dtype), dtype, w, seed, f"all_reduce_coalesced {op} [{i}]")
+        check_result(
+            t,
+            reference_reduce(per[i], reference_op(op), dtype),
+            dtype,
+            w,
+            seed,
+            f"all_reduce_coalesced {op} [{i}]",
+        )
     # fast-path coalescing of all_gather_into_tensor / reduce_scatter_tensor
     ins = [p[ctx.rank].to(_dev(ctx)) for p in per if p[0].numel()]
     outs = [poison_(torch.empty(x.numel() * w, dtype=dtype, device=_dev(ctx))) for x in ins]
@@ -245,7 +288,13 @@ def c_coalesced(case, seed, ctx):
     k = 0
     for p in per:
         if p[0].numel():
-            check_exact(outs[k], torch.cat([x.reshape(-1) for x in p]), seed, w, f"coalesced all_gather [{k}]")
+            check_exact(
+                outs[k],
+                torch.cat([x.reshape(-1) for x in p]),
+                seed,
+                w,
+                f"coalesced all_gather [{k}]",
+            )
             k += 1
 
 
@@ -254,7 +303,14 @@ def c_cpu_and_objects(case, seed, ctx):
     inputs = rank_inputs(seed, 257, torch.float64, w)
     t = inputs[ctx.rank].clone()
     dist.all_reduce(t)  # a CPU tensor: gloo over all ranks
-    assert_close_dtype(t, reference_reduce(inputs, "sum", torch.float64), torch.float64, w, seed=seed, what="cpu all_reduce")
+    assert_close_dtype(
+        t,
+        reference_reduce(inputs, "sum", torch.float64),
+        torch.float64,
+        w,
+        seed=seed,
+        what="cpu all_reduce",
+    )
     objs = [None] * w
     dist.all_gather_object(objs, {"rank": ctx.rank, "seed": seed})
     assert objs == [{"rank": r, "seed": seed} for r in range(w)], objs
@@ -281,7 +337,14 @@ CASE_FUNCS = {
     "cpu_objects": c_cpu_and_objects,
 }
 
-MOVE_DTYPES = (torch.float32, torch.bfloat16, torch.int16, torch.bool, torch.float8_e5m2, torch.int64)
+MOVE_DTYPES = (
+    torch.float32,
+    torch.bfloat16,
+    torch.int16,
+    torch.bool,
+    torch.float8_e5m2,
+    torch.int64,
+)
 
 
 def op_cases(world: int, full: bool) -> list[tuple]:
@@ -296,7 +359,14 @@ def op_cases(world: int, full: bool) -> list[tuple]:
                 cases.append(("all_reduce", dtype, op, shape, i % 2 == 1))
                 i += 1
     last = world - 1
-    red_dtypes = (torch.float32, torch.bfloat16, torch.int32, torch.bool, torch.float8_e4m3fn, torch.int8)
+    red_dtypes = (
+        torch.float32,
+        torch.bfloat16,
+        torch.int32,
+        torch.bool,
+        torch.float8_e4m3fn,
+        torch.int8,
+    )
     for dtype in red_dtypes:
         for op in ("SUM", "AVG", "MAX", "PREMUL_SUM", "BXOR", "PRODUCT"):
             if reduction_valid(dtype, op):
@@ -362,19 +432,33 @@ def group_checks(ctx: Ctx, base_seed: int) -> list[str]:
         "crossing": type(mine_crossing).__name__,
     }
     if kinds["aligned"] != ProcessGroupSpyreccl.__name__:
-        failures.append(f"rank {r}: node-aligned group got {kinds['aligned']}, expected the plain backend")
+        failures.append(
+            f"rank {r}: node-aligned group got {kinds['aligned']}, expected the plain backend"
+        )
     if not isinstance(mine_crossing, HierarchicalProcessGroup):
-        failures.append(f"rank {r}: node-crossing group is {kinds['crossing']}, expected hierarchical")
+        failures.append(
+            f"rank {r}: node-crossing group is {kinds['crossing']}, expected hierarchical"
+        )
     for name, group, members in (
         ("aligned", mine_aligned, [0, 1] if r < 2 else [2, 3]),
         ("crossing", mine_crossing, [0, 2] if r % 2 == 0 else [1, 3]),
     ):
         seed = case_seed(base_seed, 10_000 + len(name))
-        inputs = {g: random_tensor(999, torch.float32, "cpu", rank_seed(seed, g), nranks=2) for g in members}
+        inputs = {
+            g: random_tensor(999, torch.float32, "cpu", rank_seed(seed, g), nranks=2)
+            for g in members
+        }
         t = inputs[r].to(_dev(ctx))
         dist.all_reduce(t, group=group)
         try:
-            check_result(t, reference_reduce([inputs[g] for g in members], "sum"), torch.float32, 2, seed, f"{name} all_reduce")
+            check_result(
+                t,
+                reference_reduce([inputs[g] for g in members], "sum"),
+                torch.float32,
+                2,
+                seed,
+                f"{name} all_reduce",
+            )
         except AssertionError as exc:
             failures.append(f"rank {r}: {exc}")
         b = t.clone() if r == members[-1] else poison_(torch.empty_like(t))
@@ -391,12 +475,21 @@ def group_checks(ctx: Ctx, base_seed: int) -> list[str]:
 
     mesh = init_device_mesh("spyre", (2, 2), mesh_dim_names=("node", "local"))
     seed = case_seed(base_seed, 20_000)
-    inputs = [random_tensor(64, torch.float64, "cpu", rank_seed(seed, g), nranks=4) for g in range(w)]
+    inputs = [
+        random_tensor(64, torch.float64, "cpu", rank_seed(seed, g), nranks=4) for g in range(w)
+    ]
     for dim, peers in (("node", [r % 2, r % 2 + 2]), ("local", [r // 2 * 2, r // 2 * 2 + 1])):
         t = inputs[r].to(_dev(ctx))
         dist.all_reduce(t, group=mesh.get_group(dim))
         try:
-            check_result(t, reference_reduce([inputs[p] for p in peers], "sum"), torch.float64, 2, seed, f"mesh dim {dim}")
+            check_result(
+                t,
+                reference_reduce([inputs[p] for p in peers], "sum"),
+                torch.float64,
+                2,
+                seed,
+                f"mesh dim {dim}",
+            )
         except AssertionError as exc:
             failures.append(f"rank {r}: {exc}")
     return failures
@@ -413,13 +506,23 @@ def ddp_check(ctx: Ctx, base_seed: int) -> list[str]:
     ref.load_state_dict(model.state_dict())
     ddp = DDP(model.to(_dev(ctx)))
     seed = case_seed(base_seed, 30_000)
-    batches = [random_tensor((4, 8), torch.float64, "cpu", rank_seed(seed, g), nranks=4) for g in range(ctx.world_size)]
+    batches = [
+        random_tensor((4, 8), torch.float64, "cpu", rank_seed(seed, g), nranks=4)
+        for g in range(ctx.world_size)
+    ]
     ddp(batches[ctx.rank].to(_dev(ctx))).square().sum().backward()
     ref(torch.cat(batches)).square().sum().div(ctx.world_size).backward()
     failures = []
     for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters(), strict=True):
         try:
-            assert_close_dtype(p.grad.cpu(), q.grad, torch.float64, ctx.world_size, seed=seed, what=f"DDP grad {name}")
+            assert_close_dtype(
+                p.grad.cpu(),
+                q.grad,
+                torch.float64,
+                ctx.world_size,
+                seed=seed,
+                what=f"DDP grad {name}",
+            )
         except AssertionError as exc:
             failures.append(f"rank {ctx.rank}: {exc}")
     return failures
@@ -492,7 +595,7 @@ def mode_kill() -> None:
     try:
         for _ in range(50):
             dist.all_reduce(t)
-    except Exception as exc:  # noqa: BLE001  (what we are here to observe)
+    except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     report.update(error=error, error_time=time.time())
     _write(report)
@@ -505,7 +608,7 @@ def mode_nojoin() -> None:
     try:
         _init()
         report["error"] = None
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
     report["seconds"] = time.monotonic() - start
     _write(report)

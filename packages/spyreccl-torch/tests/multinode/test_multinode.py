@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from _launch import WORKER, free_port, namespaces_usable, run_job
@@ -73,14 +72,23 @@ def _check_job(result, nprocs: list[int], seed: int) -> None:
 
 def test_two_nodes_two_ranks_every_operation(tmp_path, no_leaks):
     seed = fresh_seed()
-    result = run_job([2, 2], "ops", tmp_path, timeout=JOB_TIMEOUT, env={"SPYRECCL_MN_SEED": str(seed), "SPYRECCL_MN_BACKEND": "cpu:gloo,spyre:spyreccl"})
+    result = run_job(
+        [2, 2],
+        "ops",
+        tmp_path,
+        timeout=JOB_TIMEOUT,
+        env={"SPYRECCL_MN_SEED": str(seed), "SPYRECCL_MN_BACKEND": "cpu:gloo,spyre:spyreccl"},
+    )
     _check_job(result, [2, 2], seed)
-    print(f"2x2: {result.reports[0]['cases']} cases in {result.reports[0]['seconds']:.1f} s; {_mode_note(result)}")
+    report = result.reports[0]
+    print(f"2x2: {report['cases']} cases in {report['seconds']:.1f} s; {_mode_note(result)}")
 
 
 def test_uneven_nodes_three_plus_one(tmp_path, no_leaks):
     seed = fresh_seed()
-    result = run_job([3, 1], "uneven", tmp_path, timeout=JOB_TIMEOUT, env={"SPYRECCL_MN_SEED": str(seed)})
+    result = run_job(
+        [3, 1], "uneven", tmp_path, timeout=JOB_TIMEOUT, env={"SPYRECCL_MN_SEED": str(seed)}
+    )
     _check_job(result, [3, 1], seed)
 
 
@@ -93,12 +101,14 @@ def test_rank_killed_on_one_node_fails_every_rank(tmp_path, no_leaks):
         tmp_path,
         timeout=JOB_TIMEOUT,
         env={"SPYRECCL_MN_VICTIM": str(victim), "SPYRECCL_MN_PG_TIMEOUT": str(pg_timeout)},
+        stop_after_reports=2,
     )
     context = f"{_mode_note(result)}\n{result.describe()}"
     death = float((tmp_path / "death_time").read_text())
-    survivors = [r for r in range(4) if r != victim]
-    assert sorted(result.reports) == survivors, context
-    for rank in survivors:
+    # torchrun's agent on the victim's node terminates its other rank (rank 2) when rank 3
+    # dies, so only rank 2's report is optional; the other node's ranks must report.
+    assert {0, 1} <= set(result.reports) <= {0, 1, 2}, context
+    for rank in sorted(result.reports):
         report = result.reports[rank]
         error = report["error"]
         assert error, f"rank {rank} saw no error after rank {victim} died; {context}"
@@ -134,7 +144,10 @@ def test_node_that_never_joins_fails_init_everywhere(tmp_path, no_leaks):
     for p in procs:
         p.wait(timeout=120)
     elapsed = time.monotonic() - start
-    reports = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    reports = {
+        int(p.stem.removeprefix("rank")): json.loads(p.read_text())
+        for p in tmp_path.glob("rank*.json")
+    }
     assert sorted(reports) == [0, 1]
     for rank, report in reports.items():
         error = report["error"]

@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,10 +51,12 @@ from .topology import Topology
 SHARDED_MIN_BYTES_ENV = "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES"
 DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
 
+# How long a rank that saw an operation fail waits for the other ranks to say they saw it
+# too, to name the ones that did not (see _who_failed).
+FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
+
 _SPYRE = "spyre"
-_NARROW_FLOATS = frozenset(
-    {torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
-)
+_NARROW_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
 _RedOp = dist.ReduceOp.RedOpType
 
 
@@ -66,7 +69,7 @@ class _DoneWork(dist.Work):
         self._future: Future = Future()
         self._future.set_result(self._result)
 
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:  # noqa: ARG002
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         return True
 
     def is_completed(self) -> bool:
@@ -127,7 +130,7 @@ class _ThenWork(dist.Work):
             return True
 
     def is_completed(self) -> bool:
-        return self._done or all(w.is_completed() for w in self._works) and self._after is None
+        return self._done or (all(w.is_completed() for w in self._works) and self._after is None)
 
     def is_success(self) -> bool:
         return self._done
@@ -232,6 +235,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._seq = 0
         self._failed: str | None = None
         self._coalesced: list[Any] | None = None
+        self._store = store
+        self._failure_window_s = float(os.environ.get(FAILURE_WINDOW_ENV, "2"))
         self._sharded_min_bytes = int(
             os.environ.get(SHARDED_MIN_BYTES_ENV, DEFAULT_SHARDED_MIN_BYTES)
         )
@@ -266,7 +271,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     # -- identity ------------------------------------------------------------------------
 
-    def getBackendName(self) -> str:  # noqa: N802  (the C++ virtual's name)
+    def getBackendName(self) -> str:
         return "spyreccl"
 
     def name(self) -> str:
@@ -275,16 +280,16 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
     # c10d keeps a group's name and description in its backends; this group registers none
     # (it dispatches itself), so it keeps them and answers the C++ getters (DeviceMesh,
     # functional collectives and the group registry ask for group_name).
-    def getGroupName(self) -> str:  # noqa: N802
+    def getGroupName(self) -> str:
         return self._name
 
-    def setGroupName(self, name: str) -> None:  # noqa: N802
+    def setGroupName(self, name: str) -> None:
         self._name = name
 
-    def getGroupDesc(self) -> str:  # noqa: N802
+    def getGroupDesc(self) -> str:
         return self._desc
 
-    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+    def setGroupDesc(self, desc: str) -> None:
         self._desc = desc
 
     @property
@@ -330,6 +335,36 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._abort_children()
         return RuntimeError(
             f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}"
+            f"{self._who_failed(seq)}"
+        )
+
+    def _who_failed(self, seq: int) -> str:
+        """Which ranks did not fail along: every rank that sees operation `seq` fail says
+        so in the store and waits a moment for the others. The aborts in _fail make the
+        failure reach every live rank within a fraction of a second, so the ranks that stay
+        silent are the dead (or stuck) ones. gloo's errors name a socket address and the
+        node's spyreccl names local ranks; this names group ranks. Best effort: the store
+        may be gone with the failed process."""
+        topo = self._topo
+        prefix = f"spyreccl/failed/{seq}/"
+        window = min(self._failure_window_s, self._timeout.total_seconds())
+        try:
+            self._store.set(f"{prefix}{topo.rank}", "1")
+            deadline = time.monotonic() + window
+            silent = [r for r in range(topo.size) if r != topo.rank]
+            while silent:
+                silent = [r for r in silent if not self._store.check([f"{prefix}{r}"])]
+                if not silent or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        except Exception:
+            return ""
+        if not silent:
+            return ""
+        names = ", ".join(f"rank {r} (node {topo.node_of[r]})" for r in silent)
+        return (
+            f"; ranks that did not report this failure within {window:g} s (failed, or "
+            f"stuck elsewhere): {names}"
         )
 
     def _abort_children(self) -> None:
@@ -338,7 +373,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 continue
             try:
                 child.abort()
-            except Exception:  # noqa: S110  (best effort: the group is being given up)
+            except Exception:
                 pass
 
     @staticmethod
@@ -822,12 +857,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
     # -- coalescing: every operation above completes (or is posted) when issued, so a batch
     # only has to collect the Works and wait for all of them at its end.
 
-    def _start_coalescing(self, device: torch.device) -> None:  # noqa: ARG002
+    def _start_coalescing(self, device: torch.device) -> None:
         if self._coalesced is not None:
             raise RuntimeError(f"spyreccl: coalescing already started on {self._label()}")
         self._coalesced = []
 
-    def _end_coalescing(self, device: torch.device) -> dist.Work:  # noqa: ARG002
+    def _end_coalescing(self, device: torch.device) -> dist.Work:
         works, self._coalesced = self._coalesced or [], None
         return _ThenWork(works)
 
@@ -842,7 +877,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             if child is not None:
                 try:
                     child.shutdown()
-                except Exception:  # noqa: S110  (gloo has nothing to flush)
+                except Exception:
                     pass
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
@@ -872,5 +907,5 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if t.numel() != expected:
             raise ValueError(
                 f"spyreccl: {op}: the tensor has {t.numel()} elements, expected {expected} "
-                f"(world size {self._topo.size} × the per-rank size)"
+                f"(world size {self._topo.size} times the per-rank size)"
             )
