@@ -76,15 +76,18 @@ def run_job(
     timeout: float,
     env: dict[str, str] | None = None,
     stop_after_reports: int | None = None,
+    isolate: bool = True,
 ) -> JobResult:
     """Runs `_node_worker.py <mode>` on len(nprocs) simulated nodes, node i with nprocs[i]
     ranks; returns when every node's torchrun has exited (or kills them after `timeout`).
 
     stop_after_reports: once that many ranks wrote their report, give the rest 3 s and kill
     what still runs (after a rank died, torchrun's agents on other nodes wait minutes in
-    their exit barrier for the agent that gave up)."""
+    their exit barrier for the agent that gave up).
+    isolate=False: simulate the nodes with SPYRECCL_NODE_ID even where namespaces work (so
+    that the suite always exercises that fallback too)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    isolated = namespaces_usable() is None
+    isolated = isolate and namespaces_usable() is None
     port = free_port()
     procs = []
     logs = []

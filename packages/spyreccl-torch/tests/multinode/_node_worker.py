@@ -528,6 +528,76 @@ def ddp_check(ctx: Ctx, base_seed: int) -> list[str]:
     return failures
 
 
+def hsdp_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """FSDP2 hybrid sharding: replicate across the nodes, shard within each node. After one
+    step every rank's full gradients are the mean over the 4 ranks' batches."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("spyre", (2, 2), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(4321)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 12, dtype=torch.float64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(12, 4, dtype=torch.float64),
+    )
+    ref = torch.nn.Sequential(
+        torch.nn.Linear(16, 12, dtype=torch.float64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(12, 4, dtype=torch.float64),
+    )
+    ref.load_state_dict(model.state_dict())
+    model.to(_dev(ctx))
+    fully_shard(model, mesh=mesh)
+    seed = case_seed(base_seed, 40_000)
+    w = ctx.world_size
+    batches = [
+        random_tensor((3, 16), torch.float64, "cpu", rank_seed(seed, g), nranks=w) for g in range(w)
+    ]
+    model(batches[ctx.rank].to(_dev(ctx))).square().sum().backward()
+    ref(torch.cat(batches)).square().sum().div(w).backward()
+    failures = []
+    for i, (p, q) in enumerate(zip(model.parameters(), ref.parameters(), strict=True)):
+        try:
+            got = p.grad.full_tensor().cpu()
+            assert_close_dtype(got, q.grad, torch.float64, w, seed=seed, what=f"HSDP grad {i}")
+        except AssertionError as exc:
+            failures.append(f"rank {ctx.rank}: {exc}")
+    return failures
+
+
+def funcol_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """Functional collectives (the C++ path DTensor and torch.compile use) on the
+    hierarchical group."""
+    import torch.distributed._functional_collectives as funcol
+
+    seed = case_seed(base_seed, 50_000)
+    w, r = ctx.world_size, ctx.rank
+    inputs = rank_inputs(seed, 4 * w, torch.float32, w)
+    mine = inputs[r].to(_dev(ctx))
+    failures = []
+    total = reference_reduce(inputs, "sum", torch.float32)
+    checks = [
+        ("funcol all_reduce", funcol.all_reduce(mine, "sum", dist.group.WORLD), total),
+        (
+            "funcol all_gather",
+            funcol.all_gather_tensor(mine, 0, dist.group.WORLD),
+            torch.cat(inputs),
+        ),
+        (
+            "funcol reduce_scatter",
+            funcol.reduce_scatter_tensor(mine, "sum", 0, dist.group.WORLD),
+            total[r * 4 : (r + 1) * 4],
+        ),
+    ]
+    for what, got, want in checks:
+        try:
+            check_result(got, want, torch.float32, w, seed, what)
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+    return failures
+
+
 # -- modes -------------------------------------------------------------------------------
 
 
@@ -573,7 +643,16 @@ def mode_ops(full: bool) -> None:
     if full and not failures:
         failures += group_checks(ctx, base_seed)
         failures += ddp_check(ctx, base_seed)
-    report.update(cases=len(cases), done=done, failures=failures, seconds=time.monotonic() - start)
+        failures += hsdp_check(ctx, base_seed)
+        failures += funcol_check(ctx, base_seed)
+    routes = dict(getattr(dist.group.WORLD, "route_counts", {}))
+    report.update(
+        cases=len(cases),
+        done=done,
+        failures=failures,
+        seconds=time.monotonic() - start,
+        routes=routes,
+    )
     dist.destroy_process_group()
     _write(report)
 

@@ -40,7 +40,8 @@ def no_leaks():
 def _mode_note(result) -> str:
     if result.isolated:
         return "nodes isolated by namespaces"
-    return f"NO namespaces ({namespaces_usable()}): nodes simulated with SPYRECCL_NODE_ID"
+    why = namespaces_usable() or "fallback chosen by the test"
+    return f"no namespaces ({why}): nodes simulated with SPYRECCL_NODE_ID"
 
 
 def _check_job(result, nprocs: list[int], seed: int) -> None:
@@ -72,22 +73,32 @@ def _check_job(result, nprocs: list[int], seed: int) -> None:
 
 def test_two_nodes_two_ranks_every_operation(tmp_path, no_leaks):
     seed = fresh_seed()
-    result = run_job(
-        [2, 2],
-        "ops",
-        tmp_path,
-        timeout=JOB_TIMEOUT,
-        env={"SPYRECCL_MN_SEED": str(seed), "SPYRECCL_MN_BACKEND": "cpu:gloo,spyre:spyreccl"},
-    )
+    env = {
+        "SPYRECCL_MN_SEED": str(seed),
+        "SPYRECCL_MN_BACKEND": "cpu:gloo,spyre:spyreccl",
+        # The table's 1001-element reductions take the leader route, its 65537-element
+        # ones (>= 64 KiB in every dtype they are reduced in) the sharded route.
+        "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": str(64 * 1024),
+    }
+    result = run_job([2, 2], "ops", tmp_path, timeout=JOB_TIMEOUT, env=env)
     _check_job(result, [2, 2], seed)
+    for rank, report in result.reports.items():
+        assert report["routes"]["leader"] > 0 and report["routes"]["sharded"] > 0, (rank, report)
     report = result.reports[0]
     print(f"2x2: {report['cases']} cases in {report['seconds']:.1f} s; {_mode_note(result)}")
 
 
 def test_uneven_nodes_three_plus_one(tmp_path, no_leaks):
+    """Also the suite's run of the fallback: the nodes share this host and are told apart
+    only by SPYRECCL_NODE_ID (what the tests do where namespaces are not allowed)."""
     seed = fresh_seed()
     result = run_job(
-        [3, 1], "uneven", tmp_path, timeout=JOB_TIMEOUT, env={"SPYRECCL_MN_SEED": str(seed)}
+        [3, 1],
+        "uneven",
+        tmp_path,
+        timeout=JOB_TIMEOUT,
+        env={"SPYRECCL_MN_SEED": str(seed)},
+        isolate=False,
     )
     _check_job(result, [3, 1], seed)
 

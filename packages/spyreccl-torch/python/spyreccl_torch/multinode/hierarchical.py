@@ -236,6 +236,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._failed: str | None = None
         self._coalesced: list[Any] | None = None
         self._store = store
+        # How many reductions took each route (tests and the benchmark read it).
+        self.route_counts = {"leader": 0, "sharded": 0}
         self._failure_window_s = float(os.environ.get(FAILURE_WINDOW_ENV, "2"))
         self._sharded_min_bytes = int(
             os.environ.get(SHARDED_MIN_BYTES_ENV, DEFAULT_SHARDED_MIN_BYTES)
@@ -420,6 +422,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         local_size = len(topo.local_ranks)
         nbytes = work.numel() * work.element_size()
         if topo.uniform and local_size > 1 and nbytes >= self._sharded_min_bytes:
+            self.route_counts["sharded"] += 1
             flat = work.reshape(-1)
             shard = -(-flat.numel() // local_size)
             padded = flat
@@ -435,6 +438,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             if padded is not flat:
                 flat.copy_(padded[: flat.numel()])
             return
+        self.route_counts["leader"] += 1
         self._local_reduce_to_leader(work, plan.local_op)
         if topo.local_rank == 0:
             self._cross_all_reduce(work, plan.cross_op)
