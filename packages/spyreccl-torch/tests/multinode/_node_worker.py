@@ -91,6 +91,37 @@ def c_all_reduce(case, seed, ctx):
     )
 
 
+def c_all_reduce_wide_unsigned(case, seed, ctx):
+    """uint32/uint64 (gloo has neither): uint64 values on both sides of 2**63 (random int64
+    bit patterns), so that MIN/MAX must compare them as unsigned."""
+    _, dtype, op, n = case
+    w = ctx.world_size
+    signed = torch.int64 if dtype == torch.uint64 else torch.int32
+    inputs = [x.view(dtype) for x in rank_inputs(seed, n, signed, w)]
+    t = inputs[ctx.rank].to(_dev(ctx))
+    dist.all_reduce(t, op=dist_op(op))
+    expected = reference_reduce(inputs, reference_op(op), dtype)
+    check_exact(t, expected, seed, w, f"all_reduce {op} {dtype_id(dtype)} n={n}")
+
+
+def c_all_reduce_complex(case, seed, ctx):
+    """complex64: reduced as (real, imaginary) pairs; the reference reduces both parts."""
+    _, op, n = case
+    w = ctx.world_size
+    factor = premul_factor(seed) if op == "PREMUL_SUM" else None
+    re = rank_inputs(seed, n, torch.float32, w)
+    im = rank_inputs(seed, n, torch.float32, w, salt=1)
+    t = torch.complex(re[ctx.rank], im[ctx.rank]).to(_dev(ctx))
+    dist.all_reduce(t, op=dist_op(op, factor))
+    ref = reference_op(op, factor)
+    expected = torch.stack(
+        [reference_reduce(re, ref, torch.float32), reference_reduce(im, ref, torch.float32)],
+        dim=-1,
+    )
+    got = torch.view_as_real(t.cpu())
+    assert_close_dtype(got, expected, torch.float32, w, seed=seed, what=f"all_reduce {op} c64")
+
+
 def c_reduce(case, seed, ctx):
     _, dtype, op, n, root = case
     factor = premul_factor(seed) if op == "PREMUL_SUM" else None
@@ -327,6 +358,8 @@ def dispatch(case, seed, ctx):
 CASE_FUNCS = {
     "all_reduce": c_all_reduce,
     "reduce": c_reduce,
+    "all_reduce_unsigned": c_all_reduce_wide_unsigned,
+    "all_reduce_complex": c_all_reduce_complex,
     "broadcast": c_broadcast,
     "all_gather": c_all_gather,
     "reduce_scatter": c_reduce_scatter,
@@ -358,6 +391,15 @@ def op_cases(world: int, full: bool) -> list[tuple]:
             for shape in shapes:
                 cases.append(("all_reduce", dtype, op, shape, i % 2 == 1))
                 i += 1
+    for dtype in (torch.uint32, torch.uint64):
+        for op in ("SUM", "MIN", "MAX", "BXOR", "PRODUCT") + (
+            ("AVG",) if dtype == torch.uint32 else ()
+        ):
+            cases.append(("all_reduce_unsigned", dtype, op, 1001))
+            cases.append(("all_reduce_unsigned", dtype, op, LARGE))
+    for op in ("SUM", "AVG", "PREMUL_SUM"):
+        cases.append(("all_reduce_complex", op, 1001))
+        cases.append(("all_reduce_complex", op, LARGE))
     last = world - 1
     red_dtypes = (
         torch.float32,

@@ -58,6 +58,7 @@ FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
 _SPYRE = "spyre"
 _NARROW_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
 _RedOp = dist.ReduceOp.RedOpType
+_SIGN_BIT = -(2**63)  # int64 with only the sign bit set
 
 
 class _DoneWork(dist.Work):
@@ -179,7 +180,17 @@ class _Plan:
             self.work_dtype = torch.int32
         elif dtype == torch.bool:
             self.work_dtype = torch.uint8
-        if kind == _RedOp.AVG and not dtype.is_floating_point:
+        elif dtype == torch.complex32:
+            self.work_dtype = torch.complex64
+        elif dtype == torch.uint32:  # gloo has no uint32; int64 holds every value
+            self.work_dtype = torch.int64
+        if kind == _RedOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
+            if dtype == torch.uint64:
+                raise ValueError(
+                    "spyreccl: ReduceOp.AVG of torch.uint64 is not supported when the group's "
+                    "ranks span several nodes (the exact total needs more than 64 bits); "
+                    "reduce with SUM and divide"
+                )
             self.work_dtype = torch.int64  # the exact total, truncated once at the end
         self.local_op = op
         self.cross_op: Any = op
@@ -410,9 +421,24 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if self._cross is None:
             return
         host = t.detach().cpu() if t.device.type != "cpu" else t
+        # gloo reduces neither complex nor uint64 tensors: complex sums are sums of
+        # (real, imaginary) pairs; uint64 wraps like int64 for SUM/PRODUCT/bitwise ops, and
+        # keeps its order for MIN/MAX once the sign bit is flipped.
+        kind = op.op if hasattr(op, "op") else op
+        view = host
+        flip = False
+        if host.is_complex():
+            view = torch.view_as_real(host)
+        elif host.dtype == torch.uint64:
+            view = host.view(torch.int64)
+            flip = kind in (_RedOp.MIN, _RedOp.MAX)
+            if flip:
+                view.bitwise_xor_(_SIGN_BIT)
         opts = c10d.AllreduceOptions()
         opts.reduceOp = op
-        self._wait(self._cross.allreduce([host], opts))
+        self._wait(self._cross.allreduce([view], opts))
+        if flip:
+            view.bitwise_xor_(_SIGN_BIT)
         if host is not t:
             t.copy_(host)
 
