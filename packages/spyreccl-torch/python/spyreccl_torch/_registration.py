@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import inspect
 import threading
 
 import torch
@@ -121,11 +122,23 @@ def _install_default_backend_repair() -> None:
     if helper is None or getattr(helper, "_spyreccl_wrapped", False):
         return
 
+    try:
+        signature = inspect.signature(helper)
+    except (TypeError, ValueError):
+        signature = None
+
     @functools.wraps(helper)
     def wrapped(*args, **kwargs):
         result = helper(*args, **kwargs)
         pg = result[0] if isinstance(result, tuple) else result
         _repair_default_backend(pg)
+        if isinstance(pg, multinode.HierarchicalProcessGroup) and signature is not None:
+            # torch binds device_id to the ProcessGroup it made before our creator replaced
+            # it with the hierarchical group: bind it to the one it returns (split_group
+            # and eager init read it there).
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            if bound.get("device_id") is not None and pg.bound_device_id is None:
+                pg.bound_device_id = bound["device_id"]
         return result
 
     wrapped._spyreccl_wrapped = True  # type: ignore[attr-defined]

@@ -643,13 +643,44 @@ def funcol_check(ctx: Ctx, base_seed: int) -> list[str]:
 # -- modes -------------------------------------------------------------------------------
 
 
+def split_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """split_group (the default group is bound to a device) on 3 + 1 ranks: [0, 1, 2] is
+    node 0 (plain spyreccl), [3] alone; then [0, 3] crosses the nodes (hierarchical) and
+    [1, 2] stays on node 0."""
+    from spyreccl_torch.multinode import HierarchicalProcessGroup
+
+    failures: list[str] = []
+    r = ctx.rank
+    for n, layout in enumerate(([[0, 1, 2], [3]], [[0, 3], [1, 2]])):
+        group = dist.split_group(split_ranks=layout)
+        members = next(m for m in layout if r in m)
+        crossing = members == [0, 3]
+        if isinstance(group, HierarchicalProcessGroup) != crossing:
+            failures.append(f"rank {r}: split {members} gave {type(group).__name__}")
+        seed = case_seed(base_seed, 60_000 + n)
+        inputs = {
+            g: random_tensor(777, torch.float32, "cpu", rank_seed(seed, g), nranks=3)
+            for g in members
+        }
+        t = inputs[r].to(_dev(ctx))
+        dist.all_reduce(t, group=group)
+        expected = reference_reduce([inputs[g] for g in members], "sum")
+        try:
+            check_result(t, expected, torch.float32, len(members), seed, f"split {members}")
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+    return failures
+
+
 def _init() -> Ctx:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.spyre.set_device(local_rank)
     init_method = os.environ.get("SPYRECCL_MN_INIT")
-    extra = {}
+    extra: dict = {}
+    if os.environ.get("SPYRECCL_MN_DEVICE_ID") == "1":
+        extra["device_id"] = torch.device("spyre", local_rank)
     if init_method:  # not under torchrun: rank and size from the environment
-        extra = {
+        extra |= {
             "init_method": init_method,
             "rank": int(os.environ["RANK"]),
             "world_size": int(os.environ["WORLD_SIZE"]),
@@ -682,11 +713,13 @@ def mode_ops(full: bool) -> None:
     start = time.monotonic()
     cases = op_cases(ctx.world_size, full)
     failures, done = run_cases(cases, base_seed, ctx)
-    if full and not failures:
-        failures += group_checks(ctx, base_seed)
-        failures += ddp_check(ctx, base_seed)
-        failures += hsdp_check(ctx, base_seed)
-        failures += funcol_check(ctx, base_seed)
+    extras = [group_checks, ddp_check, hsdp_check, funcol_check] if full else [split_check]
+    extras_run = []
+    for check in extras:
+        if failures:
+            break  # a broken group would only add noise
+        failures += check(ctx, base_seed)
+        extras_run.append(check.__name__)
     routes = dict(getattr(dist.group.WORLD, "route_counts", {}))
     report.update(
         cases=len(cases),
@@ -694,6 +727,7 @@ def mode_ops(full: bool) -> None:
         failures=failures,
         seconds=time.monotonic() - start,
         routes=routes,
+        extras_run=extras_run,
     )
     dist.destroy_process_group()
     _write(report)

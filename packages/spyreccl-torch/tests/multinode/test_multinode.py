@@ -44,7 +44,7 @@ def _mode_note(result) -> str:
     return f"no namespaces ({why}): nodes simulated with SPYRECCL_NODE_ID"
 
 
-def _check_job(result, nprocs: list[int], seed: int) -> None:
+def _check_job(result, nprocs: list[int], seed: int, extras: list[str]) -> None:
     world = sum(nprocs)
     context = f"seed {seed}; {_mode_note(result)}\n{result.describe()}"
     assert sorted(result.reports) == list(range(world)), f"missing rank reports; {context}"
@@ -62,6 +62,7 @@ def _check_job(result, nprocs: list[int], seed: int) -> None:
         assert report["group_type"] == "HierarchicalProcessGroup", (rank, report)
         assert report["nodes"] == expected_nodes, (rank, report["nodes"])
         assert report["done"] == report["cases"], (rank, report)
+        assert report["extras_run"] == extras, (rank, report["extras_run"])
         node = next(i for i, members in enumerate(expected_nodes) if rank in members)
         if result.isolated:
             # Its own hostname and /dev/shm: nothing but its own node's segments visible.
@@ -81,7 +82,7 @@ def test_two_nodes_two_ranks_every_operation(tmp_path, no_leaks):
         "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": str(64 * 1024),
     }
     result = run_job([2, 2], "ops", tmp_path, timeout=JOB_TIMEOUT, env=env)
-    _check_job(result, [2, 2], seed)
+    _check_job(result, [2, 2], seed, ["group_checks", "ddp_check", "hsdp_check", "funcol_check"])
     for rank, report in result.reports.items():
         assert report["routes"]["leader"] > 0 and report["routes"]["sharded"] > 0, (rank, report)
     report = result.reports[0]
@@ -90,17 +91,18 @@ def test_two_nodes_two_ranks_every_operation(tmp_path, no_leaks):
 
 def test_uneven_nodes_three_plus_one(tmp_path, no_leaks):
     """Also the suite's run of the fallback: the nodes share this host and are told apart
-    only by SPYRECCL_NODE_ID (what the tests do where namespaces are not allowed)."""
+    only by SPYRECCL_NODE_ID (what the tests do where namespaces are not allowed). The
+    default group is bound to the rank's device (device_id=), and split_group is checked."""
     seed = fresh_seed()
     result = run_job(
         [3, 1],
         "uneven",
         tmp_path,
         timeout=JOB_TIMEOUT,
-        env={"SPYRECCL_MN_SEED": str(seed)},
+        env={"SPYRECCL_MN_SEED": str(seed), "SPYRECCL_MN_DEVICE_ID": "1"},
         isolate=False,
     )
-    _check_job(result, [3, 1], seed)
+    _check_job(result, [3, 1], seed, ["split_check"])
 
 
 def test_rank_killed_on_one_node_fails_every_rank(tmp_path, no_leaks):
