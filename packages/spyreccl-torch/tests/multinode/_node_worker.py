@@ -39,10 +39,12 @@ from _ops_support import (
     check_untouched,
     dist_op,
     dtype_id,
+    expect_rejection,
     premul_factor,
     rank_inputs,
     reduction_valid,
     reference_op,
+    rejection_pattern,
 )
 
 from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce
@@ -82,6 +84,15 @@ def c_all_reduce(case, seed, ctx):
     factor = premul_factor(seed) if op == "PREMUL_SUM" else None
     inputs = rank_inputs(seed, shape, dtype, ctx.world_size)
     t = inputs[ctx.rank].to(_dev(ctx))
+    if not reduction_valid(dtype, op):
+        # Rejected on every rank before anything moves; the group stays usable (the
+        # following cases prove it).
+        expect_rejection(
+            lambda: dist.all_reduce(t, op=dist_op(op, factor)),
+            rejection_pattern(dtype, op),
+            f"all_reduce {op} {dtype_id(dtype)}",
+        )
+        return
     work = dist.all_reduce(t, op=dist_op(op, factor), async_op=async_op)
     if async_op:
         assert work.wait() and work.is_completed()
@@ -387,6 +398,7 @@ def op_cases(world: int, full: bool) -> list[tuple]:
     for dtype in DTYPES:
         for op in REDUCE_OPS:
             if not reduction_valid(dtype, op):
+                cases.append(("all_reduce", dtype, op, (5,), False))
                 continue
             for shape in shapes:
                 cases.append(("all_reduce", dtype, op, shape, i % 2 == 1))
@@ -534,6 +546,35 @@ def group_checks(ctx: Ctx, base_seed: int) -> list[str]:
             )
         except AssertionError as exc:
             failures.append(f"rank {r}: {exc}")
+    return failures
+
+
+def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """SPYRECCL_MULTINODE_CHECK=1: a group whose ranks call different collectives (rank 3
+    on node 1 broadcasts 8 elements while the others all-reduce 7) fails on every rank
+    with a message naming both calls, and stays usable."""
+    os.environ["SPYRECCL_MULTINODE_CHECK"] = "1"
+    try:
+        group = dist.new_group(list(range(ctx.world_size)))
+    finally:
+        del os.environ["SPYRECCL_MULTINODE_CHECK"]
+    failures = []
+    r = ctx.rank
+    pattern = r"mismatched collectives .* at seq 1: rank 0: all_reduce\(numel=7, torch.float32, "
+    pattern += r"RedOpType.SUM\).*rank 3: broadcast\(numel=8, torch.float32, root=0\)"
+    if r == 3:
+        call = lambda: dist.broadcast(torch.ones(8, device=_dev(ctx)), src=0, group=group)  # noqa: E731
+    else:
+        call = lambda: dist.all_reduce(torch.ones(7, device=_dev(ctx)), group=group)  # noqa: E731
+    try:
+        expect_rejection(call, pattern, "mismatched collectives")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+    t = torch.full((5,), float(r), device=_dev(ctx))
+    dist.all_reduce(t, group=group)  # still usable
+    if t.cpu().tolist() != [6.0] * 5:
+        failures.append(f"rank {r}: all_reduce after the mismatch gave {t.cpu().tolist()}")
+    dist.destroy_process_group(group)
     return failures
 
 
@@ -713,7 +754,11 @@ def mode_ops(full: bool) -> None:
     start = time.monotonic()
     cases = op_cases(ctx.world_size, full)
     failures, done = run_cases(cases, base_seed, ctx)
-    extras = [group_checks, ddp_check, hsdp_check, funcol_check] if full else [split_check]
+    extras = (
+        [group_checks, ddp_check, hsdp_check, funcol_check, mismatch_check]
+        if full
+        else [split_check]
+    )
     extras_run = []
     for check in extras:
         if failures:

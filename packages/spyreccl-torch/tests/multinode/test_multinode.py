@@ -82,7 +82,12 @@ def test_two_nodes_two_ranks_every_operation(tmp_path, no_leaks):
         "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": str(64 * 1024),
     }
     result = run_job([2, 2], "ops", tmp_path, timeout=JOB_TIMEOUT, env=env)
-    _check_job(result, [2, 2], seed, ["group_checks", "ddp_check", "hsdp_check", "funcol_check"])
+    _check_job(
+        result,
+        [2, 2],
+        seed,
+        ["group_checks", "ddp_check", "hsdp_check", "funcol_check", "mismatch_check"],
+    )
     for rank, report in result.reports.items():
         assert report["routes"]["leader"] > 0 and report["routes"]["sharded"] > 0, (rank, report)
     report = result.reports[0]

@@ -37,6 +37,7 @@ import hashlib
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,6 +52,11 @@ from .topology import Topology
 # route when the nodes hold the same number of ranks; smaller ones the leader route.
 SHARDED_MIN_BYTES_ENV = "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES"
 DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
+
+# "1": before every collective, all ranks compare what they were called with (one small
+# gather over gloo), so that mismatched collectives between nodes fail clearly instead of
+# corrupting data or hanging; read when a group is created.
+CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
 
 # How long a rank that saw an operation fail waits for the other ranks to say they saw it
 # too, to name the ones that did not (see _who_failed).
@@ -204,12 +210,93 @@ def _bytes_into(t: torch.Tensor, host: torch.Tensor) -> None:
     t.copy_(values.reshape(t.shape))
 
 
+def _validate_reduction(kind: Any, dtype: torch.dtype) -> None:
+    """Rejects what spyreccl.h does not define, before anything is communicated, with the
+    single-node backend's message: bitwise ops on floats, AVG of booleans, PREMUL_SUM on
+    anything but floats."""
+    is_float = dtype.is_floating_point or dtype.is_complex
+    bad = (
+        (kind in (_RedOp.BAND, _RedOp.BOR, _RedOp.BXOR) and is_float)
+        or (kind == _RedOp.AVG and dtype == torch.bool)
+        or (kind == _RedOp.PREMUL_SUM and not is_float)
+    )
+    if bad:
+        raise ValueError(f"spyreccl: ReduceOp.{kind.name} is not supported for dtype {dtype}")
+
+
+def _code(text: str) -> int:
+    """A stable integer for a name (the same in every process, unlike hash())."""
+    code = zlib.crc32(text.encode())
+    _NAMES.setdefault(code, text)
+    return code
+
+
+_NAMES: dict[int, str] = {}
+# Names another rank may send that this one has not used yet (for _describe_call).
+for _name in [
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
+    "gather",
+    "scatter",
+    "all_to_all_single",
+    "all_to_all",
+    "barrier",
+    "None",
+]:
+    _code(_name)
+for _value in vars(torch).values():
+    if isinstance(_value, torch.dtype):
+        _code(str(_value))
+for _kind in _RedOp.__members__.values():
+    _code(str(_kind))
+
+
+def _sig(
+    tensors: Sequence[torch.Tensor],
+    op: Any = None,
+    root: int = -1,
+    dtype: torch.dtype | None = None,
+) -> tuple[int, ...]:
+    """What every rank of a collective must agree on: element count, dtype, reduce op, root."""
+    if dtype is None and tensors:
+        dtype = tensors[0].dtype
+    kind = (op.op if hasattr(op, "op") else op) if op is not None else None
+    return (
+        sum(t.numel() for t in tensors),
+        _code(str(dtype)),
+        _code(str(kind)),
+        int(root),
+    )
+
+
+def _describe_call(row: list[int]) -> str:
+    op, _seq, n = row[0], row[1], row[2]
+    name = _NAMES.get(op, f"operation #{op}")
+    if n < 4:
+        return f"{name}()"
+    numel, dtype, kind, root = row[3:7]
+    text = f"{name}(numel={numel}, {_NAMES.get(dtype, dtype)}"
+    if _NAMES.get(kind, "None") != "None":
+        text += f", {_NAMES.get(kind, kind)}"
+    return text + (f", root={root})" if root >= 0 else ")")
+
+
 class _Plan:
     """How one reduction is carried out: the dtype it is computed in, and the ops for the
     on-node and the between-nodes stages."""
 
     def __init__(self, op: Any, dtype: torch.dtype, size: int) -> None:
         kind = op.op if hasattr(op, "op") else op
+        _validate_reduction(kind, dtype)
         self.kind = kind
         self.dtype = dtype
         self.size = size
@@ -287,6 +374,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._failed: str | None = None
         self._coalesced: list[Any] | None = None
         self._store = store
+        self._check_calls = os.environ.get(CHECK_ENV, "0") not in ("", "0")
         # How many reductions took each route (tests and the benchmark read it).
         self.route_counts = {"leader": 0, "sharded": 0}
         self._failure_window_s = float(os.environ.get(FAILURE_WINDOW_ENV, "2"))
@@ -365,10 +453,20 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             f"node {self._topo.node} of {len(self._topo.nodes)})"
         )
 
-    def _run(self, op_name: str, body: Callable[[], list[torch.Tensor] | None]) -> dist.Work:
+    def _run(
+        self,
+        op_name: str,
+        body: Callable[[], list[torch.Tensor] | None],
+        signature: Sequence[int] = (),
+    ) -> dist.Work:
         """Runs one operation with its sequence number; a failure names both and leaves the
         group unusable (its sub-groups are aborted, so that ranks of this node that wait for
-        this one in an on-node stage fail too instead of waiting for the timeout)."""
+        this one in an on-node stage fail too instead of waiting for the timeout).
+
+        ValueError is an argument rejected before anything was communicated (every rank
+        rejects the same call): it propagates as is and the group stays usable. With the
+        consistency check on, `signature` (sizes, dtype, root, op: what every rank must
+        agree on) is compared across all ranks first."""
         if self._failed is not None:
             raise RuntimeError(
                 f"spyreccl: {op_name} on {self._label()}: the group failed earlier "
@@ -377,13 +475,36 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._seq += 1
         seq = self._seq
         try:
+            if self._check_calls:
+                self._check_consistent(op_name, seq, signature)
             result = body()
+        except ValueError:
+            raise
         except Exception as error:
             raise self._fail(op_name, seq, error) from error
         work = _DoneWork(result)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
+
+    def _check_consistent(self, op_name: str, seq: int, signature: Sequence[int]) -> None:
+        """Raises ValueError on every rank when the ranks did not all call the same
+        operation with the same sizes, dtype, root and reduce op (one gather of a few
+        integers over the flat gloo group, so mismatches between nodes are caught before
+        any data moves)."""
+        mine = torch.tensor(
+            [_code(op_name), seq, len(signature), *signature, *([0] * (6 - len(signature)))],
+            dtype=torch.int64,
+        )
+        everyone = torch.empty(self._topo.size * mine.numel(), dtype=torch.int64)
+        self._wait(self._flat._allgather_base(everyone, mine, c10d.AllgatherOptions()))
+        rows = everyone.view(self._topo.size, -1).tolist()
+        if all(row == rows[0] for row in rows):
+            return
+        calls = "; ".join(f"rank {r}: {_describe_call(row)}" for r, row in enumerate(rows))
+        raise ValueError(
+            f"spyreccl: mismatched collectives on {self._label()} at seq {seq}: {calls}"
+        )
 
     def _fail(self, op_name: str, seq: int, error: BaseException) -> RuntimeError:
         self._failed = f"{op_name} seq {seq}"
@@ -580,7 +701,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 self._all_reduce_into(t, opts.reduceOp)
             return tensors
 
-        return self._run("all_reduce", body)
+        return self._run("all_reduce", body, _sig(tensors, opts.reduceOp))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()
@@ -601,7 +722,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                     offset += t.numel()
             return tensors
 
-        return self._run("all_reduce_coalesced", body)
+        return self._run("all_reduce_coalesced", body, _sig(tensors, opts.reduceOp))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else c10d.ReduceOptions()
@@ -618,7 +739,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 t.copy_(plan.finish(work))
             return tensors
 
-        return self._run("reduce", body)
+        return self._run("reduce", body, _sig(tensors, opts.reduceOp, opts.rootRank))
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else c10d.BroadcastOptions()
@@ -629,7 +750,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._broadcast_into(tensors[0], opts.rootRank)
             return tensors
 
-        return self._run("broadcast", body)
+        return self._run("broadcast", body, _sig(tensors, None, opts.rootRank))
 
     def allgather(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -648,7 +769,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
             return outs
 
-        return self._run("all_gather", body)
+        return self._run("all_gather", body, _sig(inputs))
 
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -664,7 +785,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                     out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
             return [t for outs in output_lists for t in outs]
 
-        return self._run("all_gather_coalesced", body)
+        return self._run("all_gather_coalesced", body, _sig(inputs))
 
     def _allgather_base(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Any:
         opts = opts if opts is not None else c10d.AllgatherOptions()
@@ -676,7 +797,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             output.copy_(self._all_gather_flat(inp).reshape(output.shape))
             return [output]
 
-        return self._run("all_gather_into_tensor", body)
+        return self._run("all_gather_into_tensor", body, _sig([inp]))
 
     all_gather_single = _allgather_base
 
@@ -693,7 +814,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 out.copy_(self._all_gather_flat(inp).reshape(out.shape))
             return outputs
 
-        return self._run("all_gather_into_tensor_coalesced", body)
+        return self._run("all_gather_into_tensor_coalesced", body, _sig(inputs))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -719,7 +840,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._reduce_scatter_flat(flat, opts.reduceOp, out)
             return outputs
 
-        return self._run("reduce_scatter", body)
+        return self._run("reduce_scatter", body, _sig(outputs, opts.reduceOp))
 
     def _reduce_scatter_base(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
@@ -732,7 +853,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._reduce_scatter_flat(flat, opts.reduceOp, output)
             return [output]
 
-        return self._run("reduce_scatter_tensor", body)
+        return self._run("reduce_scatter_tensor", body, _sig([output], opts.reduceOp))
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -750,7 +871,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 self._reduce_scatter_flat(flat, opts.reduceOp, out)
             return outputs
 
-        return self._run("reduce_scatter_tensor_coalesced", body)
+        return self._run("reduce_scatter_tensor_coalesced", body, _sig(outputs, opts.reduceOp))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -774,7 +895,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
             return output_lists[0]
 
-        return self._run("gather", body)
+        return self._run("gather", body, _sig(inputs, None, opts.rootRank))
 
     def scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
@@ -795,7 +916,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
             return outputs
 
-        return self._run("scatter", body)
+        return self._run("scatter", body, _sig(outputs, None, opts.rootRank))
 
     def alltoall_base(
         self,
@@ -833,7 +954,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             _bytes_into(output, host_out)
             return [output]
 
-        return self._run("all_to_all_single", body)
+        return self._run("all_to_all_single", body, _sig([], None, -1, inp.dtype))
 
     all_to_all_single = alltoall_base
 
@@ -860,7 +981,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 offset += size
             return outputs
 
-        return self._run("all_to_all", body)
+        return self._run(
+            "all_to_all", body, _sig([], None, -1, inputs[0].dtype if inputs else None)
+        )
 
     def barrier(self, opts: Any = None) -> dist.Work:
         def body() -> list[torch.Tensor]:
@@ -872,7 +995,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._wait(self._local.barrier(c10d.BarrierOptions()))
             return []
 
-        return self._run("barrier", body)
+        return self._run("barrier", body, ())
 
     # -- point to point --------------------------------------------------------------------
 
