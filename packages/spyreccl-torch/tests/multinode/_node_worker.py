@@ -427,6 +427,15 @@ def op_cases(world: int, full: bool) -> list[tuple]:
                 cases.append(("reduce", dtype, op, 1001, last if op in ("SUM", "MAX") else 1))
                 cases.append(("reduce_scatter", dtype, op, 333, op in ("SUM", "AVG", "BXOR")))
     cases.append(("reduce_scatter", torch.float32, "SUM", LARGE, True))
+    # large enough for the sharded reduce-scatter in every dtype (>= 64 KiB in the launch)
+    for dtype, op, tensor_api in (
+        (torch.bfloat16, "AVG", True),
+        (torch.bool, "SUM", False),
+        (torch.float8_e4m3fn, "PREMUL_SUM", True),
+        (torch.int8, "PRODUCT", False),
+        (torch.int64, "MIN", True),
+    ):
+        cases.append(("reduce_scatter", dtype, op, 20_000, tensor_api))
     for dtype in MOVE_DTYPES:
         for root in (0, 1, last):
             cases.append(("broadcast", dtype, 1001, root))

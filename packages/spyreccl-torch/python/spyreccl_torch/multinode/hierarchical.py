@@ -668,6 +668,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         n = inp.numel()
         flat_in = inp.detach().contiguous().reshape(-1)
         local_size = len(topo.local_ranks)
+        if self._sharded_ok(topo.size * n * inp.element_size()):
+            return self._all_gather_sharded(flat_in)
+        self.route_counts["leader"] += 1
         node_buf = torch.empty(local_size * n, dtype=inp.dtype, device=inp.device)
         self._wait(self._local._allgather_base(node_buf, flat_in, c10d.AllgatherOptions()))
         full = torch.empty(topo.size * n, dtype=inp.dtype, device=inp.device)
@@ -818,8 +821,58 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    def _sharded_ok(self, nbytes: int) -> bool:
+        """Whether an operation of `nbytes` takes the sharded route (see the module doc)."""
+        topo = self._topo
+        return topo.uniform and len(topo.local_ranks) > 1 and nbytes >= self._sharded_min_bytes
+
+    def _all_gather_sharded(self, flat_in: torch.Tensor) -> torch.Tensor:
+        """All-gather on nodes of equal size: the ranks of each local index gather their
+        blocks between the nodes (all local indexes at once, each rank sending its block
+        once), then every node all-gathers those; blocks are then put in rank order."""
+        topo = self._topo
+        self.route_counts["sharded"] += 1
+        n, nodes = flat_in.numel(), len(topo.nodes)
+        block = n * flat_in.element_size()
+        across = torch.empty(nodes * block, dtype=torch.uint8)
+        self._wait(
+            self._cross._allgather_base(across, _host_bytes(flat_in), c10d.AllgatherOptions())
+        )
+        across_dev = torch.empty(nodes * n, dtype=flat_in.dtype, device=flat_in.device)
+        _bytes_into(across_dev, across)
+        node_buf = torch.empty(
+            len(topo.local_ranks) * nodes * n, dtype=flat_in.dtype, device=flat_in.device
+        )
+        self._wait(self._local._allgather_base(node_buf, across_dev, c10d.AllgatherOptions()))
+        # node_buf holds, for local index j and node k, the block of rank nodes[k][j].
+        full = torch.empty(topo.size * n, dtype=flat_in.dtype, device=flat_in.device)
+        for r in range(topo.size):
+            src = (topo.local_rank_of[r] * nodes + topo.node_of[r]) * n
+            full[r * n : (r + 1) * n].copy_(node_buf[src : src + n])
+        return full
+
     def _reduce_scatter_flat(self, flat: torch.Tensor, op: Any, out: torch.Tensor) -> None:
         """`flat` holds world_size equal blocks; `out` receives the reduction of this rank's."""
+        topo = self._topo
+        n = out.numel()
+        if self._sharded_ok(flat.numel() * flat.element_size()):
+            # Nodes of equal size: local rank j reduces, on its node, the blocks of the ranks
+            # with local index j on every node; those ranks then all-reduce them between the
+            # nodes (all local indexes at once), and each keeps its own block.
+            self.route_counts["sharded"] += 1
+            plan = _Plan(op, flat.dtype, topo.size)
+            nodes = len(topo.nodes)
+            order = [m[j] for j in range(len(topo.local_ranks)) for m in topo.nodes]
+            grouped = torch.cat([flat[r * n : (r + 1) * n] for r in order])
+            work = plan.prepare(grouped, always_copy=False)
+            mine = torch.empty(nodes * n, dtype=work.dtype, device=work.device)
+            rs = c10d.ReduceScatterOptions()
+            rs.reduceOp = plan.local_op
+            self._wait(self._local._reduce_scatter_base(mine, work, rs))
+            self._cross_all_reduce(mine, plan.cross_op)
+            k = topo.node
+            out.copy_(plan.finish(mine[k * n : (k + 1) * n]).reshape(out.shape))
+            return
         self._all_reduce_into(flat, op)
         n = out.numel()
         r = self._topo.rank
