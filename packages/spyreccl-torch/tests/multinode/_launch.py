@@ -52,6 +52,71 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@functools.cache
+def netns_usable() -> str | None:
+    """None when network namespaces and veth pairs can be created here, else why not."""
+    name = f"spyreccl-probe-{os.getpid()}"
+    try:
+        done = subprocess.run(
+            ["ip", "netns", "add", name], capture_output=True, text=True, timeout=20
+        )
+        if done.returncode != 0:
+            return f"ip netns add failed: {done.stderr.strip() or done.returncode}"
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"ip unavailable: {error}"
+    return namespaces_usable()
+
+
+class VethPair:
+    """Two network namespaces joined by a veth pair (10.213.<k>.1 and .2), created by the
+    test and removed by close(): each simulated node then has its own network stack, and
+    the nodes talk over the pair as over a wire. Nothing is routed outside."""
+
+    def __init__(self) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.namespaces = [f"spyreccl-mn{tag}-0", f"spyreccl-mn{tag}-1"]
+        self.interfaces = [f"smn{tag}a", f"smn{tag}b"]
+        subnet = 1 + os.getpid() % 250
+        self.addresses = [f"10.213.{subnet}.1", f"10.213.{subnet}.2"]
+        try:
+            for ns in self.namespaces:
+                self._ip("netns", "add", ns)
+            self._ip(
+                "link",
+                "add",
+                self.interfaces[0],
+                "type",
+                "veth",
+                "peer",
+                "name",
+                self.interfaces[1],
+            )
+            for ns, dev, addr in zip(self.namespaces, self.interfaces, self.addresses, strict=True):
+                self._ip("link", "set", dev, "netns", ns)
+                self._ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                self._ip("-n", ns, "link", "set", dev, "up")
+                self._ip("-n", ns, "link", "set", "lo", "up")
+        except Exception:
+            self.close()
+            raise
+
+    @staticmethod
+    def _ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=20)
+
+    def close(self) -> None:
+        # Deleting a namespace destroys the veth end inside it, and so the pair.
+        for ns in self.namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+    def leftovers(self) -> list[str]:
+        listed = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, timeout=20
+        ).stdout
+        return [ns for ns in self.namespaces if ns in listed]
+
+
 @dataclass
 class JobResult:
     isolated: bool  # True: namespaces; False: SPYRECCL_NODE_ID on a shared host
@@ -77,6 +142,7 @@ def run_job(
     env: dict[str, str] | None = None,
     stop_after_reports: int | None = None,
     isolate: bool = True,
+    veth: VethPair | None = None,
 ) -> JobResult:
     """Runs `_node_worker.py <mode>` on len(nprocs) simulated nodes, node i with nprocs[i]
     ranks; returns when every node's torchrun has exited (or kills them after `timeout`).
@@ -85,10 +151,13 @@ def run_job(
     what still runs (after a rank died, torchrun's agents on other nodes wait minutes in
     their exit barrier for the agent that gave up).
     isolate=False: simulate the nodes with SPYRECCL_NODE_ID even where namespaces work (so
-    that the suite always exercises that fallback too)."""
+    that the suite always exercises that fallback too).
+    veth: run node i in veth.namespaces[i] (2 nodes), the rendezvous on node 0's address and
+    gloo bound to the node's veth interface."""
     out_dir.mkdir(parents=True, exist_ok=True)
     isolated = isolate and namespaces_usable() is None
-    port = free_port()
+    port = 29500 if veth is not None else free_port()
+    master = veth.addresses[0] if veth is not None else "127.0.0.1"
     procs = []
     logs = []
     start = time.monotonic()
@@ -106,6 +175,8 @@ def run_job(
         }
         if not isolated:
             node_env["SPYRECCL_NODE_ID"] = f"simnode{node}"
+        if veth is not None:
+            node_env["GLOO_SOCKET_IFNAME"] = veth.interfaces[node]
         torchrun = [
             sys.executable,
             "-m",
@@ -113,7 +184,7 @@ def run_job(
             f"--nnodes={len(nprocs)}",
             f"--node-rank={node}",
             f"--nproc-per-node={nproc}",
-            "--master-addr=127.0.0.1",
+            f"--master-addr={master}",
             f"--master-port={port}",
             "--max-restarts=0",
             "--monitor-interval=0.2",
@@ -129,6 +200,8 @@ def run_job(
             cmd += ["sh", "-c", setup, "sh", *torchrun]
         else:
             cmd = torchrun
+        if veth is not None:
+            cmd = ["ip", "netns", "exec", veth.namespaces[node], *cmd]
         log = open(log_path, "w")  # noqa: SIM115  (closed below)
         procs.append(
             (

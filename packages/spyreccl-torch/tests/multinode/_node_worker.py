@@ -694,22 +694,26 @@ def funcol_check(ctx: Ctx, base_seed: int) -> list[str]:
 
 
 def split_check(ctx: Ctx, base_seed: int) -> list[str]:
-    """split_group (the default group is bound to a device) on 3 + 1 ranks: [0, 1, 2] is
-    node 0 (plain spyreccl), [3] alone; then [0, 3] crosses the nodes (hierarchical) and
-    [1, 2] stays on node 0."""
+    """split_group (the default group is bound to a device): first one group per node
+    (plain spyreccl groups), then the node leaders together (across the nodes: a
+    hierarchical group) and the remaining ranks together."""
     from spyreccl_torch.multinode import HierarchicalProcessGroup
 
     failures: list[str] = []
     r = ctx.rank
-    for n, layout in enumerate(([[0, 1, 2], [3]], [[0, 3], [1, 2]])):
+    nodes = [list(m) for m in dist.group.WORLD.topology.nodes]
+    node_of = {g: k for k, m in enumerate(nodes) for g in m}
+    leaders = [m[0] for m in nodes]
+    others = [g for m in nodes for g in m[1:]]
+    for n, layout in enumerate((nodes, [leaders, others] if others else [leaders])):
         group = dist.split_group(split_ranks=layout)
         members = next(m for m in layout if r in m)
-        crossing = members == [0, 3]
+        crossing = len({node_of[g] for g in members}) > 1
         if isinstance(group, HierarchicalProcessGroup) != crossing:
             failures.append(f"rank {r}: split {members} gave {type(group).__name__}")
         seed = case_seed(base_seed, 60_000 + n)
         inputs = {
-            g: random_tensor(777, torch.float32, "cpu", rank_seed(seed, g), nranks=3)
+            g: random_tensor(777, torch.float32, "cpu", rank_seed(seed, g), nranks=4)
             for g in members
         }
         t = inputs[r].to(_dev(ctx))

@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from _launch import WORKER, free_port, namespaces_usable, run_job
+from _launch import WORKER, VethPair, free_port, namespaces_usable, netns_usable, run_job
 
 from spyreccl_testing.inputs import fresh_seed
 
@@ -108,6 +108,25 @@ def test_uneven_nodes_three_plus_one(tmp_path, no_leaks):
         isolate=False,
     )
     _check_job(result, [3, 1], seed, ["split_check"])
+
+
+def test_nodes_with_own_network_over_a_veth_pair(tmp_path, no_leaks):
+    """Each node in its own network namespace (plus its own hostname and /dev/shm), the two
+    joined by a veth pair this test creates and removes: the rendezvous and gloo go over
+    that link (GLOO_SOCKET_IFNAME), as between servers."""
+    reason = netns_usable()
+    if reason is not None:
+        pytest.skip(f"network namespaces unavailable here: {reason}")
+    veth = VethPair()
+    try:
+        seed = fresh_seed()
+        env = {"SPYRECCL_MN_SEED": str(seed), "SPYRECCL_MN_DEVICE_ID": "1"}
+        result = run_job([2, 2], "uneven", tmp_path, timeout=JOB_TIMEOUT, env=env, veth=veth)
+    finally:
+        veth.close()
+    assert not veth.leftovers(), veth.leftovers()
+    assert result.isolated
+    _check_job(result, [2, 2], seed, ["split_check"])
 
 
 def test_rank_killed_on_one_node_fails_every_rank(tmp_path, no_leaks):

@@ -661,9 +661,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if buf is not t:
             t.copy_(buf)
 
-    def _all_gather_flat(self, inp: torch.Tensor) -> torch.Tensor:
-        """Every rank's `inp` (same numel and dtype everywhere), concatenated in rank order
-        into a flat tensor on `inp`'s device."""
+    def _all_gather_blocks(self, inp: torch.Tensor) -> Callable[[int], torch.Tensor]:
+        """All-gathers `inp` (same numel and dtype on every rank); returns block(r), rank r's
+        elements as a flat tensor on `inp`'s device."""
         topo = self._topo
         n = inp.numel()
         flat_in = inp.detach().contiguous().reshape(-1)
@@ -690,7 +690,26 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                     ordered[r * block : (r + 1) * block].copy_(gathered[start : start + block])
             _bytes_into(full, ordered)
         self._local_broadcast(full, 0)
-        return full
+        return lambda r: full[r * n : (r + 1) * n]
+
+    def _all_gather_into(self, inp: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
+        """All-gathers `inp` into one output per rank."""
+        block = self._all_gather_blocks(inp)
+        for r, out in enumerate(outs):
+            out.copy_(block(r).reshape(out.shape))
+
+    def _all_gather_into_tensor(self, inp: torch.Tensor, output: torch.Tensor) -> None:
+        """All-gathers `inp` into `output` (world size times its elements, rank order)."""
+        n = inp.numel()
+        direct = output.is_contiguous()
+        flat = (
+            output.view(-1)
+            if direct
+            else torch.empty(output.numel(), dtype=output.dtype, device=output.device)
+        )
+        self._all_gather_into(inp, [flat[r * n : (r + 1) * n] for r in range(self._topo.size)])
+        if not direct:
+            output.copy_(flat.reshape(output.shape))
 
     # -- collectives ---------------------------------------------------------------------
 
@@ -766,10 +785,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             outs = output_lists[0]
             inp = inputs[0]
             self._check_list("all_gather", "tensor_list", outs, inp)
-            full = self._all_gather_flat(inp)
-            n = inp.numel()
-            for r, out in enumerate(outs):
-                out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
+            self._all_gather_into(inp, outs)
             return outs
 
         return self._run("all_gather", body, _sig(inputs))
@@ -782,10 +798,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         def body() -> list[torch.Tensor]:
             for outs, inp in zip(output_lists, inputs, strict=True):
                 self._check_list("all_gather_coalesced", "output_tensor_lists", outs, inp)
-                full = self._all_gather_flat(inp)
-                n = inp.numel()
-                for r, out in enumerate(outs):
-                    out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
+                self._all_gather_into(inp, outs)
             return [t for outs in output_lists for t in outs]
 
         return self._run("all_gather_coalesced", body, _sig(inputs))
@@ -797,7 +810,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
         def body() -> list[torch.Tensor]:
             self._check_numel("all_gather_into_tensor", output, inp.numel() * self._topo.size)
-            output.copy_(self._all_gather_flat(inp).reshape(output.shape))
+            self._all_gather_into_tensor(inp, output)
             return [output]
 
         return self._run("all_gather_into_tensor", body, _sig([inp]))
@@ -814,7 +827,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         def body() -> list[torch.Tensor]:
             for out, inp in zip(outputs, inputs, strict=True):
                 self._check_numel("all_gather_into_tensor", out, inp.numel() * self._topo.size)
-                out.copy_(self._all_gather_flat(inp).reshape(out.shape))
+                self._all_gather_into_tensor(inp, out)
             return outputs
 
         return self._run("all_gather_into_tensor_coalesced", body, _sig(inputs))
@@ -826,7 +839,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         topo = self._topo
         return topo.uniform and len(topo.local_ranks) > 1 and nbytes >= self._sharded_min_bytes
 
-    def _all_gather_sharded(self, flat_in: torch.Tensor) -> torch.Tensor:
+    def _all_gather_sharded(self, flat_in: torch.Tensor) -> Callable[[int], torch.Tensor]:
         """All-gather on nodes of equal size: the ranks of each local index gather their
         blocks between the nodes (all local indexes at once, each rank sending its block
         once), then every node all-gathers those; blocks are then put in rank order."""
@@ -844,12 +857,14 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             len(topo.local_ranks) * nodes * n, dtype=flat_in.dtype, device=flat_in.device
         )
         self._wait(self._local._allgather_base(node_buf, across_dev, c10d.AllgatherOptions()))
-        # node_buf holds, for local index j and node k, the block of rank nodes[k][j].
-        full = torch.empty(topo.size * n, dtype=flat_in.dtype, device=flat_in.device)
-        for r in range(topo.size):
+
+        # node_buf holds, for local index j and node k, the block of rank nodes[k][j]: the
+        # callers copy each block to its destination (no reordering pass).
+        def block(r: int) -> torch.Tensor:
             src = (topo.local_rank_of[r] * nodes + topo.node_of[r]) * n
-            full[r * n : (r + 1) * n].copy_(node_buf[src : src + n])
-        return full
+            return node_buf[src : src + n]
+
+        return block
 
     def _reduce_scatter_flat(self, flat: torch.Tensor, op: Any, out: torch.Tensor) -> None:
         """`flat` holds world_size equal blocks; `out` receives the reduction of this rank's."""
@@ -940,12 +955,11 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             is_root = self._topo.rank == opts.rootRank
             if is_root:
                 self._check_list("gather", "gather_list", output_lists[0], inp)
-            full = self._all_gather_flat(inp)
+            block = self._all_gather_blocks(inp)
             if not is_root:
                 return []
-            n = inp.numel()
             for r, out in enumerate(output_lists[0]):
-                out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
+                out.copy_(block(r).reshape(out.shape))
             return output_lists[0]
 
         return self._run("gather", body, _sig(inputs, None, opts.rootRank))
