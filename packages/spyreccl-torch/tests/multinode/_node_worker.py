@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import socket
@@ -285,9 +286,13 @@ def c_p2p(case, seed, ctx):
         for req in dist.batch_isend_irecv(ops):
             req.wait()
     else:
+        # gloo's send/recv Works complete only in wait() (polling is_completed() alone
+        # never finishes them, with gloo alone too), so: wait, then the state must say so.
         reqs = [op.op(op.tensor, op.peer) for op in ops]
         for req in reqs:
-            req.wait()
+            assert req.wait()
+        assert all(req.is_completed() for req in reqs), "a request not completed after wait()"
+        assert all(req.exception() is None for req in reqs)
     what = f"send/recv {dtype_id(dtype)} n={n} batched={batched}"
     check_exact(
         got_prev,
@@ -726,6 +731,28 @@ def split_check(ctx: Ctx, base_seed: int) -> list[str]:
     return failures
 
 
+def _mapped_segments() -> list[str]:
+    """The spyreccl shared-memory segments this process has mapped (its own groups')."""
+    names = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
+            if path.startswith("/dev/shm/spyreccl"):
+                names.add(path.removesuffix(" (deleted)").removeprefix("/dev/shm/"))
+    return sorted(names)
+
+
+def _sockets() -> int:
+    """Open sockets of this process."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
 def _init() -> Ctx:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.spyre.set_device(local_rank)
@@ -761,6 +788,7 @@ def _base_report(ctx: Ctx) -> dict:
 
 
 def mode_ops(full: bool) -> None:
+    sockets_before = _sockets()
     ctx = _init()
     report = _base_report(ctx)
     base_seed = int(os.environ["SPYRECCL_MN_SEED"])
@@ -787,7 +815,11 @@ def mode_ops(full: bool) -> None:
         routes=routes,
         extras_run=extras_run,
     )
+    report["segments"] = _mapped_segments()
     dist.destroy_process_group()
+    gc.collect()
+    # Every group's gloo connections and store clients are closed once the groups are gone.
+    report["sockets"] = [sockets_before, _sockets()]
     _write(report)
 
 
@@ -810,7 +842,7 @@ def mode_kill() -> None:
             dist.all_reduce(t)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    report.update(error=error, error_time=time.time())
+    report.update(error=error, error_time=time.time(), segments=_mapped_segments())
     _write(report)
     os._exit(0)  # the group is broken: skip destroy (it would wait for the dead rank)
 

@@ -23,18 +23,14 @@ from spyreccl_testing.inputs import fresh_seed
 JOB_TIMEOUT = 240.0
 
 
-def _host_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("spyreccl")}
-
-
-@pytest.fixture
-def no_leaks():
-    """No spyreccl segment may be left in this host's /dev/shm (the simulated nodes' own
-    /dev/shm vanish with their namespaces; without namespaces they are this one)."""
-    before = _host_segments()
-    yield
-    leaked = _host_segments() - before
-    assert not leaked, f"spyreccl segments left in /dev/shm: {sorted(leaked)}"
+def _check_segments(result) -> None:
+    """Every segment a rank mapped is gone after the job (on the host without namespaces;
+    with namespaces each node's segments lived in its private /dev/shm, which this host
+    must never see). Checked by name: other jobs on the machine create and remove their
+    own segments meanwhile, so a before/after listing of /dev/shm would blame them."""
+    mapped = {seg for report in result.reports.values() for seg in report.get("segments", [])}
+    present = sorted(seg for seg in mapped if os.path.exists(f"/dev/shm/{seg}"))
+    assert not present, f"segments of the job left in /dev/shm: {present}"
 
 
 def _mode_note(result) -> str:
@@ -70,9 +66,18 @@ def _check_job(result, nprocs: list[int], seed: int, extras: list[str]) -> None:
         else:
             assert report["node_env"] == f"simnode{node}"
     assert result.returncodes == [0] * len(nprocs), context
+    _check_segments(result)
+    for rank, report in result.reports.items():
+        assert report["segments"], f"rank {rank} mapped no spyreccl segment: {report}"
+        before, after = report["sockets"]
+        # After DDP, torch itself keeps the default group referenced past
+        # destroy_process_group (cached (op, group) tuples), so its sockets stay open
+        # until the process ends; every other job must have closed all of them.
+        if "ddp_check" not in extras:
+            assert after <= before, f"rank {rank} kept {after - before} socket(s): {report}"
 
 
-def test_two_nodes_two_ranks_every_operation(tmp_path, no_leaks):
+def test_two_nodes_two_ranks_every_operation(tmp_path):
     seed = fresh_seed()
     env = {
         "SPYRECCL_MN_SEED": str(seed),
@@ -94,7 +99,7 @@ def test_two_nodes_two_ranks_every_operation(tmp_path, no_leaks):
     print(f"2x2: {report['cases']} cases in {report['seconds']:.1f} s; {_mode_note(result)}")
 
 
-def test_uneven_nodes_three_plus_one(tmp_path, no_leaks):
+def test_uneven_nodes_three_plus_one(tmp_path):
     """Also the suite's run of the fallback: the nodes share this host and are told apart
     only by SPYRECCL_NODE_ID (what the tests do where namespaces are not allowed). The
     default group is bound to the rank's device (device_id=), and split_group is checked."""
@@ -110,7 +115,7 @@ def test_uneven_nodes_three_plus_one(tmp_path, no_leaks):
     _check_job(result, [3, 1], seed, ["split_check"])
 
 
-def test_nodes_with_own_network_over_a_veth_pair(tmp_path, no_leaks):
+def test_nodes_with_own_network_over_a_veth_pair(tmp_path):
     """Each node in its own network namespace (plus its own hostname and /dev/shm), the two
     joined by a veth pair this test creates and removes: the rendezvous and gloo go over
     that link (GLOO_SOCKET_IFNAME), as between servers."""
@@ -129,7 +134,7 @@ def test_nodes_with_own_network_over_a_veth_pair(tmp_path, no_leaks):
     _check_job(result, [2, 2], seed, ["split_check"])
 
 
-def test_rank_killed_on_one_node_fails_every_rank(tmp_path, no_leaks):
+def test_rank_killed_on_one_node_fails_every_rank(tmp_path):
     victim = 3  # node 1's second rank: not a leader, so the error has to travel
     pg_timeout = 20.0
     result = run_job(
@@ -145,6 +150,7 @@ def test_rank_killed_on_one_node_fails_every_rank(tmp_path, no_leaks):
     # torchrun's agent on the victim's node terminates its other rank (rank 2) when rank 3
     # dies, so only rank 2's report is optional; the other node's ranks must report.
     assert {0, 1} <= set(result.reports) <= {0, 1, 2}, context
+    _check_segments(result)
     for rank in sorted(result.reports):
         report = result.reports[rank]
         error = report["error"]
@@ -155,7 +161,7 @@ def test_rank_killed_on_one_node_fails_every_rank(tmp_path, no_leaks):
         assert delay <= pg_timeout, f"rank {rank} failed {delay:.1f} s after the death: {error}"
 
 
-def test_node_that_never_joins_fails_init_everywhere(tmp_path, no_leaks):
+def test_node_that_never_joins_fails_init_everywhere(tmp_path):
     """A 4-rank job whose second node never starts: the first node's ranks must fail in
     init_process_group within the timeout, naming the ranks that never came."""
     timeout = 6.0

@@ -116,11 +116,14 @@ class _ThenWork(dist.Work):
         self._describe = describe
         self._lock = threading.Lock()
         self._done = False
+        self._error: BaseException | None = None
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         with self._lock:
             if self._done:
                 return True
+            if self._error is not None:
+                raise self._error
             try:
                 for work in self._works:
                     if timeout is None:
@@ -130,15 +133,27 @@ class _ThenWork(dist.Work):
                 if self._after is not None:
                     self._after()
             except Exception as error:
-                if self._describe is not None:
-                    raise self._describe(error) from error
-                raise
+                # Sticky, like c10d's Works: a later wait() raises the same error.
+                self._error = self._describe(error) if self._describe is not None else error
+                if self._error is error:
+                    raise
+                raise self._error from error
             self._done = True
             self._keep = None
             return True
 
     def is_completed(self) -> bool:
-        return self._done or (all(w.is_completed() for w in self._works) and self._after is None)
+        # Pollers (`while not work.is_completed()`) never call wait(): finish the Work here
+        # once everything it waits for has completed, or it would never complete.
+        if not self._done and self._error is None and all(w.is_completed() for w in self._works):
+            try:
+                self.wait()
+            except Exception:  # kept in self._error: exception() and wait() report it
+                pass
+        return self._done or self._error is not None
+
+    def exception(self) -> BaseException | None:
+        return self._error
 
     def is_success(self) -> bool:
         return self._done
@@ -370,7 +385,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._name = group_name
         self._desc = ""
         self._global_ranks = list(global_ranks) or list(range(topology.size))
-        self._seq = 0
+        self._seq = 0  # collectives (every rank counts the same ones)
+        self._p2p_seq = 0  # sends and receives (only the two ranks involved count them)
         self._failed: str | None = None
         self._coalesced: list[Any] | None = None
         self._store = store
@@ -1076,13 +1092,13 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         if not self._on_spyre(tensors):
             return self._flat.send(tensors, dst, tag)
-        self._seq += 1
+        self._p2p_seq += 1
         if self._is_local(dst):
             work = self._local.send(tensors, self._topo.local_rank_of[dst], tag)
         else:
             host = _host_bytes(tensors[0])
             gloo = self._flat.send([host], dst, tag)
-            what = f"send seq {self._seq} to rank {dst} (tag {tag}, between nodes)"
+            what = f"send seq {self._p2p_seq} to rank {dst} (tag {tag}, between nodes)"
             work = _ThenWork([gloo], None, tensors, keep=host, describe=self._p2p_error(what))
         if self._coalesced is not None:
             self._coalesced.append(work)
@@ -1091,14 +1107,14 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
         if not self._on_spyre(tensors):
             return self._flat.recv(tensors, src, tag)
-        self._seq += 1
+        self._p2p_seq += 1
         if self._is_local(src):
             work = self._local.recv(tensors, self._topo.local_rank_of[src], tag)
         else:
             t = tensors[0]
             host = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
             gloo = self._flat.recv([host], src, tag)
-            what = f"recv seq {self._seq} from rank {src} (tag {tag}, between nodes)"
+            what = f"recv seq {self._p2p_seq} from rank {src} (tag {tag}, between nodes)"
             work = _ThenWork(
                 [gloo],
                 lambda: _bytes_into(t, host),
