@@ -158,7 +158,9 @@ def test_rank_killed_on_one_node_fails_every_rank(tmp_path):
         assert "all_reduce" in error and "seq" in error, f"rank {rank}: {error}"
         assert f"rank {victim}" in error, f"rank {rank} does not name the dead rank: {error}"
         delay = report["error_time"] - death
-        assert delay <= pg_timeout, f"rank {rank} failed {delay:.1f} s after the death: {error}"
+        # Well inside the group timeout (20 s): the failure travels, it is not waited out
+        # (about 2.5 s here: detection plus the attribution window; 10 s leaves room for load).
+        assert delay <= 10.0, f"rank {rank} failed {delay:.1f} s after the death: {error}"
 
 
 def test_node_that_never_joins_fails_init_everywhere(tmp_path):

@@ -17,7 +17,9 @@ reductions). Reductions take one of two routes:
   each node. Any layout, least traffic between nodes per call: small messages and uneven nodes.
 - *sharded*: reduce-scatter on each node, all_reduce of every shard between the ranks of the
   same local index (all nodes in parallel), all-gather on each node. Every rank moves 1/L of
-  the data between nodes: large messages on nodes of equal size.
+  the data between nodes: large messages on nodes of equal size. all_gather and
+  reduce_scatter have sharded routes of the same shape (the ranks of each local index
+  exchange between nodes in parallel, the node gathers / reduce-scatters).
 
 16- and 8-bit floats are reduced in float32 and rounded once at the end, and AVG divides the
 exact total once, so the results match the single-node path's (which also accumulates in
@@ -48,8 +50,9 @@ from torch.futures import Future
 
 from .topology import Topology
 
-# Reductions of at least this many bytes (as reduced, i.e. after widening) take the sharded
-# route when the nodes hold the same number of ranks; smaller ones the leader route.
+# Operations of at least this many bytes (a reduction's buffer after widening, a gather's
+# output) take the sharded route when the nodes hold the same number of ranks; smaller ones
+# the leader route.
 SHARDED_MIN_BYTES_ENV = "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES"
 DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
 
