@@ -136,9 +136,12 @@ def _install_default_backend_repair() -> None:
             # torch binds device_id to the ProcessGroup it made before our creator replaced
             # it with the hierarchical group: bind it to the one it returns (split_group
             # and eager init read it there).
-            bound = signature.bind_partial(*args, **kwargs).arguments
-            if bound.get("device_id") is not None and pg.bound_device_id is None:
-                pg.bound_device_id = bound["device_id"]
+            try:
+                device_id = signature.bind_partial(*args, **kwargs).arguments.get("device_id")
+            except TypeError:  # another torch's helper signature: leave the group as is
+                device_id = None
+            if device_id is not None and pg.bound_device_id is None:
+                pg.bound_device_id = device_id
         return result
 
     wrapped._spyreccl_wrapped = True  # type: ignore[attr-defined]
