@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import inspect
 import threading
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from . import _C
+from . import _C, multinode
 
 BACKEND_NAME = "spyreccl"
 DEVICE_TYPE = "spyre"
@@ -53,11 +54,36 @@ def _make_options(dist_opts, backend_opts) -> _C.ProcessGroupSpyreccl.Options:
     return options
 
 
-def _create(dist_opts, backend_opts) -> _C.ProcessGroupSpyreccl:
-    """Backend creator called by torch.distributed (extended API)."""
+def _create(dist_opts, backend_opts):
+    """Backend creator called by torch.distributed (extended API).
+
+    Ranks on one node (the usual case) get the C++ ``ProcessGroupSpyreccl``. Ranks on several
+    nodes get a :class:`~spyreccl_torch.multinode.HierarchicalProcessGroup` (spyreccl on each
+    node, gloo between nodes); torch accepts a ``ProcessGroup`` subclass from a creator and
+    uses it as the whole group.
+    """
     options = _make_options(dist_opts, backend_opts)
-    return _C.ProcessGroupSpyreccl(
-        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, options
+    if not dist.is_initialized():
+        # A new default group: the job may have been re-launched on other nodes.
+        multinode.topology.forget()
+    topology = multinode.discover(
+        dist_opts.store,
+        dist_opts.group_rank,
+        dist_opts.group_size,
+        options.global_ranks_in_group,
+        options.timeout,
+    )
+    if topology.single_node:
+        return _C.ProcessGroupSpyreccl(
+            dist_opts.store, dist_opts.group_rank, dist_opts.group_size, options
+        )
+    return multinode.HierarchicalProcessGroup(
+        dist_opts.store,
+        topology,
+        options,
+        options.group_name,
+        options.global_ranks_in_group,
+        options.timeout,
     )
 
 
@@ -96,11 +122,26 @@ def _install_default_backend_repair() -> None:
     if helper is None or getattr(helper, "_spyreccl_wrapped", False):
         return
 
+    try:
+        signature = inspect.signature(helper)
+    except (TypeError, ValueError):
+        signature = None
+
     @functools.wraps(helper)
     def wrapped(*args, **kwargs):
         result = helper(*args, **kwargs)
         pg = result[0] if isinstance(result, tuple) else result
         _repair_default_backend(pg)
+        if isinstance(pg, multinode.HierarchicalProcessGroup) and signature is not None:
+            # torch binds device_id to the ProcessGroup it made before our creator replaced
+            # it with the hierarchical group: bind it to the one it returns (split_group
+            # and eager init read it there).
+            try:
+                device_id = signature.bind_partial(*args, **kwargs).arguments.get("device_id")
+            except TypeError:  # another torch's helper signature: leave the group as is
+                device_id = None
+            if device_id is not None and pg.bound_device_id is None:
+                pg.bound_device_id = device_id
         return result
 
     wrapped._spyreccl_wrapped = True  # type: ignore[attr-defined]

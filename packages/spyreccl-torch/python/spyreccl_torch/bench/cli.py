@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="world size(s), comma separated (e.g. 2,3,4 for a scaling run); ranks "
         "may exceed the cores (oversubscription)",
     )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="sweep: simulate this many nodes with --nproc ranks each (told apart by "
+        "SPYRECCL_NODE_ID): spyreccl within a node, gloo between nodes; torch levels only "
+        "(the core levels are dropped)",
+    )
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument(
         "--levels",
@@ -252,20 +260,26 @@ def _run_sweep(args: argparse.Namespace) -> int:
         plot_sweep,
         write_json,
     )
-    from .sweep import SweepConfig, plan_for, progress_bar, run_sweep
+    from .sweep import TORCH_LEVELS, SweepConfig, plan_for, progress_bar, run_sweep
 
     sizes = sizes_from(args, 8, 256 << 20)
+    levels = tuple(args.levels)
+    if args.nodes > 1:
+        # Across simulated nodes --nproc counts ranks per node (as torchrun's
+        # --nproc-per-node); the core levels connect one node only.
+        levels = tuple(lv for lv in levels if lv in TORCH_LEVELS)
     configs = [
         SweepConfig(
-            nranks=n,
+            nranks=n * args.nodes,
             ops=args.ops,
             sizes=sizes,
             dtype=args.dtype,
-            levels=tuple(args.levels),
+            levels=levels,
             policy=policy_from(args),
             timeout_s=args.timeout,
             check=not args.no_check,
             pair_torch_levels=not args.separate_levels,
+            nodes=args.nodes,
         )
         for n in args.nproc
     ]
@@ -303,6 +317,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         "ranks": ranks_info,
         "config": {
             "nproc": args.nproc,
+            "nodes": args.nodes,
             "dtype": args.dtype,
             "levels": args.levels,
             "ops": args.ops,

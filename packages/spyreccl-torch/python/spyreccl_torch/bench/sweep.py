@@ -41,10 +41,22 @@ class SweepConfig:
     pair_torch_levels: bool = True
     check: bool = True  # verify every case's result once before timing it (check.py)
     env: Mapping[str, str | None] = field(default_factory=dict)  # applied to every rank
+    # Simulated nodes (bench/nodes.py): > 1 runs the torch levels' groups across nodes.
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         if self.nranks < 1:
             raise ValueError(f"sweep: the world size must be >= 1, got {self.nranks}")
+        if not 1 <= self.nodes <= self.nranks:
+            raise ValueError(
+                f"sweep: --nodes must be between 1 and the world size {self.nranks}, "
+                f"got {self.nodes}"
+            )
+        if self.nodes > 1 and any(lv in CORE_LEVELS for lv in self.levels):
+            raise ValueError(
+                "sweep: the core levels connect one node only; with --nodes use "
+                "--levels spyreccl,gloo"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"sweep: unknown dtype {self.dtype!r}; expected one of {list(DTYPES)}")
         bad = [lv for lv in self.levels if lv not in ALL_LEVELS]
@@ -114,7 +126,11 @@ def _job_args(
             memory="arena" if level == "core" else "host",
         )
     else:
-        args.update(levels=list(levels), init_method=f"file://{os.path.join(workdir, 'store')}")
+        args.update(
+            levels=list(levels),
+            init_method=f"file://{os.path.join(workdir, 'store')}",
+            nodes=cfg.nodes,
+        )
     return args
 
 
@@ -179,6 +195,7 @@ def _row(level: str, cfg: SweepConfig, case: Case, per_rank: list) -> dict:
     return {
         "level": level,
         "nranks": cfg.nranks,
+        "nodes": cfg.nodes,
         "op": case.op,
         "dtype": cfg.dtype,
         "bytes": case.nbytes,

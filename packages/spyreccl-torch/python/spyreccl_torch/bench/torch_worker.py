@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import check, timing
+from .nodes import simulate_node
 from .torch_env import init_levels, torch_dtype
 
 __all__ = ["run_rank"]
@@ -138,6 +139,7 @@ def run_rank(args: dict) -> None:
     rank, nranks, levels = args["rank"], args["nranks"], list(args["levels"])
     try:
         warnings.filterwarnings("ignore", category=FutureWarning)
+        simulate_node(rank, nranks, args.get("nodes", 1))
         envs = init_levels(
             levels,
             rank=rank,
@@ -155,6 +157,8 @@ def run_rank(args: dict) -> None:
                     "pid": os.getpid(),
                     "torch": torch.__version__,
                     "device": ",".join(str(envs[lv].device) for lv in levels),
+                    # HierarchicalProcessGroup when the ranks span (simulated) nodes
+                    "group": type(dist.group.WORLD).__name__,
                 },
             )
         )

@@ -1,0 +1,14 @@
+"""Process groups whose ranks span several nodes (servers).
+
+spyreccl connects the ranks of one node through shared memory. When a group's ranks are on
+more than one node, the backend creator (spyreccl_torch._registration) builds a
+:class:`HierarchicalProcessGroup` instead: spyreccl on every node, gloo (shipped with torch)
+between the nodes. :func:`topology.discover` tells the two cases apart at group creation.
+"""
+
+from __future__ import annotations
+
+from .hierarchical import HierarchicalProcessGroup
+from .topology import NODE_ID_ENV, Topology, discover, local_node_id
+
+__all__ = ["NODE_ID_ENV", "HierarchicalProcessGroup", "Topology", "discover", "local_node_id"]

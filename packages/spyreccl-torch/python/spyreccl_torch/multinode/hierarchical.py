@@ -1,0 +1,1245 @@
+"""A process group whose ranks span several nodes: spyreccl on each node, gloo between them.
+
+spyreccl's communicators live in shared memory, so one can only hold ranks of one host.
+A group whose ranks are on several nodes is therefore built from:
+
+- ``local``: a ``ProcessGroupSpyreccl`` over this node's ranks (shared memory);
+- ``cross``: a gloo group over the ranks that have this rank's local index, one per node
+  that has one (the "leaders" group for local index 0 exists on every node);
+- ``flat``: a gloo group over every rank, for what has no useful hierarchy here: CPU tensors,
+  all_to_all and send/recv between nodes.
+
+gloo moves host memory, so data crossing nodes is copied to the host first (as raw bytes for
+data movement, so gloo's dtype coverage does not matter; widened to a dtype gloo reduces for
+reductions). Reductions take one of two routes:
+
+- *leader*: reduce on each node to local rank 0, all_reduce among the leaders, broadcast on
+  each node. Any layout, least traffic between nodes per call: small messages and uneven nodes.
+- *sharded*: reduce-scatter on each node, all_reduce of every shard between the ranks of the
+  same local index (all nodes in parallel), all-gather on each node. Every rank moves 1/L of
+  the data between nodes: large messages on nodes of equal size. all_gather and
+  reduce_scatter have sharded routes of the same shape (the ranks of each local index
+  exchange between nodes in parallel, the node gathers / reduce-scatters).
+
+16- and 8-bit floats are reduced in float32 and rounded once at the end, and AVG divides the
+exact total once, so the results match the single-node path's (which also accumulates in
+wider types and rounds once) within its tolerances, whatever the number of stages.
+
+Every operation runs to completion on the calling thread (the stages depend on each other);
+the returned Work is already complete. torch lets a Python class act as a whole process group
+(``ProcessGroup`` subclasses, see torch's PyProcessGroup), not as a backend, so this class is
+what the backend creator returns for multi-node groups; single-node groups keep the plain C++
+``ProcessGroupSpyreccl``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+from torch.futures import Future
+
+from .topology import Topology
+
+# Operations of at least this many bytes (a reduction's buffer after widening, a gather's
+# output) take the sharded route when the nodes hold the same number of ranks; smaller ones
+# the leader route.
+SHARDED_MIN_BYTES_ENV = "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES"
+DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
+
+# "1": before every collective, all ranks compare what they were called with (one small
+# gather over gloo), so that mismatched collectives between nodes fail clearly instead of
+# corrupting data or hanging; read when a group is created.
+CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
+
+# How long a rank that saw an operation fail waits for the other ranks to say they saw it
+# too, to name the ones that did not (see _who_failed).
+FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
+
+_SPYRE = "spyre"
+_NARROW_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
+_RedOp = dist.ReduceOp.RedOpType
+_SIGN_BIT = -(2**63)  # int64 with only the sign bit set
+
+
+class _DoneWork(dist.Work):
+    """The Work of an operation that completed before it was returned."""
+
+    def __init__(self, result: list[torch.Tensor] | None = None) -> None:
+        super().__init__()
+        self._result = result if result is not None else []
+        self._future: Future = Future()
+        self._future.set_result(self._result)
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> Future:
+        return self._future
+
+
+class _ThenWork(dist.Work):
+    """Waits for other Works, then runs `after` (e.g. copies a host buffer that gloo
+    received into the spyre tensor) exactly once."""
+
+    def __init__(
+        self,
+        works: Sequence[Any],
+        after: Callable[[], None] | None = None,
+        result: list[torch.Tensor] | None = None,
+        keep: Any = None,
+        describe: Callable[[BaseException], BaseException] | None = None,
+    ) -> None:
+        super().__init__()
+        self._works = list(works)
+        self._after = after
+        self._result = result if result is not None else []
+        self._keep = keep  # host copies gloo reads/writes until the Work completes
+        self._describe = describe
+        self._lock = threading.Lock()
+        self._done = False
+        self._error: BaseException | None = None
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        with self._lock:
+            if self._done:
+                return True
+            if self._error is not None:
+                raise self._error
+            try:
+                for work in self._works:
+                    if timeout is None:
+                        work.wait()
+                    else:
+                        work.wait(timeout)
+                if self._after is not None:
+                    self._after()
+            except Exception as error:
+                # Sticky, like c10d's Works: a later wait() raises the same error.
+                self._error = self._describe(error) if self._describe is not None else error
+                if self._error is error:
+                    raise
+                raise self._error from error
+            self._done = True
+            self._keep = None
+            return True
+
+    def is_completed(self) -> bool:
+        # Pollers (`while not work.is_completed()`) never call wait(): finish the Work here
+        # once everything it waits for has completed, or it would never complete.
+        if not self._done and self._error is None and all(w.is_completed() for w in self._works):
+            try:
+                self.wait()
+            except Exception:  # kept in self._error: exception() and wait() report it
+                pass
+        return self._done or self._error is not None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def is_success(self) -> bool:
+        return self._done
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> Future:
+        self.wait()
+        future: Future = Future()
+        future.set_result(self._result)
+        return future
+
+
+class _BackendView:
+    """What ``pg._get_backend(device)`` returns for a hierarchical group. torch's Python code
+    asks a group's backend whether it can split (init_process_group(device_id=...) then
+    connects eagerly, and split_group is allowed), for its options and sequence numbers.
+    Everything is connected when the group is built, so eager connection is a no-op."""
+
+    supports_splitting = True
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def __init__(self, pg: HierarchicalProcessGroup) -> None:
+        self._pg = pg
+
+    def name(self) -> str:
+        return "spyreccl"
+
+    @property
+    def options(self) -> Any:
+        return self._pg._options
+
+    def eager_connect_single_device(self, device: Any) -> None:
+        pass
+
+    def perform_nocolor_split(self, device: Any) -> None:
+        pass
+
+    def _set_sequence_number_for_group(self) -> None:
+        pass
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self._pg._seq
+
+    def rank(self) -> int:
+        return self._pg.rank()
+
+    def size(self) -> int:
+        return self._pg.size()
+
+
+def _timeout_of(timeout: Any) -> datetime.timedelta:
+    if isinstance(timeout, datetime.timedelta):
+        return timeout
+    return datetime.timedelta(seconds=float(timeout))
+
+
+def _host_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 host copy of `t`'s elements (gloo moves every dtype as bytes)."""
+    host = t.detach().contiguous().cpu().reshape(-1)
+    return host.view(torch.uint8) if host.dtype != torch.uint8 else host
+
+
+def _bytes_into(t: torch.Tensor, host: torch.Tensor) -> None:
+    """Copies a flat uint8 host buffer made by _host_bytes back into `t`."""
+    values = host.view(t.dtype) if t.dtype != torch.uint8 else host
+    t.copy_(values.reshape(t.shape))
+
+
+def _validate_reduction(kind: Any, dtype: torch.dtype) -> None:
+    """Rejects what spyreccl.h does not define, before anything is communicated, with the
+    single-node backend's message: bitwise ops on floats, AVG of booleans, PREMUL_SUM on
+    anything but floats."""
+    is_float = dtype.is_floating_point or dtype.is_complex
+    bad = (
+        (kind in (_RedOp.BAND, _RedOp.BOR, _RedOp.BXOR) and is_float)
+        or (kind == _RedOp.AVG and dtype == torch.bool)
+        or (kind == _RedOp.PREMUL_SUM and not is_float)
+    )
+    if bad:
+        raise ValueError(f"spyreccl: ReduceOp.{kind.name} is not supported for dtype {dtype}")
+
+
+def _code(text: str) -> int:
+    """A stable integer for a name (the same in every process, unlike hash())."""
+    code = zlib.crc32(text.encode())
+    _NAMES.setdefault(code, text)
+    return code
+
+
+_NAMES: dict[int, str] = {}
+# Names another rank may send that this one has not used yet (for _describe_call).
+for _name in [
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
+    "gather",
+    "scatter",
+    "all_to_all_single",
+    "all_to_all",
+    "barrier",
+    "None",
+]:
+    _code(_name)
+for _value in vars(torch).values():
+    if isinstance(_value, torch.dtype):
+        _code(str(_value))
+for _kind in _RedOp.__members__.values():
+    _code(str(_kind))
+
+
+def _sig(
+    tensors: Sequence[torch.Tensor],
+    op: Any = None,
+    root: int = -1,
+    dtype: torch.dtype | None = None,
+) -> tuple[int, ...]:
+    """What every rank of a collective must agree on: element count, dtype, reduce op, root."""
+    if dtype is None and tensors:
+        dtype = tensors[0].dtype
+    kind = (op.op if hasattr(op, "op") else op) if op is not None else None
+    return (
+        sum(t.numel() for t in tensors),
+        _code(str(dtype)),
+        _code(str(kind)),
+        int(root),
+    )
+
+
+def _describe_call(row: list[int]) -> str:
+    op, _seq, n = row[0], row[1], row[2]
+    name = _NAMES.get(op, f"operation #{op}")
+    if n < 4:
+        return f"{name}()"
+    numel, dtype, kind, root = row[3:7]
+    text = f"{name}(numel={numel}, {_NAMES.get(dtype, dtype)}"
+    if _NAMES.get(kind, "None") != "None":
+        text += f", {_NAMES.get(kind, kind)}"
+    return text + (f", root={root})" if root >= 0 else ")")
+
+
+class _Plan:
+    """How one reduction is carried out: the dtype it is computed in, and the ops for the
+    on-node and the between-nodes stages."""
+
+    def __init__(self, op: Any, dtype: torch.dtype, size: int) -> None:
+        kind = op.op if hasattr(op, "op") else op
+        _validate_reduction(kind, dtype)
+        self.kind = kind
+        self.dtype = dtype
+        self.size = size
+        self.work_dtype = dtype
+        if dtype in _NARROW_FLOATS:
+            self.work_dtype = torch.float32
+        elif dtype == torch.int16:  # gloo has no int16 kernels; wraps the same in int32
+            self.work_dtype = torch.int32
+        elif dtype == torch.bool:
+            self.work_dtype = torch.uint8
+        elif dtype == torch.complex32:
+            self.work_dtype = torch.complex64
+        elif dtype == torch.uint32:  # gloo has no uint32; int64 holds every value
+            self.work_dtype = torch.int64
+        if kind == _RedOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
+            if dtype == torch.uint64:
+                raise ValueError(
+                    "spyreccl: ReduceOp.AVG of torch.uint64 is not supported when the group's "
+                    "ranks span several nodes (the exact total needs more than 64 bits); "
+                    "reduce with SUM and divide"
+                )
+            self.work_dtype = torch.int64  # the exact total, truncated once at the end
+        self.local_op = op
+        self.cross_op: Any = op
+        if kind == _RedOp.AVG:
+            self.local_op = self.cross_op = dist.ReduceOp.SUM
+        elif kind == _RedOp.PREMUL_SUM:
+            # The factor applies once, to every input, on its node; the node totals add up.
+            self.cross_op = dist.ReduceOp.SUM
+        if dtype == torch.bool:
+            # Booleans: SUM is a logical or, PRODUCT a logical and (on 0/1 bytes).
+            mapped = {_RedOp.SUM: dist.ReduceOp.MAX, _RedOp.PRODUCT: dist.ReduceOp.MIN}
+            if kind in mapped:
+                self.local_op = self.cross_op = mapped[kind]
+
+    def prepare(self, t: torch.Tensor, always_copy: bool) -> torch.Tensor:
+        if self.work_dtype != t.dtype:
+            return t.to(self.work_dtype)
+        return t.clone() if always_copy else t
+
+    def finish(self, work: torch.Tensor) -> torch.Tensor:
+        """The result in the caller's dtype."""
+        if self.kind == _RedOp.AVG:
+            if work.dtype.is_floating_point:
+                work = work / self.size
+            else:
+                work = torch.div(work, self.size, rounding_mode="trunc")
+        if self.dtype == torch.bool:
+            return work != 0
+        return work.to(self.dtype) if work.dtype != self.dtype else work
+
+
+class HierarchicalProcessGroup(dist.ProcessGroup):
+    """See the module docstring. Built by spyreccl_torch's backend creator when a group's
+    ranks are on more than one node."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        topology: Topology,
+        options: Any,
+        group_name: str,
+        global_ranks: Sequence[int],
+        timeout: Any,
+    ) -> None:
+        super().__init__(topology.rank, topology.size)
+        from .. import _C
+
+        self._topo = topology
+        self._timeout = _timeout_of(timeout)
+        self._name = group_name
+        self._desc = ""
+        self._global_ranks = list(global_ranks) or list(range(topology.size))
+        self._seq = 0  # collectives (every rank counts the same ones)
+        self._p2p_seq = 0  # sends and receives (only the two ranks involved count them)
+        self._failed: str | None = None
+        self._coalesced: list[Any] | None = None
+        self._store = store
+        self._check_calls = os.environ.get(CHECK_ENV, "0") not in ("", "0")
+        # How many reductions took each route (tests and the benchmark read it).
+        self.route_counts = {"leader": 0, "sharded": 0}
+        self._failure_window_s = float(os.environ.get(FAILURE_WINDOW_ENV, "2"))
+        self._sharded_min_bytes = int(
+            os.environ.get(SHARDED_MIN_BYTES_ENV, DEFAULT_SHARDED_MIN_BYTES)
+        )
+        node = topology.node
+        local_ranks = topology.local_ranks
+
+        # One store namespace per sub-group: the node's spyreccl rendezvous and every gloo
+        # group's connection setup must not see each other's keys.
+        self._options = options
+        self._splits = 0
+        local_options = options.__copy__()
+        local_options.timeout = self._timeout
+        local_options.group_name = f"{group_name}/node{node}"
+        local_options.global_ranks_in_group = [self._global_ranks[r] for r in local_ranks]
+        self._local = _C.ProcessGroupSpyreccl(
+            dist.PrefixStore(f"spyreccl/node{node}/", store),
+            topology.local_rank,
+            len(local_ranks),
+            local_options,
+        )
+        cross_ranks = topology.cross_ranks(topology.local_rank)
+        self._cross_ranks = cross_ranks
+        self._cross = None
+        if len(cross_ranks) > 1:
+            self._cross = dist.ProcessGroupGloo(
+                dist.PrefixStore(f"spyreccl/cross{topology.local_rank}/", store),
+                cross_ranks.index(topology.rank),
+                len(cross_ranks),
+                self._timeout,
+            )
+        self._flat = dist.ProcessGroupGloo(
+            dist.PrefixStore("spyreccl/flat/", store), topology.rank, topology.size, self._timeout
+        )
+
+    # -- identity ------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return "spyreccl"
+
+    def name(self) -> str:
+        return "spyreccl"
+
+    # c10d keeps a group's name and description in its backends; this group registers none
+    # (it dispatches itself), so it keeps them and answers the C++ getters (DeviceMesh,
+    # functional collectives and the group registry ask for group_name).
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def topology(self) -> Topology:
+        return self._topo
+
+    def __repr__(self) -> str:
+        return (
+            f"HierarchicalProcessGroup('{self._name}', rank {self._topo.rank} of "
+            f"{self._topo.size}, {len(self._topo.nodes)} nodes)"
+        )
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _label(self) -> str:
+        return (
+            f"process group '{self._name}' (rank {self._topo.rank} of {self._topo.size}, "
+            f"node {self._topo.node} of {len(self._topo.nodes)})"
+        )
+
+    def _run(
+        self,
+        op_name: str,
+        body: Callable[[], list[torch.Tensor] | None],
+        signature: Sequence[int] = (),
+    ) -> dist.Work:
+        """Runs one operation with its sequence number; a failure names both and leaves the
+        group unusable (its sub-groups are aborted, so that ranks of this node that wait for
+        this one in an on-node stage fail too instead of waiting for the timeout).
+
+        ValueError is an argument rejected before anything was communicated (every rank
+        rejects the same call): it propagates as is and the group stays usable. With the
+        consistency check on, `signature` (sizes, dtype, root, op: what every rank must
+        agree on) is compared across all ranks first."""
+        if self._failed is not None:
+            raise RuntimeError(
+                f"spyreccl: {op_name} on {self._label()}: the group failed earlier "
+                f"({self._failed}); create a new one"
+            )
+        self._seq += 1
+        seq = self._seq
+        try:
+            if self._check_calls:
+                self._check_consistent(op_name, seq, signature)
+            result = body()
+        except ValueError:
+            raise
+        except Exception as error:
+            raise self._fail(op_name, seq, error) from error
+        work = _DoneWork(result)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _check_consistent(self, op_name: str, seq: int, signature: Sequence[int]) -> None:
+        """Raises ValueError on every rank when the ranks did not all call the same
+        operation with the same sizes, dtype, root and reduce op (one gather of a few
+        integers over the flat gloo group, so mismatches between nodes are caught before
+        any data moves)."""
+        mine = torch.tensor(
+            [_code(op_name), seq, len(signature), *signature, *([0] * (6 - len(signature)))],
+            dtype=torch.int64,
+        )
+        everyone = torch.empty(self._topo.size * mine.numel(), dtype=torch.int64)
+        self._wait(self._flat._allgather_base(everyone, mine, c10d.AllgatherOptions()))
+        rows = everyone.view(self._topo.size, -1).tolist()
+        if all(row == rows[0] for row in rows):
+            return
+        calls = "; ".join(f"rank {r}: {_describe_call(row)}" for r, row in enumerate(rows))
+        raise ValueError(
+            f"spyreccl: mismatched collectives on {self._label()} at seq {seq}: {calls}"
+        )
+
+    def _fail(self, op_name: str, seq: int, error: BaseException) -> RuntimeError:
+        self._failed = f"{op_name} seq {seq}"
+        self._abort_children()
+        return RuntimeError(
+            f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}"
+            f"{self._who_failed(seq)}"
+        )
+
+    def _who_failed(self, seq: int) -> str:
+        """Which ranks did not fail along: every rank that sees operation `seq` fail says
+        so in the store and waits a moment for the others. The aborts in _fail make the
+        failure reach every live rank within a fraction of a second, so the ranks that stay
+        silent are the dead (or stuck) ones. gloo's errors name a socket address and the
+        node's spyreccl names local ranks; this names group ranks. Best effort: the store
+        may be gone with the failed process."""
+        topo = self._topo
+        prefix = f"spyreccl/failed/{seq}/"
+        window = min(self._failure_window_s, self._timeout.total_seconds())
+        try:
+            self._store.set(f"{prefix}{topo.rank}", "1")
+            deadline = time.monotonic() + window
+            silent = [r for r in range(topo.size) if r != topo.rank]
+            while silent:
+                silent = [r for r in silent if not self._store.check([f"{prefix}{r}"])]
+                if not silent or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        except Exception:
+            return ""
+        if not silent:
+            return ""
+        names = ", ".join(f"rank {r} (node {topo.node_of[r]})" for r in silent)
+        return (
+            f"; ranks that did not report this failure within {window:g} s (failed, or "
+            f"stuck elsewhere): {names}"
+        )
+
+    def _abort_children(self) -> None:
+        for child in (self._local, self._cross, self._flat):
+            if child is None:
+                continue
+            try:
+                child.abort()
+            except Exception:
+                pass
+
+    @staticmethod
+    def _wait(work: Any) -> None:
+        if work is not None:
+            work.wait()
+
+    def _is_local(self, peer: int) -> bool:
+        return self._topo.node_of[peer] == self._topo.node
+
+    @staticmethod
+    def _on_spyre(tensors: Sequence[torch.Tensor]) -> bool:
+        return all(t.device.type == _SPYRE for t in tensors)
+
+    # -- building blocks -------------------------------------------------------------------
+
+    def _local_reduce_to_leader(self, t: torch.Tensor, op: Any) -> None:
+        opts = c10d.ReduceOptions()
+        opts.reduceOp = op
+        opts.rootRank = 0
+        opts.rootTensor = 0
+        self._wait(self._local.reduce([t], opts))
+
+    def _local_broadcast(self, t: torch.Tensor, root: int) -> None:
+        opts = c10d.BroadcastOptions()
+        opts.rootRank = root
+        opts.rootTensor = 0
+        self._wait(self._local.broadcast([t], opts))
+
+    def _cross_all_reduce(self, t: torch.Tensor, op: Any) -> None:
+        """All-reduces `t` (spyre or host) among this rank's cross group, through the host."""
+        if self._cross is None:
+            return
+        host = t.detach().cpu() if t.device.type != "cpu" else t
+        # gloo reduces neither complex nor uint64 tensors: complex sums are sums of
+        # (real, imaginary) pairs; uint64 wraps like int64 for SUM/PRODUCT/bitwise ops, and
+        # keeps its order for MIN/MAX once the sign bit is flipped.
+        kind = op.op if hasattr(op, "op") else op
+        view = host
+        flip = False
+        if host.is_complex():
+            view = torch.view_as_real(host)
+        elif host.dtype == torch.uint64:
+            view = host.view(torch.int64)
+            flip = kind in (_RedOp.MIN, _RedOp.MAX)
+            if flip:
+                view.bitwise_xor_(_SIGN_BIT)
+        opts = c10d.AllreduceOptions()
+        opts.reduceOp = op
+        self._wait(self._cross.allreduce([view], opts))
+        if flip:
+            view.bitwise_xor_(_SIGN_BIT)
+        if host is not t:
+            t.copy_(host)
+
+    def _all_reduce_work(self, work: torch.Tensor, plan: _Plan) -> None:
+        """All-reduces `work` (contiguous, the plan's work dtype) in place over the group."""
+        topo = self._topo
+        local_size = len(topo.local_ranks)
+        nbytes = work.numel() * work.element_size()
+        if topo.uniform and local_size > 1 and nbytes >= self._sharded_min_bytes:
+            self.route_counts["sharded"] += 1
+            flat = work.reshape(-1)
+            shard = -(-flat.numel() // local_size)
+            padded = flat
+            if shard * local_size != flat.numel():
+                padded = torch.zeros(shard * local_size, dtype=work.dtype, device=work.device)
+                padded[: flat.numel()].copy_(flat)
+            mine = torch.empty(shard, dtype=work.dtype, device=work.device)
+            rs = c10d.ReduceScatterOptions()
+            rs.reduceOp = plan.local_op
+            self._wait(self._local._reduce_scatter_base(mine, padded, rs))
+            self._cross_all_reduce(mine, plan.cross_op)
+            self._wait(self._local._allgather_base(padded, mine, c10d.AllgatherOptions()))
+            if padded is not flat:
+                flat.copy_(padded[: flat.numel()])
+            return
+        self.route_counts["leader"] += 1
+        self._local_reduce_to_leader(work, plan.local_op)
+        if topo.local_rank == 0:
+            self._cross_all_reduce(work, plan.cross_op)
+        self._local_broadcast(work, 0)
+
+    def _all_reduce_into(self, t: torch.Tensor, op: Any) -> None:
+        plan = _Plan(op, t.dtype, self._topo.size)
+        work = plan.prepare(t, always_copy=not t.is_contiguous())
+        self._all_reduce_work(work, plan)
+        result = plan.finish(work)
+        if result is not t:
+            t.copy_(result)
+
+    def _broadcast_into(self, t: torch.Tensor, root: int) -> None:
+        """Hierarchical broadcast of `t` from group rank `root`."""
+        topo = self._topo
+        root_node = topo.node_of[root]
+        buf = t if t.is_contiguous() else t.contiguous()
+        if topo.node == root_node:
+            self._local_broadcast(buf, topo.local_rank_of[root])
+        if topo.local_rank == 0 and self._cross is not None:
+            host = _host_bytes(buf)
+            opts = c10d.BroadcastOptions()
+            opts.rootRank = root_node  # the leaders' group lists the nodes in order
+            opts.rootTensor = 0
+            self._wait(self._cross.broadcast([host], opts))
+            if topo.node != root_node:
+                _bytes_into(buf, host)
+        if topo.node != root_node:
+            self._local_broadcast(buf, 0)
+        if buf is not t:
+            t.copy_(buf)
+
+    def _all_gather_blocks(self, inp: torch.Tensor) -> Callable[[int], torch.Tensor]:
+        """All-gathers `inp` (same numel and dtype on every rank); returns block(r), rank r's
+        elements as a flat tensor on `inp`'s device."""
+        topo = self._topo
+        n = inp.numel()
+        flat_in = inp.detach().contiguous().reshape(-1)
+        local_size = len(topo.local_ranks)
+        if self._sharded_ok(topo.size * n * inp.element_size()):
+            return self._all_gather_sharded(flat_in)
+        self.route_counts["leader"] += 1
+        node_buf = torch.empty(local_size * n, dtype=inp.dtype, device=inp.device)
+        self._wait(self._local._allgather_base(node_buf, flat_in, c10d.AllgatherOptions()))
+        full = torch.empty(topo.size * n, dtype=inp.dtype, device=inp.device)
+        if topo.local_rank == 0:
+            # Leaders exchange whole nodes, padded to the largest node (gloo gathers equal
+            # sizes), then place every rank's block at its position.
+            widest = max(len(m) for m in topo.nodes)
+            block = n * inp.element_size()
+            mine = torch.zeros(widest * block, dtype=torch.uint8)
+            mine[: local_size * block].copy_(_host_bytes(node_buf))
+            gathered = torch.empty(len(topo.nodes) * widest * block, dtype=torch.uint8)
+            self._wait(self._cross._allgather_base(gathered, mine, c10d.AllgatherOptions()))
+            ordered = torch.empty(topo.size * block, dtype=torch.uint8)
+            for node, members in enumerate(topo.nodes):
+                for i, r in enumerate(members):
+                    start = (node * widest + i) * block
+                    ordered[r * block : (r + 1) * block].copy_(gathered[start : start + block])
+            _bytes_into(full, ordered)
+        self._local_broadcast(full, 0)
+        return lambda r: full[r * n : (r + 1) * n]
+
+    def _all_gather_into(self, inp: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
+        """All-gathers `inp` into one output per rank."""
+        block = self._all_gather_blocks(inp)
+        for r, out in enumerate(outs):
+            out.copy_(block(r).reshape(out.shape))
+
+    def _all_gather_into_tensor(self, inp: torch.Tensor, output: torch.Tensor) -> None:
+        """All-gathers `inp` into `output` (world size times its elements, rank order)."""
+        n = inp.numel()
+        direct = output.is_contiguous()
+        flat = (
+            output.view(-1)
+            if direct
+            else torch.empty(output.numel(), dtype=output.dtype, device=output.device)
+        )
+        self._all_gather_into(inp, [flat[r * n : (r + 1) * n] for r in range(self._topo.size)])
+        if not direct:
+            output.copy_(flat.reshape(output.shape))
+
+    # -- collectives ---------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllreduceOptions()
+        if not self._on_spyre(tensors):
+            return self._flat.allreduce(tensors, opts)
+
+        def body() -> list[torch.Tensor]:
+            for t in tensors:
+                self._all_reduce_into(t, opts.reduceOp)
+            return tensors
+
+        return self._run("all_reduce", body, _sig(tensors, opts.reduceOp))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()
+        if not self._on_spyre(tensors):
+            return self._flat.allreduce_coalesced(tensors, opts)
+
+        def body() -> list[torch.Tensor]:
+            # One reduction per dtype over the concatenation: one pass through every stage.
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for t in tensors:
+                by_dtype.setdefault(t.dtype, []).append(t)
+            for group in by_dtype.values():
+                flat = torch.cat([t.detach().reshape(-1) for t in group])
+                self._all_reduce_into(flat, opts.reduceOp)
+                offset = 0
+                for t in group:
+                    t.copy_(flat[offset : offset + t.numel()].reshape(t.shape))
+                    offset += t.numel()
+            return tensors
+
+        return self._run("all_reduce_coalesced", body, _sig(tensors, opts.reduceOp))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else c10d.ReduceOptions()
+        if not self._on_spyre(tensors):
+            return self._flat.reduce(tensors, opts)
+
+        def body() -> list[torch.Tensor]:
+            t = tensors[0]
+            plan = _Plan(opts.reduceOp, t.dtype, self._topo.size)
+            # Only the root's tensor changes: everyone reduces a copy.
+            work = plan.prepare(t, always_copy=True).contiguous()
+            self._all_reduce_work(work, plan)
+            if self._topo.rank == opts.rootRank:
+                t.copy_(plan.finish(work))
+            return tensors
+
+        return self._run("reduce", body, _sig(tensors, opts.reduceOp, opts.rootRank))
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        opts = opts if opts is not None else c10d.BroadcastOptions()
+        if not self._on_spyre(tensors):
+            return self._flat.broadcast(tensors, opts)
+
+        def body() -> list[torch.Tensor]:
+            self._broadcast_into(tensors[0], opts.rootRank)
+            return tensors
+
+        return self._run("broadcast", body, _sig(tensors, None, opts.rootRank))
+
+    def allgather(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        if not self._on_spyre(inputs):
+            return self._flat.allgather(output_lists, inputs, opts)
+
+        def body() -> list[torch.Tensor]:
+            outs = output_lists[0]
+            inp = inputs[0]
+            self._check_list("all_gather", "tensor_list", outs, inp)
+            self._all_gather_into(inp, outs)
+            return outs
+
+        return self._run("all_gather", body, _sig(inputs))
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+
+        def body() -> list[torch.Tensor]:
+            for outs, inp in zip(output_lists, inputs, strict=True):
+                self._check_list("all_gather_coalesced", "output_tensor_lists", outs, inp)
+                self._all_gather_into(inp, outs)
+            return [t for outs in output_lists for t in outs]
+
+        return self._run("all_gather_coalesced", body, _sig(inputs))
+
+    def _allgather_base(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Any:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        if not self._on_spyre([inp]):
+            return self._flat._allgather_base(output, inp, opts)
+
+        def body() -> list[torch.Tensor]:
+            self._check_numel("all_gather_into_tensor", output, inp.numel() * self._topo.size)
+            self._all_gather_into_tensor(inp, output)
+            return [output]
+
+        return self._run("all_gather_into_tensor", body, _sig([inp]))
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
+        if not self._on_spyre(inputs):
+            return self._flat.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+        def body() -> list[torch.Tensor]:
+            for out, inp in zip(outputs, inputs, strict=True):
+                self._check_numel("all_gather_into_tensor", out, inp.numel() * self._topo.size)
+                self._all_gather_into_tensor(inp, out)
+            return outputs
+
+        return self._run("all_gather_into_tensor_coalesced", body, _sig(inputs))
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def _sharded_ok(self, nbytes: int) -> bool:
+        """Whether an operation of `nbytes` takes the sharded route (see the module doc)."""
+        topo = self._topo
+        return topo.uniform and len(topo.local_ranks) > 1 and nbytes >= self._sharded_min_bytes
+
+    def _all_gather_sharded(self, flat_in: torch.Tensor) -> Callable[[int], torch.Tensor]:
+        """All-gather on nodes of equal size: the ranks of each local index gather their
+        blocks between the nodes (all local indexes at once, each rank sending its block
+        once), then every node all-gathers those; blocks are then put in rank order."""
+        topo = self._topo
+        self.route_counts["sharded"] += 1
+        n, nodes = flat_in.numel(), len(topo.nodes)
+        block = n * flat_in.element_size()
+        across = torch.empty(nodes * block, dtype=torch.uint8)
+        self._wait(
+            self._cross._allgather_base(across, _host_bytes(flat_in), c10d.AllgatherOptions())
+        )
+        across_dev = torch.empty(nodes * n, dtype=flat_in.dtype, device=flat_in.device)
+        _bytes_into(across_dev, across)
+        node_buf = torch.empty(
+            len(topo.local_ranks) * nodes * n, dtype=flat_in.dtype, device=flat_in.device
+        )
+        self._wait(self._local._allgather_base(node_buf, across_dev, c10d.AllgatherOptions()))
+
+        # node_buf holds, for local index j and node k, the block of rank nodes[k][j]: the
+        # callers copy each block to its destination (no reordering pass).
+        def block(r: int) -> torch.Tensor:
+            src = (topo.local_rank_of[r] * nodes + topo.node_of[r]) * n
+            return node_buf[src : src + n]
+
+        return block
+
+    def _reduce_scatter_flat(self, flat: torch.Tensor, op: Any, out: torch.Tensor) -> None:
+        """`flat` holds world_size equal blocks; `out` receives the reduction of this rank's."""
+        topo = self._topo
+        n = out.numel()
+        if self._sharded_ok(flat.numel() * flat.element_size()):
+            # Nodes of equal size: local rank j reduces, on its node, the blocks of the ranks
+            # with local index j on every node; those ranks then all-reduce them between the
+            # nodes (all local indexes at once), and each keeps its own block.
+            self.route_counts["sharded"] += 1
+            plan = _Plan(op, flat.dtype, topo.size)
+            nodes = len(topo.nodes)
+            order = [m[j] for j in range(len(topo.local_ranks)) for m in topo.nodes]
+            grouped = torch.cat([flat[r * n : (r + 1) * n] for r in order])
+            work = plan.prepare(grouped, always_copy=False)
+            mine = torch.empty(nodes * n, dtype=work.dtype, device=work.device)
+            rs = c10d.ReduceScatterOptions()
+            rs.reduceOp = plan.local_op
+            self._wait(self._local._reduce_scatter_base(mine, work, rs))
+            self._cross_all_reduce(mine, plan.cross_op)
+            k = topo.node
+            out.copy_(plan.finish(mine[k * n : (k + 1) * n]).reshape(out.shape))
+            return
+        self._all_reduce_into(flat, op)
+        n = out.numel()
+        r = self._topo.rank
+        out.copy_(flat[r * n : (r + 1) * n].reshape(out.shape))
+
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        if not self._on_spyre(outputs):
+            return self._flat.reduce_scatter(outputs, input_lists, opts)
+
+        def body() -> list[torch.Tensor]:
+            out = outputs[0]
+            ins = input_lists[0]
+            self._check_list("reduce_scatter", "input_list", ins, out)
+            flat = torch.cat([t.detach().reshape(-1) for t in ins])
+            self._reduce_scatter_flat(flat, opts.reduceOp, out)
+            return outputs
+
+        return self._run("reduce_scatter", body, _sig(outputs, opts.reduceOp))
+
+    def _reduce_scatter_base(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None):
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        if not self._on_spyre([output]):
+            return self._flat._reduce_scatter_base(output, inp, opts)
+
+        def body() -> list[torch.Tensor]:
+            self._check_numel("reduce_scatter_tensor", inp, output.numel() * self._topo.size)
+            flat = inp.detach().reshape(-1).clone()
+            self._reduce_scatter_flat(flat, opts.reduceOp, output)
+            return [output]
+
+        return self._run("reduce_scatter_tensor", body, _sig([output], opts.reduceOp))
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.ReduceScatterOptions()
+        if not self._on_spyre(outputs):
+            return self._flat.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+        def body() -> list[torch.Tensor]:
+            for out, inp in zip(outputs, inputs, strict=True):
+                self._check_numel("reduce_scatter_tensor", inp, out.numel() * self._topo.size)
+                flat = inp.detach().reshape(-1).clone()
+                self._reduce_scatter_flat(flat, opts.reduceOp, out)
+            return outputs
+
+        return self._run("reduce_scatter_tensor_coalesced", body, _sig(outputs, opts.reduceOp))
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def gather(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.GatherOptions()
+        if not self._on_spyre(inputs):
+            return self._flat.gather(output_lists, inputs, opts)
+
+        def body() -> list[torch.Tensor]:
+            inp = inputs[0]
+            is_root = self._topo.rank == opts.rootRank
+            if is_root:
+                self._check_list("gather", "gather_list", output_lists[0], inp)
+            block = self._all_gather_blocks(inp)
+            if not is_root:
+                return []
+            for r, out in enumerate(output_lists[0]):
+                out.copy_(block(r).reshape(out.shape))
+            return output_lists[0]
+
+        return self._run("gather", body, _sig(inputs, None, opts.rootRank))
+
+    def scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.ScatterOptions()
+        if not self._on_spyre(outputs):
+            return self._flat.scatter(outputs, input_lists, opts)
+
+        def body() -> list[torch.Tensor]:
+            out = outputs[0]
+            n = out.numel()
+            full = torch.empty(self._topo.size * n, dtype=out.dtype, device=out.device)
+            if self._topo.rank == opts.rootRank:
+                self._check_list("scatter", "scatter_list", input_lists[0], out)
+                full.copy_(torch.cat([t.detach().reshape(-1) for t in input_lists[0]]))
+            self._broadcast_into(full, opts.rootRank)
+            r = self._topo.rank
+            out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
+            return outputs
+
+        return self._run("scatter", body, _sig(outputs, None, opts.rootRank))
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        inp: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllToAllOptions()
+        if not self._on_spyre([output, inp]):
+            return self._flat.alltoall_base(
+                output, inp, output_split_sizes, input_split_sizes, opts
+            )
+
+        def body() -> list[torch.Tensor]:
+            # gloo on host bytes: splits count rows (dim 0), scaled to bytes per row.
+            def byte_splits(t: torch.Tensor, splits: list[int]) -> list[int]:
+                if not splits:
+                    return []
+                row = (t.numel() // t.shape[0] if t.dim() and t.shape[0] else 0) * t.element_size()
+                return [int(s) * row for s in splits]
+
+            host_in = _host_bytes(inp)
+            host_out = torch.empty(output.numel() * output.element_size(), dtype=torch.uint8)
+            self._wait(
+                self._flat.alltoall_base(
+                    host_out,
+                    host_in,
+                    byte_splits(output, list(output_split_sizes)),
+                    byte_splits(inp, list(input_split_sizes)),
+                    c10d.AllToAllOptions(),
+                )
+            )
+            _bytes_into(output, host_out)
+            return [output]
+
+        return self._run("all_to_all_single", body, _sig([], None, -1, inp.dtype))
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else c10d.AllToAllOptions()
+        if not self._on_spyre(outputs + inputs):
+            return self._flat.alltoall(outputs, inputs, opts)
+
+        def body() -> list[torch.Tensor]:
+            host_in = torch.cat([_host_bytes(t) for t in inputs])
+            out_sizes = [t.numel() * t.element_size() for t in outputs]
+            in_sizes = [t.numel() * t.element_size() for t in inputs]
+            host_out = torch.empty(sum(out_sizes), dtype=torch.uint8)
+            self._wait(
+                self._flat.alltoall_base(
+                    host_out, host_in, out_sizes, in_sizes, c10d.AllToAllOptions()
+                )
+            )
+            offset = 0
+            for t, size in zip(outputs, out_sizes, strict=True):
+                _bytes_into(t, host_out[offset : offset + size])
+                offset += size
+            return outputs
+
+        return self._run(
+            "all_to_all", body, _sig([], None, -1, inputs[0].dtype if inputs else None)
+        )
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        def body() -> list[torch.Tensor]:
+            # Everyone on the node has arrived, then every node (through its leader), then
+            # the leaders release their nodes.
+            self._wait(self._local.barrier(c10d.BarrierOptions()))
+            if self._topo.local_rank == 0 and self._cross is not None:
+                self._wait(self._cross.barrier(c10d.BarrierOptions()))
+            self._wait(self._local.barrier(c10d.BarrierOptions()))
+            return []
+
+        return self._run("barrier", body, ())
+
+    # -- point to point --------------------------------------------------------------------
+
+    def _p2p_error(self, what: str) -> Callable[[BaseException], BaseException]:
+        def describe(error: BaseException) -> BaseException:
+            self._failed = what
+            return RuntimeError(f"spyreccl: {what} failed on {self._label()}: {error}")
+
+        return describe
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
+        if not self._on_spyre(tensors):
+            return self._flat.send(tensors, dst, tag)
+        self._p2p_seq += 1
+        if self._is_local(dst):
+            work = self._local.send(tensors, self._topo.local_rank_of[dst], tag)
+        else:
+            host = _host_bytes(tensors[0])
+            gloo = self._flat.send([host], dst, tag)
+            what = f"send seq {self._p2p_seq} to rank {dst} (tag {tag}, between nodes)"
+            work = _ThenWork([gloo], None, tensors, keep=host, describe=self._p2p_error(what))
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
+        if not self._on_spyre(tensors):
+            return self._flat.recv(tensors, src, tag)
+        self._p2p_seq += 1
+        if self._is_local(src):
+            work = self._local.recv(tensors, self._topo.local_rank_of[src], tag)
+        else:
+            t = tensors[0]
+            host = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
+            gloo = self._flat.recv([host], src, tag)
+            what = f"recv seq {self._p2p_seq} from rank {src} (tag {tag}, between nodes)"
+            work = _ThenWork(
+                [gloo],
+                lambda: _bytes_into(t, host),
+                tensors,
+                keep=host,
+                describe=self._p2p_error(what),
+            )
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
+        raise RuntimeError(
+            f"spyreccl: recv from any source (dist.recv without src) is not supported on "
+            f"{self._label()}, whose ranks span several nodes; name the sender"
+        )
+
+    # -- coalescing: every operation above completes (or is posted) when issued, so a batch
+    # only has to collect the Works and wait for all of them at its end.
+
+    def _start_coalescing(self, device: torch.device) -> None:
+        if self._coalesced is not None:
+            raise RuntimeError(f"spyreccl: coalescing already started on {self._label()}")
+        self._coalesced = []
+
+    def _end_coalescing(self, device: torch.device) -> dist.Work:
+        works, self._coalesced = self._coalesced or [], None
+        return _ThenWork(works)
+
+    # -- what torch's Python code asks of a group's backend, and split_group ---------------
+
+    def _get_backend(self, device: Any) -> _BackendView:
+        return _BackendView(self)
+
+    def split_group(
+        self,
+        ranks: Sequence[int],
+        timeout: Any = None,
+        opts: Any = None,
+        group_name: str | None = None,
+        group_desc: str | None = None,
+        device_types: Any = None,
+    ) -> dist.ProcessGroup | None:
+        """dist.split_group: collective over this group. Members get a plain spyreccl group
+        when their ranks are on one node, else a hierarchical one; both are built from this
+        group's topology (no exchange) in a store namespace of their own."""
+        from .. import _C
+
+        self._splits += 1
+        ranks = sorted(int(r) for r in ranks)
+        me = self._topo.rank
+        if me not in ranks:
+            return None
+        name = group_name or f"{self._name}/split{self._splits}"
+        # The split count and the members key the store: torch names splits after their
+        # ranks only, so a re-split of the same ranks would meet the previous one's keys,
+        # and the sibling groups of one split must not meet each other's.
+        members = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:16]
+        store = dist.PrefixStore(f"spyreccl/split{self._splits}/{members}/", self._store)
+        node_ids = [self._topo.node_ids[self._topo.node_of[r]] for r in ranks]
+        topo = Topology.from_node_ids(ranks.index(me), node_ids)
+        global_ranks = [self._global_ranks[r] for r in ranks]
+        options = (
+            opts.__copy__()
+            if isinstance(opts, _C.ProcessGroupSpyreccl.Options)
+            else self._options.__copy__()
+        )
+        options.timeout = _timeout_of(timeout) if timeout is not None else self._timeout
+        options.group_name = name
+        options.global_ranks_in_group = global_ranks
+        if not topo.single_node:
+            return HierarchicalProcessGroup(
+                store, topo, options, name, global_ranks, options.timeout
+            )
+        backend = _C.ProcessGroupSpyreccl(store, topo.rank, topo.size, options)
+        pg = dist.ProcessGroup(store, topo.rank, topo.size)
+        backend_type = dist.ProcessGroup.BackendType.CUSTOM
+        pg._register_backend(torch.device(_SPYRE), backend_type, backend)
+        pg._set_default_backend(backend_type)
+        pg._set_group_name(name)
+        return pg
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def abort(self) -> None:
+        self._abort_children()
+
+    def shutdown(self) -> None:
+        self._local.shutdown()
+        for child in (self._cross, self._flat):
+            if child is not None:
+                try:
+                    child.shutdown()
+                except Exception:
+                    pass
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self._timeout = timeout
+        for child in (self._local, self._cross, self._flat):
+            if child is not None:
+                child.set_timeout(timeout)
+
+    # -- argument checks -------------------------------------------------------------------
+
+    def _check_list(
+        self, op: str, arg: str, tensors: Sequence[torch.Tensor], like: torch.Tensor
+    ) -> None:
+        if len(tensors) != self._topo.size:
+            raise ValueError(
+                f"spyreccl: {op}: argument '{arg}' has {len(tensors)} tensors, expected one "
+                f"per rank ({self._topo.size})"
+            )
+        for i, t in enumerate(tensors):
+            if t.numel() != like.numel() or t.dtype != like.dtype:
+                raise ValueError(
+                    f"spyreccl: {op}: {arg}[{i}] has {t.numel()} elements of {t.dtype}, "
+                    f"expected {like.numel()} of {like.dtype}"
+                )
+
+    def _check_numel(self, op: str, t: torch.Tensor, expected: int) -> None:
+        if t.numel() != expected:
+            raise ValueError(
+                f"spyreccl: {op}: the tensor has {t.numel()} elements, expected {expected} "
+                f"(world size {self._topo.size} times the per-rank size)"
+            )

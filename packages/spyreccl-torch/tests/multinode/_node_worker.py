@@ -1,0 +1,874 @@
+"""One rank of a job on simulated nodes (started by torchrun, see _launch.py).
+
+``python _node_worker.py MODE``; writes ``rank<R>.json`` into $SPYRECCL_MN_OUT:
+
+- ``ops``: a table of cases over every operation (random inputs from a base seed, poisoned
+  outputs, float64 / exact references computed on this rank from every rank's inputs), then
+  subgroups (node-aligned and node-crossing), a 2-d DeviceMesh and DDP across nodes. Failed
+  checks are collected (the collectives go on on every rank), exceptions abort the batch.
+- ``kill``: rank $SPYRECCL_MN_VICTIM dies before a collective; everyone else records the
+  error it gets and how long after the death it came.
+- ``nojoin``: (started without torchrun) the first node of a job whose second node never
+  starts: init_process_group must fail within the timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
+
+from _ops_support import (
+    DTYPES,
+    LARGE,
+    REDUCE_OPS,
+    case_seed,
+    check_exact,
+    check_result,
+    check_untouched,
+    dist_op,
+    dtype_id,
+    expect_rejection,
+    premul_factor,
+    rank_inputs,
+    reduction_valid,
+    reference_op,
+    rejection_pattern,
+)
+
+from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce
+from spyreccl_testing.inputs import poison_, random_tensor, rank_seed
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", category=UserWarning)
+
+OUT = Path(os.environ.get("SPYRECCL_MN_OUT", "."))
+TIMEOUT_S = float(os.environ.get("SPYRECCL_MN_PG_TIMEOUT", "60"))
+
+
+class Ctx:
+    def __init__(self) -> None:
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = f"spyre:{self.local_rank}"
+
+
+def _dev(ctx: Ctx) -> torch.device:
+    return torch.device(ctx.device)
+
+
+def _write(report: dict) -> None:
+    rank = report["rank"]
+    tmp = OUT / f".rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(report))
+    tmp.rename(OUT / f"rank{rank}.json")
+
+
+# -- the cases (each: case tuple, seed, ctx) ---------------------------------------------
+
+
+def c_all_reduce(case, seed, ctx):
+    _, dtype, op, shape, async_op = case
+    factor = premul_factor(seed) if op == "PREMUL_SUM" else None
+    inputs = rank_inputs(seed, shape, dtype, ctx.world_size)
+    t = inputs[ctx.rank].to(_dev(ctx))
+    if not reduction_valid(dtype, op):
+        # Rejected on every rank before anything moves; the group stays usable (the
+        # following cases prove it).
+        expect_rejection(
+            lambda: dist.all_reduce(t, op=dist_op(op, factor)),
+            rejection_pattern(dtype, op),
+            f"all_reduce {op} {dtype_id(dtype)}",
+        )
+        return
+    work = dist.all_reduce(t, op=dist_op(op, factor), async_op=async_op)
+    if async_op:
+        assert work.wait() and work.is_completed()
+    expected = reference_reduce(inputs, reference_op(op, factor), dtype)
+    check_result(
+        t, expected, dtype, ctx.world_size, seed, f"all_reduce {op} {dtype_id(dtype)} {shape}"
+    )
+
+
+def c_all_reduce_wide_unsigned(case, seed, ctx):
+    """uint32/uint64 (gloo has neither): uint64 values on both sides of 2**63 (random int64
+    bit patterns), so that MIN/MAX must compare them as unsigned."""
+    _, dtype, op, n = case
+    w = ctx.world_size
+    signed = torch.int64 if dtype == torch.uint64 else torch.int32
+    inputs = [x.view(dtype) for x in rank_inputs(seed, n, signed, w)]
+    t = inputs[ctx.rank].to(_dev(ctx))
+    dist.all_reduce(t, op=dist_op(op))
+    expected = reference_reduce(inputs, reference_op(op), dtype)
+    check_exact(t, expected, seed, w, f"all_reduce {op} {dtype_id(dtype)} n={n}")
+
+
+def c_all_reduce_complex(case, seed, ctx):
+    """complex64: reduced as (real, imaginary) pairs; the reference reduces both parts."""
+    _, op, n = case
+    w = ctx.world_size
+    factor = premul_factor(seed) if op == "PREMUL_SUM" else None
+    re = rank_inputs(seed, n, torch.float32, w)
+    im = rank_inputs(seed, n, torch.float32, w, salt=1)
+    t = torch.complex(re[ctx.rank], im[ctx.rank]).to(_dev(ctx))
+    dist.all_reduce(t, op=dist_op(op, factor))
+    ref = reference_op(op, factor)
+    expected = torch.stack(
+        [reference_reduce(re, ref, torch.float32), reference_reduce(im, ref, torch.float32)],
+        dim=-1,
+    )
+    got = torch.view_as_real(t.cpu())
+    assert_close_dtype(got, expected, torch.float32, w, seed=seed, what=f"all_reduce {op} c64")
+
+
+def c_reduce(case, seed, ctx):
+    _, dtype, op, n, root = case
+    factor = premul_factor(seed) if op == "PREMUL_SUM" else None
+    inputs = rank_inputs(seed, n, dtype, ctx.world_size)
+    t = inputs[ctx.rank].to(_dev(ctx))
+    dist.reduce(t, dst=root, op=dist_op(op, factor))
+    what = f"reduce {op} {dtype_id(dtype)} n={n} root={root}"
+    if ctx.rank == root:
+        expected = reference_reduce(inputs, reference_op(op, factor), dtype)
+        check_result(t, expected, dtype, ctx.world_size, seed, what)
+    else:
+        check_untouched(t, inputs[ctx.rank], what + " (non-root input)")
+
+
+def c_broadcast(case, seed, ctx):
+    _, dtype, n, root = case
+    src = random_tensor(n, dtype, "cpu", seed, nranks=ctx.world_size)
+    t = (
+        src.to(_dev(ctx))
+        if ctx.rank == root
+        else poison_(torch.empty(n, dtype=dtype, device=_dev(ctx)))
+    )
+    dist.broadcast(t, src=root)
+    check_exact(t, src, seed, ctx.world_size, f"broadcast {dtype_id(dtype)} n={n} root={root}")
+
+
+def c_all_gather(case, seed, ctx):
+    _, dtype, shape, into_tensor = case
+    inputs = rank_inputs(seed, shape, dtype, ctx.world_size)
+    mine = inputs[ctx.rank].to(_dev(ctx))
+    what = f"all_gather {dtype_id(dtype)} {shape} into_tensor={into_tensor}"
+    if into_tensor:
+        out = poison_(
+            torch.empty((ctx.world_size * inputs[0].numel(),), dtype=dtype, device=_dev(ctx))
+        )
+        dist.all_gather_into_tensor(out, mine)
+        check_exact(out, torch.cat([x.reshape(-1) for x in inputs]), seed, ctx.world_size, what)
+    else:
+        outs = [poison_(torch.empty(shape, dtype=dtype, device=_dev(ctx))) for _ in inputs]
+        dist.all_gather(outs, mine)
+        for r, (o, x) in enumerate(zip(outs, inputs, strict=True)):
+            check_exact(o, x, seed, ctx.world_size, f"{what} [from rank {r}]")
+    check_untouched(mine, inputs[ctx.rank], what + " (input)")
+
+
+def c_reduce_scatter(case, seed, ctx):
+    _, dtype, op, n, tensor_api = case
+    factor = premul_factor(seed) if op == "PREMUL_SUM" else None
+    w = ctx.world_size
+    inputs = rank_inputs(seed, n * w, dtype, w)
+    mine = inputs[ctx.rank].to(_dev(ctx))
+    out = poison_(torch.empty(n, dtype=dtype, device=_dev(ctx)))
+    if tensor_api:
+        dist.reduce_scatter_tensor(out, mine, op=dist_op(op, factor))
+    else:
+        dist.reduce_scatter(out, list(mine.chunk(w)), op=dist_op(op, factor))
+    full = reference_reduce(inputs, reference_op(op, factor), dtype)
+    expected = full[ctx.rank * n : (ctx.rank + 1) * n]
+    what = f"reduce_scatter {op} {dtype_id(dtype)} n={n} tensor_api={tensor_api}"
+    check_result(out, expected, dtype, w, seed, what)
+    check_untouched(mine, inputs[ctx.rank], what + " (input)")
+
+
+def c_gather_scatter(case, seed, ctx):
+    _, dtype, n, root = case
+    w = ctx.world_size
+    inputs = rank_inputs(seed, n, dtype, w)
+    gl = (
+        [poison_(torch.empty(n, dtype=dtype, device=_dev(ctx))) for _ in range(w)]
+        if ctx.rank == root
+        else None
+    )
+    dist.gather(inputs[ctx.rank].to(_dev(ctx)), gl, dst=root)
+    if ctx.rank == root:
+        for r in range(w):
+            check_exact(
+                gl[r], inputs[r], seed, w, f"gather {dtype_id(dtype)} root={root} [rank {r}]"
+            )
+    chunks = rank_inputs(seed, n, dtype, w, salt=7)
+    out = poison_(torch.empty(n, dtype=dtype, device=_dev(ctx)))
+    sl = [c.to(_dev(ctx)) for c in chunks] if ctx.rank == root else None
+    dist.scatter(out, sl, src=root)
+    check_exact(out, chunks[ctx.rank], seed, w, f"scatter {dtype_id(dtype)} root={root}")
+
+
+def c_all_to_all(case, seed, ctx):
+    _, dtype, with_splits = case
+    w, r = ctx.world_size, ctx.rank
+    cols = 3
+    if with_splits:
+        # rank s sends (s + d) % 3 + 1 rows to rank d (some uneven, none empty... and one empty)
+        def rows(s, d):
+            return (s * 2 + d) % 4
+
+        in_splits = [rows(r, d) for d in range(w)]
+        out_splits = [rows(s, r) for s in range(w)]
+    else:
+        in_splits = out_splits = [2] * w
+    per_rank = [
+        random_tensor(
+            (sum(rows(s, d) for d in range(w)) if with_splits else 2 * w, cols),
+            dtype,
+            "cpu",
+            rank_seed(seed, s),
+            nranks=w,
+        )
+        for s in range(w)
+    ]
+    src = per_rank[r].to(_dev(ctx))
+    out = poison_(torch.empty((sum(out_splits), cols), dtype=dtype, device=_dev(ctx)))
+    dist.all_to_all_single(
+        out,
+        src,
+        output_split_sizes=out_splits if with_splits else None,
+        input_split_sizes=in_splits if with_splits else None,
+    )
+    pieces = []
+    for s in range(w):
+        s_splits = [rows(s, d) for d in range(w)] if with_splits else [2] * w
+        start = sum(s_splits[:r])
+        pieces.append(per_rank[s][start : start + s_splits[r]])
+    check_exact(
+        out, torch.cat(pieces), seed, w, f"all_to_all_single {dtype_id(dtype)} splits={with_splits}"
+    )
+    # list form
+    ins = [random_tensor(5, dtype, "cpu", rank_seed(seed + d, r), nranks=w) for d in range(w)]
+    outs = [poison_(torch.empty(5, dtype=dtype, device=_dev(ctx))) for _ in range(w)]
+    dist.all_to_all(outs, [x.to(_dev(ctx)) for x in ins])
+    for s in range(w):
+        want = random_tensor(5, dtype, "cpu", rank_seed(seed + r, s), nranks=w)
+        check_exact(outs[s], want, seed, w, f"all_to_all {dtype_id(dtype)} [from {s}]")
+
+
+def c_p2p(case, seed, ctx):
+    _, dtype, n, batched = case
+    w, r = ctx.world_size, ctx.rank
+    nxt, prv = (r + 1) % w, (r - 1) % w
+    far = (r + w // 2) % w  # on another node for 2 x 2
+    mine = random_tensor(n, dtype, "cpu", rank_seed(seed, r), nranks=w)
+    got_prev = poison_(torch.empty(n, dtype=dtype, device=_dev(ctx)))
+    got_far = poison_(torch.empty(n, dtype=dtype, device=_dev(ctx)))
+    far_src = (r - w // 2) % w
+    ops = [
+        dist.P2POp(dist.isend, mine.to(_dev(ctx)), nxt),
+        dist.P2POp(dist.irecv, got_prev, prv),
+        dist.P2POp(dist.isend, mine.to(_dev(ctx)), far),
+        dist.P2POp(dist.irecv, got_far, far_src),
+    ]
+    if batched:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    else:
+        # gloo's send/recv Works complete only in wait() (polling is_completed() alone
+        # never finishes them, with gloo alone too), so: wait, then the state must say so.
+        reqs = [op.op(op.tensor, op.peer) for op in ops]
+        for req in reqs:
+            assert req.wait()
+        assert all(req.is_completed() for req in reqs), "a request not completed after wait()"
+        assert all(req.exception() is None for req in reqs)
+    what = f"send/recv {dtype_id(dtype)} n={n} batched={batched}"
+    check_exact(
+        got_prev,
+        random_tensor(n, dtype, "cpu", rank_seed(seed, prv), nranks=w),
+        seed,
+        w,
+        what + f" from {prv}",
+    )
+    check_exact(
+        got_far,
+        random_tensor(n, dtype, "cpu", rank_seed(seed, far_src), nranks=w),
+        seed,
+        w,
+        what + f" from {far_src}",
+    )
+
+
+def c_coalesced(case, seed, ctx):
+    _, dtype, op = case
+    w = ctx.world_size
+    shapes = [(3,), (0,), (17, 5), (1001,)]
+    per = [rank_inputs(seed + i, s, dtype, w) for i, s in enumerate(shapes)]
+    ts = [p[ctx.rank].to(_dev(ctx)) for p in per]
+    dist.all_reduce_coalesced(ts, op=dist_op(op))
+    for i, t in enumerate(ts):
+        check_result(
+            t,
+            reference_reduce(per[i], reference_op(op), dtype),
+            dtype,
+            w,
+            seed,
+            f"all_reduce_coalesced {op} [{i}]",
+        )
+    # fast-path coalescing of all_gather_into_tensor / reduce_scatter_tensor
+    ins = [p[ctx.rank].to(_dev(ctx)) for p in per if p[0].numel()]
+    outs = [poison_(torch.empty(x.numel() * w, dtype=dtype, device=_dev(ctx))) for x in ins]
+    with dist._coalescing_manager(device=_dev(ctx)):
+        for o, x in zip(outs, ins, strict=True):
+            dist.all_gather_into_tensor(o, x)
+    k = 0
+    for p in per:
+        if p[0].numel():
+            check_exact(
+                outs[k],
+                torch.cat([x.reshape(-1) for x in p]),
+                seed,
+                w,
+                f"coalesced all_gather [{k}]",
+            )
+            k += 1
+
+
+def c_cpu_and_objects(case, seed, ctx):
+    w = ctx.world_size
+    inputs = rank_inputs(seed, 257, torch.float64, w)
+    t = inputs[ctx.rank].clone()
+    dist.all_reduce(t)  # a CPU tensor: gloo over all ranks
+    assert_close_dtype(
+        t,
+        reference_reduce(inputs, "sum", torch.float64),
+        torch.float64,
+        w,
+        seed=seed,
+        what="cpu all_reduce",
+    )
+    objs = [None] * w
+    dist.all_gather_object(objs, {"rank": ctx.rank, "seed": seed})
+    assert objs == [{"rank": r, "seed": seed} for r in range(w)], objs
+    box = [("payload", seed)] if ctx.rank == w - 1 else [None]
+    dist.broadcast_object_list(box, src=w - 1)
+    assert box == [("payload", seed)], box
+    dist.barrier()
+
+
+def dispatch(case, seed, ctx):
+    return CASE_FUNCS[case[0]](case, seed, ctx)
+
+
+CASE_FUNCS = {
+    "all_reduce": c_all_reduce,
+    "reduce": c_reduce,
+    "all_reduce_unsigned": c_all_reduce_wide_unsigned,
+    "all_reduce_complex": c_all_reduce_complex,
+    "broadcast": c_broadcast,
+    "all_gather": c_all_gather,
+    "reduce_scatter": c_reduce_scatter,
+    "gather_scatter": c_gather_scatter,
+    "all_to_all": c_all_to_all,
+    "p2p": c_p2p,
+    "coalesced": c_coalesced,
+    "cpu_objects": c_cpu_and_objects,
+}
+
+MOVE_DTYPES = (
+    torch.float32,
+    torch.bfloat16,
+    torch.int16,
+    torch.bool,
+    torch.float8_e5m2,
+    torch.int64,
+)
+
+
+def op_cases(world: int, full: bool) -> list[tuple]:
+    cases: list[tuple] = []
+    shapes = [(), (1001,), (LARGE,), (7, 11, 13)] if full else [(1001,), (LARGE,)]
+    i = 0
+    for dtype in DTYPES:
+        for op in REDUCE_OPS:
+            if not reduction_valid(dtype, op):
+                cases.append(("all_reduce", dtype, op, (5,), False))
+                continue
+            for shape in shapes:
+                cases.append(("all_reduce", dtype, op, shape, i % 2 == 1))
+                i += 1
+    for dtype in (torch.uint32, torch.uint64):
+        for op in ("SUM", "MIN", "MAX", "BXOR", "PRODUCT") + (
+            ("AVG",) if dtype == torch.uint32 else ()
+        ):
+            cases.append(("all_reduce_unsigned", dtype, op, 1001))
+            cases.append(("all_reduce_unsigned", dtype, op, LARGE))
+    for op in ("SUM", "AVG", "PREMUL_SUM"):
+        cases.append(("all_reduce_complex", op, 1001))
+        cases.append(("all_reduce_complex", op, LARGE))
+    last = world - 1
+    red_dtypes = (
+        torch.float32,
+        torch.bfloat16,
+        torch.int32,
+        torch.bool,
+        torch.float8_e4m3fn,
+        torch.int8,
+    )
+    for dtype in red_dtypes:
+        for op in ("SUM", "AVG", "MAX", "PREMUL_SUM", "BXOR", "PRODUCT"):
+            if reduction_valid(dtype, op):
+                cases.append(("reduce", dtype, op, 1001, last if op in ("SUM", "MAX") else 1))
+                cases.append(("reduce_scatter", dtype, op, 333, op in ("SUM", "AVG", "BXOR")))
+    cases.append(("reduce_scatter", torch.float32, "SUM", LARGE, True))
+    # large enough for the sharded reduce-scatter in every dtype (>= 64 KiB in the launch)
+    for dtype, op, tensor_api in (
+        (torch.bfloat16, "AVG", True),
+        (torch.bool, "SUM", False),
+        (torch.float8_e4m3fn, "PREMUL_SUM", True),
+        (torch.int8, "PRODUCT", False),
+        (torch.int64, "MIN", True),
+    ):
+        cases.append(("reduce_scatter", dtype, op, 20_000, tensor_api))
+    for dtype in MOVE_DTYPES:
+        for root in (0, 1, last):
+            cases.append(("broadcast", dtype, 1001, root))
+        cases.append(("broadcast", dtype, LARGE, last))
+        cases.append(("all_gather", dtype, (7, 11), False))
+        cases.append(("all_gather", dtype, (LARGE,), True))
+        cases.append(("gather_scatter", dtype, 513, last))
+        cases.append(("all_to_all", dtype, True))
+    cases.append(("gather_scatter", torch.float32, 513, 0))
+    cases.append(("all_to_all", torch.float32, False))
+    for dtype in (torch.float32, torch.int16, torch.bool):
+        cases.append(("p2p", dtype, 1001, False))
+        cases.append(("p2p", dtype, 1001, True))
+    cases.append(("p2p", torch.float64, LARGE, True))
+    cases.append(("coalesced", torch.float32, "SUM"))
+    cases.append(("coalesced", torch.bfloat16, "AVG"))
+    cases.append(("coalesced", torch.int32, "MAX"))
+    cases.append(("cpu_objects",))
+    return cases
+
+
+def run_cases(cases, base_seed, ctx) -> tuple[list[str], int]:
+    failures = []
+    done = 0
+    for index, case in enumerate(cases):
+        seed = case_seed(base_seed, index)
+        try:
+            dispatch(case, seed, ctx)
+        except AssertionError as exc:
+            failures.append(f"rank {ctx.rank} case #{index} {case!r} seed={seed}: {exc}"[:3000])
+        except Exception:
+            failures.append(
+                f"rank {ctx.rank} case #{index} {case!r} seed={seed} RAISED (batch aborted):\n"
+                + traceback.format_exc()[-4000:]
+            )
+            return failures, done
+        done += 1
+    return failures, done
+
+
+# -- groups ------------------------------------------------------------------------------
+
+
+def group_checks(ctx: Ctx, base_seed: int) -> list[str]:
+    """new_group node-aligned / node-crossing and a 2-d DeviceMesh; only for 2 x 2."""
+    from spyreccl_torch import ProcessGroupSpyreccl
+    from spyreccl_torch.multinode import HierarchicalProcessGroup
+
+    failures: list[str] = []
+    w, r = ctx.world_size, ctx.rank
+    aligned = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    crossing = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    mine_aligned = aligned[r // 2]
+    mine_crossing = crossing[r % 2]
+    kinds = {
+        "aligned": type(mine_aligned._get_backend(torch.device("spyre"))).__name__,
+        "crossing": type(mine_crossing).__name__,
+    }
+    if kinds["aligned"] != ProcessGroupSpyreccl.__name__:
+        failures.append(
+            f"rank {r}: node-aligned group got {kinds['aligned']}, expected the plain backend"
+        )
+    if not isinstance(mine_crossing, HierarchicalProcessGroup):
+        failures.append(
+            f"rank {r}: node-crossing group is {kinds['crossing']}, expected hierarchical"
+        )
+    for name, group, members in (
+        ("aligned", mine_aligned, [0, 1] if r < 2 else [2, 3]),
+        ("crossing", mine_crossing, [0, 2] if r % 2 == 0 else [1, 3]),
+    ):
+        seed = case_seed(base_seed, 10_000 + len(name))
+        inputs = {
+            g: random_tensor(999, torch.float32, "cpu", rank_seed(seed, g), nranks=2)
+            for g in members
+        }
+        t = inputs[r].to(_dev(ctx))
+        dist.all_reduce(t, group=group)
+        try:
+            check_result(
+                t,
+                reference_reduce([inputs[g] for g in members], "sum"),
+                torch.float32,
+                2,
+                seed,
+                f"{name} all_reduce",
+            )
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+        b = t.clone() if r == members[-1] else poison_(torch.empty_like(t))
+        dist.broadcast(b, src=members[-1], group=group)
+        gathered = [poison_(torch.empty_like(t)) for _ in members]
+        dist.all_gather(gathered, b, group=group)
+        try:
+            for g in gathered:
+                check_exact(g, t.cpu(), seed, 2, f"{name} broadcast+all_gather")
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("spyre", (2, 2), mesh_dim_names=("node", "local"))
+    seed = case_seed(base_seed, 20_000)
+    inputs = [
+        random_tensor(64, torch.float64, "cpu", rank_seed(seed, g), nranks=4) for g in range(w)
+    ]
+    for dim, peers in (("node", [r % 2, r % 2 + 2]), ("local", [r // 2 * 2, r // 2 * 2 + 1])):
+        t = inputs[r].to(_dev(ctx))
+        dist.all_reduce(t, group=mesh.get_group(dim))
+        try:
+            check_result(
+                t,
+                reference_reduce([inputs[p] for p in peers], "sum"),
+                torch.float64,
+                2,
+                seed,
+                f"mesh dim {dim}",
+            )
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+    return failures
+
+
+def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """SPYRECCL_MULTINODE_CHECK=1: a group whose ranks call different collectives (rank 3
+    on node 1 broadcasts 8 elements while the others all-reduce 7) fails on every rank
+    with a message naming both calls, and stays usable."""
+    os.environ["SPYRECCL_MULTINODE_CHECK"] = "1"
+    try:
+        group = dist.new_group(list(range(ctx.world_size)))
+    finally:
+        del os.environ["SPYRECCL_MULTINODE_CHECK"]
+    failures = []
+    r = ctx.rank
+    pattern = r"mismatched collectives .* at seq 1: rank 0: all_reduce\(numel=7, torch.float32, "
+    pattern += r"RedOpType.SUM\).*rank 3: broadcast\(numel=8, torch.float32, root=0\)"
+    if r == 3:
+        call = lambda: dist.broadcast(torch.ones(8, device=_dev(ctx)), src=0, group=group)  # noqa: E731
+    else:
+        call = lambda: dist.all_reduce(torch.ones(7, device=_dev(ctx)), group=group)  # noqa: E731
+    try:
+        expect_rejection(call, pattern, "mismatched collectives")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+    t = torch.full((5,), float(r), device=_dev(ctx))
+    dist.all_reduce(t, group=group)  # still usable
+    if t.cpu().tolist() != [6.0] * 5:
+        failures.append(f"rank {r}: all_reduce after the mismatch gave {t.cpu().tolist()}")
+    dist.destroy_process_group(group)
+    return failures
+
+
+def ddp_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """DDP across nodes: after one step the gradients are the average of every rank's, which
+    this rank computes itself from every rank's batch."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(1234)
+    model = torch.nn.Linear(8, 3, dtype=torch.float64)
+    ref = torch.nn.Linear(8, 3, dtype=torch.float64)
+    ref.load_state_dict(model.state_dict())
+    ddp = DDP(model.to(_dev(ctx)))
+    seed = case_seed(base_seed, 30_000)
+    batches = [
+        random_tensor((4, 8), torch.float64, "cpu", rank_seed(seed, g), nranks=4)
+        for g in range(ctx.world_size)
+    ]
+    ddp(batches[ctx.rank].to(_dev(ctx))).square().sum().backward()
+    ref(torch.cat(batches)).square().sum().div(ctx.world_size).backward()
+    failures = []
+    for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters(), strict=True):
+        try:
+            assert_close_dtype(
+                p.grad.cpu(),
+                q.grad,
+                torch.float64,
+                ctx.world_size,
+                seed=seed,
+                what=f"DDP grad {name}",
+            )
+        except AssertionError as exc:
+            failures.append(f"rank {ctx.rank}: {exc}")
+    return failures
+
+
+def hsdp_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """FSDP2 hybrid sharding: replicate across the nodes, shard within each node. After one
+    step every rank's full gradients are the mean over the 4 ranks' batches."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("spyre", (2, 2), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(4321)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 12, dtype=torch.float64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(12, 4, dtype=torch.float64),
+    )
+    ref = torch.nn.Sequential(
+        torch.nn.Linear(16, 12, dtype=torch.float64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(12, 4, dtype=torch.float64),
+    )
+    ref.load_state_dict(model.state_dict())
+    model.to(_dev(ctx))
+    fully_shard(model, mesh=mesh)
+    seed = case_seed(base_seed, 40_000)
+    w = ctx.world_size
+    batches = [
+        random_tensor((3, 16), torch.float64, "cpu", rank_seed(seed, g), nranks=w) for g in range(w)
+    ]
+    model(batches[ctx.rank].to(_dev(ctx))).square().sum().backward()
+    ref(torch.cat(batches)).square().sum().div(w).backward()
+    failures = []
+    for i, (p, q) in enumerate(zip(model.parameters(), ref.parameters(), strict=True)):
+        try:
+            got = p.grad.full_tensor().cpu()
+            assert_close_dtype(got, q.grad, torch.float64, w, seed=seed, what=f"HSDP grad {i}")
+        except AssertionError as exc:
+            failures.append(f"rank {ctx.rank}: {exc}")
+    return failures
+
+
+def funcol_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """Functional collectives (the C++ path DTensor and torch.compile use) on the
+    hierarchical group."""
+    import torch.distributed._functional_collectives as funcol
+
+    seed = case_seed(base_seed, 50_000)
+    w, r = ctx.world_size, ctx.rank
+    inputs = rank_inputs(seed, 4 * w, torch.float32, w)
+    mine = inputs[r].to(_dev(ctx))
+    failures = []
+    total = reference_reduce(inputs, "sum", torch.float32)
+    checks = [
+        ("funcol all_reduce", funcol.all_reduce(mine, "sum", dist.group.WORLD), total),
+        (
+            "funcol all_gather",
+            funcol.all_gather_tensor(mine, 0, dist.group.WORLD),
+            torch.cat(inputs),
+        ),
+        (
+            "funcol reduce_scatter",
+            funcol.reduce_scatter_tensor(mine, "sum", 0, dist.group.WORLD),
+            total[r * 4 : (r + 1) * 4],
+        ),
+    ]
+    for what, got, want in checks:
+        try:
+            check_result(got, want, torch.float32, w, seed, what)
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+    return failures
+
+
+# -- modes -------------------------------------------------------------------------------
+
+
+def split_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """split_group (the default group is bound to a device): first one group per node
+    (plain spyreccl groups), then the node leaders together (across the nodes: a
+    hierarchical group) and the remaining ranks together."""
+    from spyreccl_torch.multinode import HierarchicalProcessGroup
+
+    failures: list[str] = []
+    r = ctx.rank
+    nodes = [list(m) for m in dist.group.WORLD.topology.nodes]
+    node_of = {g: k for k, m in enumerate(nodes) for g in m}
+    leaders = [m[0] for m in nodes]
+    others = [g for m in nodes for g in m[1:]]
+    for n, layout in enumerate((nodes, [leaders, others] if others else [leaders])):
+        group = dist.split_group(split_ranks=layout)
+        members = next(m for m in layout if r in m)
+        crossing = len({node_of[g] for g in members}) > 1
+        if isinstance(group, HierarchicalProcessGroup) != crossing:
+            failures.append(f"rank {r}: split {members} gave {type(group).__name__}")
+        seed = case_seed(base_seed, 60_000 + n)
+        inputs = {
+            g: random_tensor(777, torch.float32, "cpu", rank_seed(seed, g), nranks=4)
+            for g in members
+        }
+        t = inputs[r].to(_dev(ctx))
+        dist.all_reduce(t, group=group)
+        expected = reference_reduce([inputs[g] for g in members], "sum")
+        try:
+            check_result(t, expected, torch.float32, len(members), seed, f"split {members}")
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+    return failures
+
+
+def _mapped_segments() -> list[str]:
+    """The spyreccl shared-memory segments this process has mapped (its own groups')."""
+    names = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
+            if path.startswith("/dev/shm/spyreccl"):
+                names.add(path.removesuffix(" (deleted)").removeprefix("/dev/shm/"))
+    return sorted(names)
+
+
+def _sockets() -> int:
+    """Open sockets of this process."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+def _init() -> Ctx:
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.spyre.set_device(local_rank)
+    init_method = os.environ.get("SPYRECCL_MN_INIT")
+    extra: dict = {}
+    if os.environ.get("SPYRECCL_MN_DEVICE_ID") == "1":
+        extra["device_id"] = torch.device("spyre", local_rank)
+    if init_method:  # not under torchrun: rank and size from the environment
+        extra |= {
+            "init_method": init_method,
+            "rank": int(os.environ["RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"]),
+        }
+    dist.init_process_group(
+        backend=os.environ.get("SPYRECCL_MN_BACKEND") or None,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+        **extra,
+    )
+    return Ctx()
+
+
+def _base_report(ctx: Ctx) -> dict:
+    pg = dist.group.WORLD
+    topo = getattr(pg, "topology", None)
+    return {
+        "rank": ctx.rank,
+        "hostname": socket.gethostname(),
+        "node_env": os.environ.get("SPYRECCL_NODE_ID"),
+        "group_type": type(pg).__name__,
+        "nodes": [list(n) for n in topo.nodes] if topo else None,
+        "shm": sorted(os.listdir("/dev/shm")),
+    }
+
+
+def mode_ops(full: bool) -> None:
+    sockets_before = _sockets()
+    ctx = _init()
+    report = _base_report(ctx)
+    base_seed = int(os.environ["SPYRECCL_MN_SEED"])
+    start = time.monotonic()
+    cases = op_cases(ctx.world_size, full)
+    failures, done = run_cases(cases, base_seed, ctx)
+    extras = (
+        [group_checks, ddp_check, hsdp_check, funcol_check, mismatch_check]
+        if full
+        else [split_check]
+    )
+    extras_run = []
+    for check in extras:
+        if failures:
+            break  # a broken group would only add noise
+        failures += check(ctx, base_seed)
+        extras_run.append(check.__name__)
+    routes = dict(getattr(dist.group.WORLD, "route_counts", {}))
+    report.update(
+        cases=len(cases),
+        done=done,
+        failures=failures,
+        seconds=time.monotonic() - start,
+        routes=routes,
+        extras_run=extras_run,
+    )
+    report["segments"] = _mapped_segments()
+    dist.destroy_process_group()
+    gc.collect()
+    # Every group's gloo connections and store clients are closed once the groups are gone.
+    report["sockets"] = [sockets_before, _sockets()]
+    _write(report)
+
+
+def mode_kill() -> None:
+    ctx = _init()
+    victim = int(os.environ["SPYRECCL_MN_VICTIM"])
+    report = _base_report(ctx)
+    t = torch.ones(4096, device=_dev(ctx))
+    for _ in range(3):
+        dist.all_reduce(t)
+    dist.barrier()
+    stamp = OUT / "death_time"
+    if ctx.rank == victim:
+        stamp.write_text(repr(time.time()))
+        os._exit(17)
+    time.sleep(0.3)  # the victim is gone by now
+    error = None
+    try:
+        for _ in range(50):
+            dist.all_reduce(t)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    report.update(error=error, error_time=time.time(), segments=_mapped_segments())
+    _write(report)
+    os._exit(0)  # the group is broken: skip destroy (it would wait for the dead rank)
+
+
+def mode_nojoin() -> None:
+    report = {"rank": int(os.environ["RANK"])}
+    start = time.monotonic()
+    try:
+        _init()
+        report["error"] = None
+    except Exception as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    report["seconds"] = time.monotonic() - start
+    _write(report)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "ops":
+        mode_ops(full=True)
+    elif mode == "uneven":
+        mode_ops(full=False)
+    elif mode == "kill":
+        mode_kill()
+    elif mode == "nojoin":
+        mode_nojoin()
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")

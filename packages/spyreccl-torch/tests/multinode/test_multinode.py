@@ -1,0 +1,212 @@
+"""Jobs whose ranks span nodes, on simulated nodes of this machine (see _launch.py).
+
+Each test is one job launch (a torchrun per node) that runs many cases inside, because every
+rank and every torchrun agent pays the torch import: 2 nodes x 2 ranks run the full table
+(every operation, reduce op and dtype against float64 / exact references, subgroups, a 2-d
+DeviceMesh, DDP); 3 + 1 ranks run the reductions and data movement on uneven nodes. The
+failure tests kill a rank on one node, and start a job whose second node never comes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from _launch import WORKER, VethPair, free_port, namespaces_usable, netns_usable, run_job
+
+from spyreccl_testing.inputs import fresh_seed
+
+JOB_TIMEOUT = 240.0
+
+
+def _check_segments(result) -> None:
+    """Every segment a rank mapped is gone after the job (on the host without namespaces;
+    with namespaces each node's segments lived in its private /dev/shm, which this host
+    must never see). Checked by name: other jobs on the machine create and remove their
+    own segments meanwhile, so a before/after listing of /dev/shm would blame them."""
+    mapped = {seg for report in result.reports.values() for seg in report.get("segments", [])}
+    present = sorted(seg for seg in mapped if os.path.exists(f"/dev/shm/{seg}"))
+    assert not present, f"segments of the job left in /dev/shm: {present}"
+
+
+def _mode_note(result) -> str:
+    if result.isolated:
+        return "nodes isolated by namespaces"
+    why = namespaces_usable() or "fallback chosen by the test"
+    return f"no namespaces ({why}): nodes simulated with SPYRECCL_NODE_ID"
+
+
+def _check_job(result, nprocs: list[int], seed: int, extras: list[str]) -> None:
+    world = sum(nprocs)
+    context = f"seed {seed}; {_mode_note(result)}\n{result.describe()}"
+    assert sorted(result.reports) == list(range(world)), f"missing rank reports; {context}"
+    failures = [f for r in sorted(result.reports) for f in result.reports[r]["failures"]]
+    assert not failures, (
+        f"{len(failures)} failure(s), replay with SPYRECCL_TEST_SEED={seed}:\n"
+        + "\n".join(failures[:20])
+        + f"\n{context}"
+    )
+    expected_nodes, start = [], 0
+    for n in nprocs:
+        expected_nodes.append(list(range(start, start + n)))
+        start += n
+    for rank, report in result.reports.items():
+        assert report["group_type"] == "HierarchicalProcessGroup", (rank, report)
+        assert report["nodes"] == expected_nodes, (rank, report["nodes"])
+        assert report["done"] == report["cases"], (rank, report)
+        assert report["extras_run"] == extras, (rank, report["extras_run"])
+        node = next(i for i, members in enumerate(expected_nodes) if rank in members)
+        if result.isolated:
+            # Its own hostname and /dev/shm: nothing but its own node's segments visible.
+            assert report["hostname"] == f"simnode{node}", report["hostname"]
+        else:
+            assert report["node_env"] == f"simnode{node}"
+    assert result.returncodes == [0] * len(nprocs), context
+    _check_segments(result)
+    for rank, report in result.reports.items():
+        assert report["segments"], f"rank {rank} mapped no spyreccl segment: {report}"
+        before, after = report["sockets"]
+        # After DDP, torch itself keeps the default group referenced past
+        # destroy_process_group (cached (op, group) tuples), so its sockets stay open
+        # until the process ends; every other job must have closed all of them.
+        if "ddp_check" not in extras:
+            assert after <= before, f"rank {rank} kept {after - before} socket(s): {report}"
+
+
+def test_two_nodes_two_ranks_every_operation(tmp_path):
+    seed = fresh_seed()
+    env = {
+        "SPYRECCL_MN_SEED": str(seed),
+        "SPYRECCL_MN_BACKEND": "cpu:gloo,spyre:spyreccl",
+        # The table's 1001-element reductions take the leader route, its 65537-element
+        # ones (>= 64 KiB in every dtype they are reduced in) the sharded route.
+        "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": str(64 * 1024),
+    }
+    result = run_job([2, 2], "ops", tmp_path, timeout=JOB_TIMEOUT, env=env)
+    _check_job(
+        result,
+        [2, 2],
+        seed,
+        ["group_checks", "ddp_check", "hsdp_check", "funcol_check", "mismatch_check"],
+    )
+    for rank, report in result.reports.items():
+        assert report["routes"]["leader"] > 0 and report["routes"]["sharded"] > 0, (rank, report)
+    report = result.reports[0]
+    print(f"2x2: {report['cases']} cases in {report['seconds']:.1f} s; {_mode_note(result)}")
+
+
+def test_uneven_nodes_three_plus_one(tmp_path):
+    """Also the suite's run of the fallback: the nodes share this host and are told apart
+    only by SPYRECCL_NODE_ID (what the tests do where namespaces are not allowed). The
+    default group is bound to the rank's device (device_id=), and split_group is checked."""
+    seed = fresh_seed()
+    result = run_job(
+        [3, 1],
+        "uneven",
+        tmp_path,
+        timeout=JOB_TIMEOUT,
+        env={"SPYRECCL_MN_SEED": str(seed), "SPYRECCL_MN_DEVICE_ID": "1"},
+        isolate=False,
+    )
+    _check_job(result, [3, 1], seed, ["split_check"])
+
+
+def test_nodes_with_own_network_over_a_veth_pair(tmp_path):
+    """Each node in its own network namespace (plus its own hostname and /dev/shm), the two
+    joined by a veth pair this test creates and removes: the rendezvous and gloo go over
+    that link (GLOO_SOCKET_IFNAME), as between servers."""
+    reason = netns_usable()
+    if reason is not None:
+        pytest.skip(f"network namespaces unavailable here: {reason}")
+    veth = VethPair()
+    try:
+        seed = fresh_seed()
+        env = {"SPYRECCL_MN_SEED": str(seed), "SPYRECCL_MN_DEVICE_ID": "1"}
+        result = run_job([2, 2], "uneven", tmp_path, timeout=JOB_TIMEOUT, env=env, veth=veth)
+    finally:
+        veth.close()
+    assert not veth.leftovers(), veth.leftovers()
+    assert result.isolated
+    _check_job(result, [2, 2], seed, ["split_check"])
+
+
+def test_rank_killed_on_one_node_fails_every_rank(tmp_path):
+    victim = 3  # node 1's second rank: not a leader, so the error has to travel
+    pg_timeout = 20.0
+    result = run_job(
+        [2, 2],
+        "kill",
+        tmp_path,
+        timeout=JOB_TIMEOUT,
+        env={"SPYRECCL_MN_VICTIM": str(victim), "SPYRECCL_MN_PG_TIMEOUT": str(pg_timeout)},
+        stop_after_reports=2,
+    )
+    context = f"{_mode_note(result)}\n{result.describe()}"
+    death = float((tmp_path / "death_time").read_text())
+    # torchrun's agent on the victim's node terminates its other rank (rank 2) when rank 3
+    # dies, so only rank 2's report is optional; the other node's ranks must report.
+    assert {0, 1} <= set(result.reports) <= {0, 1, 2}, context
+    _check_segments(result)
+    for rank in sorted(result.reports):
+        report = result.reports[rank]
+        error = report["error"]
+        assert error, f"rank {rank} saw no error after rank {victim} died; {context}"
+        assert "all_reduce" in error and "seq" in error, f"rank {rank}: {error}"
+        assert f"rank {victim}" in error, f"rank {rank} does not name the dead rank: {error}"
+        delay = report["error_time"] - death
+        # Well inside the group timeout (20 s): the failure travels, it is not waited out
+        # (about 2.5 s here: detection plus the attribution window; 10 s leaves room for load).
+        assert delay <= 10.0, f"rank {rank} failed {delay:.1f} s after the death: {error}"
+
+
+def test_node_that_never_joins_fails_init_everywhere(tmp_path):
+    """A 4-rank job whose second node never starts: the first node's ranks must fail in
+    init_process_group within the timeout, naming the ranks that never came."""
+    timeout = 6.0
+    store = tmp_path / "store"
+    procs = []
+    env = {
+        **os.environ,
+        "SPYRECCL_MN_OUT": str(tmp_path),
+        "SPYRECCL_MN_PG_TIMEOUT": str(timeout),
+        "WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+        "SPYRECCL_NODE_ID": "simnode0",
+    }
+    start = time.monotonic()
+    for rank in (0, 1):
+        env_r = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        # A FileStore: the rendezvous itself does not wait for all ranks (a TCPStore would
+        # fail before the backend), so the backend's own node exchange is what must time out.
+        env_r["SPYRECCL_MN_INIT"] = f"file://{store}"
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), "nojoin"], env=env_r))
+    for p in procs:
+        p.wait(timeout=120)
+    elapsed = time.monotonic() - start
+    reports = {
+        int(p.stem.removeprefix("rank")): json.loads(p.read_text())
+        for p in tmp_path.glob("rank*.json")
+    }
+    assert sorted(reports) == [0, 1]
+    for rank, report in reports.items():
+        error = report["error"]
+        assert error and "never published" in error and "[2, 3]" in error, (rank, error)
+        assert report["seconds"] <= timeout + 10, (rank, report["seconds"])
+    assert elapsed < 120
+
+
+def test_topology_from_node_ids():
+    from spyreccl_torch.multinode import Topology
+
+    topo = Topology.from_node_ids(2, ["b", "a", "b", "b"])
+    assert topo.nodes == ((0, 2, 3), (1,))
+    assert (topo.node, topo.local_rank, topo.uniform, topo.single_node) == (0, 1, False, False)
+    assert topo.cross_ranks(0) == (0, 1) and topo.cross_ranks(1) == (2,)
+    one = Topology.from_node_ids(0, ["x", "x"])
+    assert one.single_node and one.uniform and one.local_ranks == (0, 1)
