@@ -18,11 +18,10 @@ import datetime
 import os
 import tempfile
 import time
-import traceback
 import warnings
 from typing import Any
 
-from .launcher import RankJob
+from .launcher import RankJob, reporting_to
 from .machine import command_line, describe_environment, timestamp
 from .report import write_json
 from .stats import combine_ranks, summarize
@@ -95,7 +94,7 @@ def ddp_rank(args: dict) -> None:
 
     conn = args["conn"]
     rank = args["rank"]
-    try:
+    with reporting_to(conn):
         warnings.filterwarnings("ignore", category=FutureWarning)
         env = init_level(
             args["level"],
@@ -129,12 +128,6 @@ def ddp_rank(args: dict) -> None:
         conn.send(("case", 0, {"ddp": ddp_samples, "local": local_samples, "params": nparams}))
         dist.destroy_process_group()
         conn.send(("done",))
-    except BaseException:
-        # The parent prints the report; exiting quietly avoids a second copy on stderr.
-        conn.send(("error", traceback.format_exc()))
-        raise SystemExit(1) from None
-    finally:
-        conn.close()
 
 
 def run_ddp(args: argparse.Namespace) -> int:

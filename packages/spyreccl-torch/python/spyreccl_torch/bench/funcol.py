@@ -31,12 +31,11 @@ import datetime
 import os
 import tempfile
 import time
-import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .launcher import RankJob
+from .launcher import RankJob, reporting_to
 from .machine import command_line, describe_environment, timestamp
 from .report import write_json
 from .stats import combine_ranks, summarize
@@ -234,7 +233,7 @@ def funcol_rank(args: dict) -> None:
 
     conn = args["conn"]
     rank = args["rank"]
-    try:
+    with reporting_to(conn):
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=UserWarning)
         envs = init_levels(
@@ -281,11 +280,6 @@ def funcol_rank(args: dict) -> None:
         conn.send(("case", 0, results))
         dist.destroy_process_group()
         conn.send(("done",))
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-        raise SystemExit(1) from None
-    finally:
-        conn.close()
 
 
 def _summary(samples: list[list[int]]) -> dict[str, float]:

@@ -13,16 +13,32 @@ import multiprocessing as mp
 import os
 import runpy
 import sys
+import traceback
 import types
 from collections.abc import Callable, Iterator, Mapping
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-__all__ = ["BenchError", "RankJob"]
+__all__ = ["BenchError", "RankJob", "reporting_to"]
 
 
 class BenchError(RuntimeError):
     """A benchmark job failed (a rank raised, died or stopped reporting)."""
+
+
+@contextlib.contextmanager
+def reporting_to(conn: Connection) -> Iterator[None]:
+    """Runs the body of a rank process (a ``target`` of :class:`RankJob`): an exception is
+    sent to the parent as ``("error", traceback)`` and ends the rank quietly (the parent
+    prints the report; a second copy on stderr would only repeat it); the pipe is closed
+    either way."""
+    try:
+        yield
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        conn.close()
 
 
 @contextlib.contextmanager
