@@ -83,6 +83,12 @@ uint64_t SpyreGeneratorImpl::reserve(uint64_t count) {
   return first;
 }
 
+SpyreGeneratorImpl::Stream SpyreGeneratorImpl::reserve_stream(uint64_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t seed = current_seed();
+  return Stream{seed, reserve(count)};
+}
+
 SpyreGeneratorImpl* SpyreGeneratorImpl::clone_impl() const {
   auto copy = c10::make_intrusive<SpyreRngState>();
   copy->seed = state_->seed;
@@ -124,10 +130,9 @@ at::Generator cpu_engine_for(const at::Generator& generator, const char* op) {
   TORCH_CHECK(generator.device().type() == kSpyreDeviceType, op,
               ": expected a spyre generator for spyre tensors, got a generator on ",
               generator.device());
-  auto* impl = generator.get<SpyreGeneratorImpl>();
-  std::lock_guard<std::mutex> lock(impl->mutex_);
-  const uint64_t seed = impl->current_seed();
-  const uint64_t offset = impl->reserve(4);
+  const SpyreGeneratorImpl::Stream stream = generator.get<SpyreGeneratorImpl>()->reserve_stream(4);
+  const uint64_t seed = stream.seed;
+  const uint64_t offset = stream.first;
   // splitmix64-style mixing: nearby (seed, offset) pairs give unrelated mt19937 seeds.
   uint64_t z = seed ^ (offset * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;

@@ -50,6 +50,14 @@ class SpyreGeneratorImpl final : public c10::GeneratorImpl {
   // offset past them (rounded up to a multiple of 4). Caller holds mutex_.
   uint64_t reserve(uint64_t count);
 
+  // The counters of one random op: element i of the op draws philox(seed, first + i).
+  struct Stream {
+    uint64_t seed;
+    uint64_t first;
+  };
+  // reserve() under mutex_, with the seed the counters belong to.
+  Stream reserve_stream(uint64_t count);
+
  private:
   SpyreGeneratorImpl* clone_impl() const override;
 

@@ -92,14 +92,10 @@ void fill_elements(at::Tensor& self, const std::optional<at::Generator>& generat
     return;
   }
   at::Generator gen = spyre_generator_or_default(generator, self.device().index(), op);
-  uint64_t seed = 0;
-  uint64_t first = 0;
-  {
-    auto* impl = gen.get<SpyreGeneratorImpl>();
-    std::lock_guard<std::mutex> lock(impl->mutex_);
-    seed = impl->current_seed();
-    first = impl->reserve(static_cast<uint64_t>(n));
-  }
+  const SpyreGeneratorImpl::Stream stream =
+      gen.get<SpyreGeneratorImpl>()->reserve_stream(static_cast<uint64_t>(n));
+  const uint64_t seed = stream.seed;
+  const uint64_t first = stream.first;
   // Spyre memory is host memory: a contiguous tensor is written in place, any
   // other layout through a contiguous staging buffer.
   const bool direct = self.is_contiguous();
@@ -214,14 +210,10 @@ at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p_,
         }
         at::Generator gen =
             spyre_generator_or_default(generator, self.device().index(), "bernoulli_");
-        uint64_t seed = 0;
-        uint64_t first = 0;
-        {
-          auto* impl = gen.get<SpyreGeneratorImpl>();
-          std::lock_guard<std::mutex> lock(impl->mutex_);
-          seed = impl->current_seed();
-          first = impl->reserve(static_cast<uint64_t>(n));
-        }
+        const SpyreGeneratorImpl::Stream stream =
+            gen.get<SpyreGeneratorImpl>()->reserve_stream(static_cast<uint64_t>(n));
+        const uint64_t seed = stream.seed;
+        const uint64_t first = stream.first;
         const bool direct = self.is_contiguous();
         at::Tensor out = direct ? self : at::empty(self.sizes(), self.options().device(c10::kCPU));
         auto* data = static_cast<scalar_t*>(out.mutable_data_ptr());
@@ -340,13 +332,11 @@ at::Tensor normal_tensor_tensor(const at::Tensor& mean, const at::Tensor& std,
 at::Tensor reserve_keep_mask(c10::IntArrayRef sizes, double keep_prob, c10::Device device,
                              uint64_t& seed, uint64_t& first) {
   const int64_t n = c10::multiply_integers(sizes);
-  {
-    at::Generator gen = default_generator(device.index());
-    auto* impl = gen.get<SpyreGeneratorImpl>();
-    std::lock_guard<std::mutex> lock(impl->mutex_);
-    seed = impl->current_seed();
-    first = impl->reserve(static_cast<uint64_t>(n));
-  }
+  const auto stream = default_generator(device.index())
+                          .get<SpyreGeneratorImpl>()
+                          ->reserve_stream(static_cast<uint64_t>(n));
+  seed = stream.seed;
+  first = stream.first;
   return keep_mask(sizes, keep_prob, device, seed, first);
 }
 
