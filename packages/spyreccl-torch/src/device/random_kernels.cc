@@ -82,8 +82,8 @@ opmath_t uniform01_open_closed(const PhiloxBlock& w) {
   }
 }
 
-// Fills `self` with draw(block of element i), i in row-major order. `draw`
-// returns scalar_t.
+// Fills `self` with draw(block of element i), i in row-major order (or
+// draw(block, i) when the value also depends on the element). `draw` returns scalar_t.
 template <typename scalar_t, typename Draw>
 void fill_elements(at::Tensor& self, const std::optional<at::Generator>& generator, const char* op,
                    Draw draw) {
@@ -103,7 +103,12 @@ void fill_elements(at::Tensor& self, const std::optional<at::Generator>& generat
   scalar_t* data = static_cast<scalar_t*>(out.mutable_data_ptr());
   at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      data[i] = draw(philox(seed, first + static_cast<uint64_t>(i)));
+      const PhiloxBlock w = philox(seed, first + static_cast<uint64_t>(i));
+      if constexpr (std::is_invocable_v<Draw, const PhiloxBlock&, int64_t>) {
+        data[i] = draw(w, i);  // the value also depends on the element (bernoulli_ with p)
+      } else {
+        data[i] = draw(w);
+      }
     }
   });
   if (!direct) {
@@ -201,31 +206,13 @@ at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p_,
     TORCH_CHECK(0.0 <= prob[i] && prob[i] <= 1.0,
                 "bernoulli_ expects all elements of p to be in [0, 1], found ", prob[i]);
   }
-  // Like fill_elements, but each element also reads its own probability.
+  // Each element compares its draw with its own probability.
   AT_DISPATCH_ALL_TYPES_AND3(
       at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_", [&] {
-        const int64_t n = self.numel();
-        if (n == 0) {
-          return;
-        }
-        at::Generator gen =
-            spyre_generator_or_default(generator, self.device().index(), "bernoulli_");
-        const SpyreGeneratorImpl::Stream stream =
-            gen.get<SpyreGeneratorImpl>()->reserve_stream(static_cast<uint64_t>(n));
-        const uint64_t seed = stream.seed;
-        const uint64_t first = stream.first;
-        const bool direct = self.is_contiguous();
-        at::Tensor out = direct ? self : at::empty(self.sizes(), self.options().device(c10::kCPU));
-        auto* data = static_cast<scalar_t*>(out.mutable_data_ptr());
-        at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) {
-            const PhiloxBlock w = philox(seed, first + static_cast<uint64_t>(i));
-            data[i] = static_cast<scalar_t>(unit_closed_open(w) < prob[i] ? 1 : 0);
-          }
-        });
-        if (!direct) {
-          self.copy_(out);
-        }
+        fill_elements<scalar_t>(
+            self, generator, "bernoulli_", [=](const PhiloxBlock& w, int64_t i) {
+              return static_cast<scalar_t>(unit_closed_open(w) < prob[i] ? 1 : 0);
+            });
       });
   return self;
 }
