@@ -46,13 +46,6 @@ pytestmark = pytest.mark.skipif(
 SPYRE = torch.device("spyre")
 
 
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    seed = int(np.random.SeedSequence().entropy % (1 << 32))
-    print(f"{request.node.name}: numpy seed {seed}")
-    return np.random.default_rng(seed)
-
-
 def randn(rng: np.random.Generator, *shape: int, dtype: torch.dtype = torch.float64):
     return torch.from_numpy(rng.standard_normal(shape)).to(dtype)
 

@@ -23,13 +23,6 @@ SPYRE = torch.device("spyre")
 LOW = [torch.bfloat16, torch.float16]
 
 
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    seed = int(np.random.SeedSequence().entropy % (1 << 32))
-    print(f"{request.node.name}: numpy seed {seed}")
-    return np.random.default_rng(seed)
-
-
 def _randn(rng: np.random.Generator, *shape: int, dtype=torch.float32) -> torch.Tensor:
     return torch.from_numpy(rng.standard_normal(shape)).to(dtype)
 

@@ -26,13 +26,6 @@ pytestmark = pytest.mark.skipif(
 SPYRE = torch.device("spyre")
 
 
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    seed = int(np.random.SeedSequence().entropy % (1 << 32))
-    print(f"{request.node.name}: numpy seed {seed}")
-    return np.random.default_rng(seed)
-
-
 @pytest.fixture(autouse=True)
 def _no_compile_caches():
     """Every case really compiles: a cache hit would replay code generated earlier (maybe

@@ -27,13 +27,6 @@ pytestmark = [
 SPYRE = torch.device("spyre")
 
 
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    seed = int(np.random.SeedSequence().entropy % (1 << 32))
-    print(f"{request.node.name}: numpy seed {seed}")
-    return np.random.default_rng(seed)
-
-
 def _randn(rng: np.random.Generator, *shape: int) -> torch.Tensor:
     return torch.from_numpy(rng.standard_normal(shape)).float()
 
