@@ -2,10 +2,13 @@
 
 One function interleaves matmul / activations with all_reduce, all_gather, reduce_scatter and
 explicit waits; it is compiled with ``fullgraph=True`` for the "eager", "aot_eager" and default
-inductor backends. Each compiled result must equal the eager result and a float64 reference
-computed from the inputs of every rank (regenerated locally from a shared seed). For inductor
-we also check that it really generated code (which calls ``_c10d_functional`` ops), and for
-every backend that the collectives reached spyreccl (the backend's own profiler ranges).
+inductor backends, and for inductor with its C++ wrapper (``cpp_wrapper=True``). Each compiled
+result must equal the eager result and a float64 reference computed from the inputs of every
+rank (regenerated locally from a shared seed). For inductor we also check that it really
+generated code (which calls ``_c10d_functional`` ops), and for every backend that the
+collectives reached spyreccl (the backend's own profiler ranges). With the C++ wrapper, the
+collectives must reach spyreccl through the dispatcher (spyre's ``_c10d_functional`` kernels:
+the profiler shows the op), not through the CPU shims that call c10d directly.
 """
 
 from __future__ import annotations
@@ -55,6 +58,18 @@ def _spyreccl_ranges(prof) -> list[str]:
 
 
 def _compiled_matches(device_type: str, backend: str, seed: int) -> dict[str, object]:
+    import torch._inductor.config as inductor_config
+
+    cpp_wrapper = backend == "inductor-cpp"
+    with inductor_config.patch(cpp_wrapper=cpp_wrapper, fx_graph_cache=False):
+        return _compile_and_check(
+            device_type, "inductor" if cpp_wrapper else backend, seed, cpp_wrapper
+        )
+
+
+def _compile_and_check(
+    device_type: str, backend: str, seed: int, cpp_wrapper: bool
+) -> dict[str, object]:
     import torch._dynamo
     from torch._inductor.utils import run_and_get_code
 
@@ -74,10 +89,14 @@ def _compiled_matches(device_type: str, backend: str, seed: int) -> dict[str, ob
             out, codes = run_and_get_code(compiled, x, w, group)
             code = "\n".join(codes)
             # The wrapper inductor generated calls the functional collectives itself.
-            assert "_c10d_functional.all_reduce" in code, "no all_reduce in inductor's code"
-            assert "_c10d_functional.all_gather_into_tensor" in code
-            assert "_c10d_functional.reduce_scatter_tensor" in code
-            assert "_c10d_functional.wait_tensor" in code
+            sep = "::" if cpp_wrapper else "."
+            if cpp_wrapper:
+                assert "aoti_torch_spyre__c10d_functional_all_reduce" in code, code
+            else:
+                assert "_c10d_functional.all_reduce" in code, "no all_reduce in inductor's code"
+            assert f"_c10d_functional{sep}all_gather_into_tensor" in code, code
+            assert f"_c10d_functional{sep}reduce_scatter_tensor" in code, code
+            assert "_c10d_functional_wait_tensor" in code or "_c10d_functional.wait_tensor" in code
             info["code_lines"] = code.count("\n")
         else:
             out = compiled(x, w, group)
@@ -92,6 +111,11 @@ def _compiled_matches(device_type: str, backend: str, seed: int) -> dict[str, ob
         # all_reduce, all_gather and reduce_scatter, whatever names the lowering picked.
         assert len(ranges) >= 3, f"{msg}: collectives did not reach spyreccl ({ranges})"
         info["spyreccl"] = sorted(set(ranges))
+        if cpp_wrapper:
+            ops = {e.name for e in prof.events() if e.name.startswith("_c10d_functional::")}
+            assert (
+                "_c10d_functional::all_reduce_" in ops or "_c10d_functional::all_reduce" in ops
+            ), f"{msg}: all_reduce bypassed the dispatcher ({sorted(ops)})"
     # A second call reuses the compiled graph (no recompilation) and still agrees.
     again = compiled(x, w, group)
     torch.testing.assert_close(again, out, rtol=0, atol=0, msg=f"{msg}: second call")
@@ -122,11 +146,11 @@ def seed() -> int:
     return int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor", "inductor-cpp"])
 def test_compiled_collectives_match_eager(rank_pool, backend, seed):
     # inductor compiles C++ on every rank at once: allow for a slow 2-core machine.
     infos = rank_pool.run(_compiled_matches, DEVICE, backend, seed, timeout=400)
-    if backend == "inductor":
+    if backend.startswith("inductor"):
         assert all(i["code_lines"] > 0 for i in infos)
 
 

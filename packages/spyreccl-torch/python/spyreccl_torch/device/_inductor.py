@@ -35,10 +35,11 @@ from torch._inductor.codegen.common import (
     register_device_op_overrides,
 )
 from torch._inductor.codegen.cpp import CppScheduling
-from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+
+from spyreccl_torch.device._cpp_wrapper import SpyreCppWrapperCodegen, register_device_name
 
 _DEVICE = "spyre"
 _CPU = torch.device("cpu")
@@ -157,10 +158,7 @@ class SpyreInterface(CpuInterface):
 _ATTRIBUTES = {
     "Scheduling": CppScheduling,
     "PythonWrapperCodegen": SpyrePythonWrapperCodegen,
-    # cpp_wrapper mode is not supported on spyre: the C++ wrapper would need its own
-    # device mapping. Inductor requires the attribute; the stock class keeps errors
-    # explicit ("device spyre" is unknown to the AOTI runtime).
-    "CppWrapperCodegen": CppWrapperCpu,
+    "CppWrapperCodegen": SpyreCppWrapperCodegen,
     "WrapperFxCodegen": WrapperFxCodegen,
 }
 
@@ -251,9 +249,10 @@ def register() -> None:
             _DEVICE,
             CppScheduling,
             SpyrePythonWrapperCodegen,
-            CppWrapperCpu,
+            SpyreCppWrapperCodegen,
             WrapperFxCodegen,
         )
+        register_device_name()
         register_interface_for_device(_DEVICE, SpyreInterface)
         register_device_op_overrides(_DEVICE, SpyreDeviceOpOverrides())
         _install_backend_name()

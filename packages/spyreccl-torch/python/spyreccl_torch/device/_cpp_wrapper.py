@@ -1,0 +1,210 @@
+"""Inductor's C++ wrapper (``torch._inductor.config.cpp_wrapper = True``) for spyre graphs.
+
+With the C++ wrapper, a compiled graph's ``call()`` is C++: buffer allocation, kernel calls
+and the collectives between them run without a Python frame per line. torch 2.13 knows a
+fixed set of devices there (``DEVICE_TO_ATEN``, a ``cpp_wrapper/<device>.h`` header and a
+generated C shim per device); spyre, a PrivateUse1 device, has none of them. Spyre memory is
+host memory and spyre kernels are inductor's C++ kernels, so :class:`SpyreCppWrapperCodegen`
+emits what the CPU wrapper emits, except where the device matters:
+
+* buffers are allocated on ``PrivateUse1`` (``aoti_torch_device_type_privateuse1()``), so a
+  graph's outputs are spyre tensors;
+* the header is the CPU one (there is no ``cpp_wrapper/spyre.h``);
+* fallback (non-generated) aten ops go through the dispatcher, as every other spyre op
+  does, instead of a per-device C shim that does not exist for spyre; ``out=`` extern
+  kernels (``mm_out``, ``addmm_out``, ...) write into spyre buffers that inductor allocated
+  and take the CPU shim, whose kernels only see host pointers;
+* the collectives reach spyreccl's ``_c10d_functional`` kernels through the dispatcher.
+  Inductor hard-codes CPU shims for ``all_reduce(_)`` that call c10d directly (skipping
+  the PrivateUse1 kernels, so a small collective would take the queued asynchronous path
+  instead of completing inline), and the other collectives' ``Any group_name`` argument
+  is unsupported by the JIT wrapper's fallback paths; both are handled here.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torch._inductor import ir
+from torch._inductor.codegen import cpp_utils
+from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+_DEVICE = "spyre"
+
+# The CPU shims inductor names for these collectives (ir._AllReduce_Kernel, _AllReduceKernel),
+# mapped to functions of the same C signature that this wrapper defines in the generated
+# source, under the names a spyre C shim would give them, and that call the op through the
+# dispatcher.
+_DISPATCHED_COLLECTIVE_SHIMS = {
+    "aoti_torch_cpu__c10d_functional_all_reduce_": "all_reduce_",
+    "aoti_torch_cpu__c10d_functional_all_reduce": "all_reduce",
+}
+
+_COLLECTIVE_HELPER = r"""
+namespace {
+// spyreccl: a _c10d_functional all_reduce on spyre tensors goes through the dispatcher, so
+// that the PrivateUse1 kernel of spyreccl-torch runs it (inductor's CPU shim calls c10d
+// directly). Same C signature as aoti_torch_cpu__c10d_functional_<op>.
+AOTITorchError spyreccl_call_all_reduce(
+    const c10::OperatorHandle& op, AtenTensorHandle inp, const char* reduce_op,
+    const char* group_name, AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    std::vector<c10::IValue> stack;
+    stack.reserve(3);
+    stack.emplace_back(*torch::aot_inductor::tensor_handle_to_tensor_pointer(inp));
+    stack.emplace_back(std::string(reduce_op));
+    stack.emplace_back(std::string(group_name));
+    op.callBoxed(&stack);
+    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(stack[0]).toTensor());
+  });
+}
+AOTITorchError aoti_torch_spyre__c10d_functional_all_reduce_(
+    AtenTensorHandle inp, const char* reduce_op, const char* group_name,
+    AtenTensorHandle* ret0) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      "_c10d_functional::all_reduce_", "");
+  return spyreccl_call_all_reduce(op, inp, reduce_op, group_name, ret0);
+}
+AOTITorchError aoti_torch_spyre__c10d_functional_all_reduce(
+    AtenTensorHandle inp, const char* reduce_op, const char* group_name,
+    AtenTensorHandle* ret0) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      "_c10d_functional::all_reduce", "");
+  return spyreccl_call_all_reduce(op, inp, reduce_op, group_name, ret0);
+}
+}  // namespace
+"""
+
+
+def _is_spyre(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == _DEVICE
+    return device == _DEVICE
+
+
+def _with_name_arguments(op: torch._ops.OpOverload, raw_args: Any) -> Any:
+    """``op``'s schema with each ``Any`` argument whose value is a string typed ``str``.
+
+    The collectives take ``Any group_name`` (a name or a ProcessGroup). In a compiled graph
+    it is always the group's name; typed as ``str``, the wrapper's boxed dispatcher call
+    can pass it. The schema name is unchanged, so the dispatcher finds the real op.
+    Returns None when no argument needs it.
+    """
+    schema = op._schema
+    names = [
+        arg.name
+        for arg, value in zip(schema.arguments, raw_args)
+        if isinstance(arg.real_type, torch.AnyType) and isinstance(value, str)
+    ]
+    if not names:
+        return None
+    text = str(schema)
+    for name in names:
+        text = text.replace(f"Any {name}", f"str {name}", 1)
+    return types.SimpleNamespace(_schema=torch._C.parse_schema(text))
+
+
+class SpyreCppWrapperCodegen(CppWrapperCpu):
+    """C++ wrapper codegen for graphs on the emulated spyre device (see the module doc)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._collective_helpers_written = False
+
+    @staticmethod
+    def create(
+        is_subgraph: bool,
+        subgraph_name: str | None,
+        parent_wrapper: Any,
+        partition_signatures: Any = None,
+    ) -> SpyreCppWrapperCodegen:
+        # Like CppWrapperCpu.create: subgraphs (control flow) are generated inline by the
+        # same class.
+        return SpyreCppWrapperCodegen()
+
+    @staticmethod
+    def get_device_include_path_jit(device: str) -> str:
+        return CppWrapperCpu.get_device_include_path_jit("cpu" if _is_spyre(device) else device)
+
+    @staticmethod
+    def get_device_include_path_aot(device: str) -> str:
+        return CppWrapperCpu.get_device_include_path_aot("cpu" if _is_spyre(device) else device)
+
+    def get_c_shim_func_name(self, kernel: str, device: str) -> str:  # type: ignore[override]
+        if not _is_spyre(device):
+            return CppWrapperCpu.get_c_shim_func_name(kernel, device)
+        op = _DISPATCHED_COLLECTIVE_SHIMS.get(kernel)
+        if op is not None:
+            self._write_collective_helpers()
+            return f"aoti_torch_spyre__c10d_functional_{op}"
+        # out= extern kernels: inductor allocated the spyre output, the CPU kernel only
+        # sees host pointers (fallback kernels never get here: generate_fallback_kernel).
+        return CppWrapperCpu.get_c_shim_func_name(kernel, "cpu")
+
+    def _write_collective_helpers(self) -> None:
+        if self._collective_helpers_written:
+            return
+        self._collective_helpers_written = True
+        self.include_extra_header("ATen/core/dispatch/Dispatcher.h")
+        self.include_extra_header("torch/csrc/inductor/aoti_torch/utils.h")
+        self.header.splice(_COLLECTIVE_HELPER)
+
+    def generate_fallback_kernel(self, node: ir.FallbackKernel) -> None:
+        op = node.op_overload
+        device = node.get_device()
+        if (
+            device is None
+            or not _is_spyre(device)
+            or not isinstance(op, torch._ops.OpOverload)
+            or _aot_mode()
+        ):
+            super().generate_fallback_kernel(node)
+            return
+        # No C shim exists for spyre: look the op up in the dispatcher at run time, as
+        # FallbackKernel.codegen does for ops without a shim.
+        self.generate_fallback_kernel_with_runtime_lookup(
+            node.get_name(),
+            node.python_kernel_name,
+            lambda: [*node.codegen_args(), *node.codegen_kwargs()],
+            op,
+            node.export_extern_kernel_node(),
+            node.outputs if node.outputs else node.mutation_outputs,
+        )
+
+    def _generate_fallback_kernel_jit(
+        self,
+        buf_name: Any,
+        python_kernel_name: Any,
+        get_args: Any,
+        op_overload: Any,
+        raw_args: Any,
+        output_args: Any,
+        outputs: Any,
+    ) -> None:
+        if (
+            isinstance(op_overload, torch._ops.OpOverload)
+            and op_overload.namespace == "_c10d_functional"
+            and (named := _with_name_arguments(op_overload, raw_args)) is not None
+        ):
+            self.generate_fallback_kernel_with_runtime_lookup_boxed(
+                named, raw_args, output_args, outputs
+            )
+            return
+        super()._generate_fallback_kernel_jit(
+            buf_name, python_kernel_name, get_args, op_overload, raw_args, output_args, outputs
+        )
+
+
+def _aot_mode() -> bool:
+    """Whether inductor is compiling for AOTInductor (not the JIT C++ wrapper)."""
+    from torch._inductor.virtualized import V
+
+    return bool(V.graph.aot_mode)
+
+
+def register_device_name() -> None:
+    """Lets the C++ wrapper name spyre's device type (``at::kPrivateUse1``): used for
+    allocations (``cached_torch_device_type_privateuse1``) and device arguments."""
+    cpp_utils.DEVICE_TO_ATEN.setdefault(_DEVICE, "at::kPrivateUse1")
