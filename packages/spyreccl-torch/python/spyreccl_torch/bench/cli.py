@@ -26,6 +26,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .funcol import GRAPH_BACKENDS
 from .launcher import BenchError
 from .machine import command_line, describe_environment, timestamp
 from .ops import op_names
@@ -200,10 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument(
         "--graph-backends",
-        type=_name_list(("aot_eager", "inductor", "inductor-cpp")),
-        default=["aot_eager", "inductor", "inductor-cpp"],
+        type=_name_list(GRAPH_BACKENDS),
+        default=list(GRAPH_BACKENDS),
         help="funcol: torch.compile backends of the graph rows (inductor-cpp: inductor "
-        "with cpp_wrapper=True)",
+        "with cpp_wrapper=True; -name: the graph passes the group's name instead of the "
+        "ProcessGroup)",
     )
 
     d = p.add_argument_group("ddp")

@@ -13,7 +13,8 @@ measures, per message size and for spyre+spyreccl and CPU+gloo in the same rank 
 - ``dtensor``: ``DTensor.from_local(t, mesh, [Partial()]).redistribute(mesh, [Replicate()])``;
 - ``<backend>+``: how much longer a compiled graph ``all_reduce(t * 2) + 1`` takes than the
   same graph ``t * 2 + 1``, for ``aot_eager``, ``inductor`` and inductor with its C++ wrapper
-  (``cpp_wrapper=True``);
+  (``cpp_wrapper=True``), with the group given as the ``ProcessGroup`` and (``-name``) by
+  its name;
 
 and, once per level, a tensor-parallel MLP block's forward+backward step (DTensor colwise /
 rowwise sharding) next to the same block without tensor parallelism, and how much of a large
@@ -43,7 +44,7 @@ from .stats import combine_ranks, summarize
 __all__ = ["CALLS", "GRAPH_BACKENDS", "run_funcol"]
 
 CALLS = ("eager", "async+wait", "op", "op_", "funcol", "dtensor")
-GRAPH_BACKENDS = ("aot_eager", "inductor", "inductor-cpp")
+GRAPH_BACKENDS = ("aot_eager", "inductor", "inductor-cpp", "inductor-name", "inductor-cpp-name")
 BATCHES = 15
 OVERLAP_BYTES = 16 << 20
 
@@ -107,11 +108,13 @@ def _calls(env: Any, t: Any) -> dict[str, Callable[[], object]]:
 
 
 def _compiled_pair(env: Any, backend: str) -> tuple[Any, Any]:
-    """(graph with the collective, the same graph without it), compiled afresh."""
+    """(graph with the collective, the same graph without it), compiled afresh. A
+    ``-name`` backend passes the group by name (as DTensor does): dynamo then guards on a
+    string instead of the ProcessGroup object."""
     torch, dist = env["torch"], env["dist"]
     import torch.distributed._functional_collectives as funcol
 
-    group = dist.group.WORLD
+    group = dist.group.WORLD.group_name if backend.endswith("-name") else dist.group.WORLD
 
     def with_collective(t: Any) -> Any:
         return funcol.all_reduce(t * 2, "sum", group) + 1
@@ -128,7 +131,7 @@ def _compiled_pair(env: Any, backend: str) -> tuple[Any, Any]:
 
 def _graph_samples(env: Any, backend: str, t: Any, budget_s: float) -> dict[str, Any]:
     torch, dist = env["torch"], env["dist"]
-    cpp = backend == "inductor-cpp"
+    cpp = backend.startswith("inductor-cpp")
     import torch._inductor.config as inductor_config
     from torch._dynamo import reset as reset_dynamo
 
