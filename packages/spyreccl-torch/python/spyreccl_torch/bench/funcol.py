@@ -333,9 +333,10 @@ def _format(table: dict[str, Any], args: argparse.Namespace) -> str:
         "# functional collectives: median us per call (x = ratio to the eager call of the "
         "same level and size); <backend>+ = graph with the all_reduce minus the graph without"
     ]
+    width = max(14, *(len(row) + 1 for row in rows))
     for level in ("spyreccl", "gloo"):
         sizes = table[level]["sizes"]
-        head = f"{level:<14}" + "".join(f"{_size_label(int(n)):>19}" for n in sizes)
+        head = f"{level:<{width}}" + "".join(f"{_size_label(int(n)):>19}" for n in sizes)
         lines += ["", head, "-" * len(head)]
         for row in rows:
             cells = []
@@ -346,7 +347,7 @@ def _format(table: dict[str, Any], args: argparse.Namespace) -> str:
                     continue
                 ratio = r["median_us"] / rows_at["eager"]["median_us"]
                 cells.append(f"{r['median_us']:10.1f} ({ratio:4.2f}x)")
-            lines.append(f"{row:<14}" + "".join(cells))
+            lines.append(f"{row:<{width}}" + "".join(cells))
         errors = {
             row: rows_at[row]["error"]
             for rows_at in sizes.values()
