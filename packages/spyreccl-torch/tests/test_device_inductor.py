@@ -194,7 +194,10 @@ class _MLP(torch.nn.Module):
         return self.down(F.gelu(self.norm(self.up(x))))
 
 
-def test_inductor_backward_through_mlp_matches_float64(rng):
+@pytest.mark.parametrize("cpp_wrapper", [False, True], ids=["python-wrapper", "cpp-wrapper"])
+def test_inductor_backward_through_mlp_matches_float64(rng, cpp_wrapper):
+    import torch._inductor.config as inductor_config
+
     torch.manual_seed(int(rng.integers(1 << 31)))
     reference = _MLP().double()
     model = _MLP()
@@ -207,8 +210,9 @@ def test_inductor_backward_through_mlp_matches_float64(rng):
 
     torch._dynamo.reset()
     compiled = torch.compile(loss_fn, backend="inductor")
-    loss = compiled(model, x.float().to(SPYRE), target.float().to(SPYRE))
-    loss.backward()
+    with inductor_config.patch(cpp_wrapper=cpp_wrapper):
+        loss = compiled(model, x.float().to(SPYRE), target.float().to(SPYRE))
+        loss.backward()
     expected = loss_fn(reference, x, target)
     expected.backward()
 
