@@ -321,7 +321,7 @@ void Communicator::probeCma() {
     const uint64_t addr = control(p)->xfer[s & 1][0];
     const uint64_t expect = control(p)->xfer[s & 1][1];
     if (addr == 0) offered = false;
-    if (p == rank_ || addr == 0 || failedPeer >= 0) continue;
+    if (!config_.cma || p == rank_ || addr == 0 || failedPeer >= 0) continue;
     uint64_t seen = 0;
     int err = transport::cmaRead(pids_[p], &seen, addr, sizeof seen);
     if (err == 0 && seen != expect) err = EINVAL;  // another process behind that pid
