@@ -91,8 +91,6 @@ size_t cmaThreshold(const Communicator& c, Kind kind) {
   switch (kind) {
     case Kind::kNone:
       return size_t{16} << 20;
-    case Kind::kAllToAll:
-      return size_t{64} << 20;
     case Kind::kAllReduce:
       return SIZE_MAX;
     default:

@@ -123,8 +123,12 @@ def main(args_path: str, out_path: str) -> None:
         )
 
     def run_mpi(case: dict) -> Any:
-        send = np.zeros(case["send_elems"], dtype=np_dtype)
-        recv = np.zeros(case["recv_elems"], dtype=np_dtype)
+        # Written once, like the core level's buffers (core_worker._Case): np.zeros maps the
+        # shared zero page, which single-copy reads would copy from the cache, not memory.
+        send = np.empty(case["send_elems"], dtype=np_dtype)
+        recv = np.empty(case["recv_elems"], dtype=np_dtype)
+        send.fill(0)
+        recv.fill(0)
         step = mpi_step(MPI, world, case["op"], send, recv, rank)
         return timing.measure_case(
             step, world.Barrier, mpi_max, nbytes=case["nbytes"], policy=policy
