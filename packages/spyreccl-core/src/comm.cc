@@ -85,6 +85,8 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
     c.directMinBytes = envBytes("SPYRECCL_DIRECT_MIN_BYTES", c.directMinBytes);
     c.cma = envFlag("SPYRECCL_CMA", c.cma);
     c.cmaMinBytes = envBytes("SPYRECCL_CMA_MIN_BYTES", c.cmaMinBytes);
+    c.spinMaxNs =
+        static_cast<int64_t>(envBytes("SPYRECCL_SPIN_MAX_NS", static_cast<size_t>(c.spinMaxNs)));
   }
   if (config != nullptr) {
     SPYRECCL_CHECK_ARG(config->size >= offsetof(spyrecclConfig_t, version) + sizeof(unsigned), op,
@@ -141,7 +143,7 @@ Communicator::Communicator(int rank, int nranks, CommConfig config,
       timeoutMs_(config_.timeoutMs),
       segment_(std::move(segment)),
       layout_(nranks, config_.chunkBytes, config_.p2pChunkBytes),
-      spin_(nranks <= transport::usableCpus()),
+      spin_{nranks <= transport::usableCpus(), config_.spinMaxNs},
       p2p_(nranks),
       sources_(nranks),
       pids_(pids),

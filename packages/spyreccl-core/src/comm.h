@@ -24,6 +24,7 @@
 #include "transport/layout.h"
 #include "transport/liveness.h"
 #include "transport/segment.h"
+#include "transport/wait.h"
 
 namespace spyreccl {
 
@@ -53,6 +54,9 @@ struct CommConfig {
   // operation (SPYRECCL_CMA_MIN_BYTES).
   bool cma = true;
   size_t cmaMinBytes = 0;
+  // Longest extended spin of a wait (transport/wait.h, SpinAdvisor), SPYRECCL_SPIN_MAX_NS;
+  // 2000 or less: waits yield after the base 2 us spin, as before the extension existed.
+  int64_t spinMaxNs = transport::kSpinMaxNs;
   std::string name;
 };
 
@@ -81,7 +85,7 @@ class Communicator {
   uint8_t* base() const { return segment_->base(); }
   std::atomic<uint32_t>* sleepers() const { return &segment_->header()->sleepers; }
   transport::RankControl* control(int r) const { return layout_.rank(base(), r); }
-  bool spin() const { return spin_; }
+  transport::SpinPolicy spin() const { return spin_; }
 
   // ---- collective step protocol ---------------------------------------------------
   uint32_t beginStep() { return ++step_; }
@@ -231,7 +235,7 @@ class Communicator {
   std::unique_ptr<transport::Segment> segment_;
   transport::Layout layout_;
   std::vector<transport::PeerWatch> watches_;
-  bool spin_;
+  transport::SpinPolicy spin_;
 
   uint32_t step_ = 0;
   uint64_t seq_ = 0;

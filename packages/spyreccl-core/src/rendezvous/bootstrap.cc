@@ -122,7 +122,7 @@ std::unique_ptr<spyrecclComm> bootstrap(int nranks, const UniqueIdData& id, int 
   SPYRECCL_LOG(kInfo, comm->who().c_str(),
                "communicator ready: segment %s, %.1f MiB, chunk %zu B, p2p chunk %zu B, %s waits",
                name.c_str(), bytes / 1048576.0, config.chunkBytes, config.p2pChunkBytes,
-               comm->spin() ? "spinning" : "yielding (ranks oversubscribe the CPUs)");
+               comm->spin().spin ? "spinning" : "yielding (ranks oversubscribe the CPUs)");
   return comm;
 }
 

@@ -87,12 +87,19 @@ struct SpinAdvisor {
   }
 };
 
+// How a communicator's waits spin: not at all (ranks oversubscribe the CPUs), or kSpinNs
+// extended up to extendNs (<= kSpinNs: never extended) while that pays off.
+struct SpinPolicy {
+  bool spin = true;
+  int64_t extendNs = kSpinMaxNs;
+};
+
 template <class Ready, class Check>
-void waitUntil(bool spin, std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers,
+void waitUntil(SpinPolicy policy, std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers,
                Ready&& ready, Check&& check) {
   if (ready()) return;
   int64_t start = 0;
-  if (spin) {
+  if (policy.spin) {
     start = nowNs();
     int64_t budget = kSpinNs;
     bool extended = false;
@@ -106,9 +113,9 @@ void waitUntil(bool spin, std::atomic<uint32_t>* word, std::atomic<uint32_t>* sl
         int64_t now = nowNs();
         check(now - start, false);
         if (now - start >= budget) {
-          if (extended || !SpinAdvisor::mine().extend()) break;
+          if (extended || policy.extendNs <= kSpinNs || !SpinAdvisor::mine().extend()) break;
           extended = true;
-          budget = kSpinMaxNs;
+          budget = policy.extendNs;
         }
       }
     }
