@@ -7,11 +7,13 @@
 
 #include "common/log.h"
 #include "memory/arena.h"
+#include "transport/cma.h"
 
 namespace spyreccl::algorithms {
 
 DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool cma,
-                               const void* a, size_t aBytes, const void* b, size_t bBytes)
+                               bool cmaIfBusy, const void* a, size_t aBytes, const void* b,
+                               size_t bBytes)
     : c_(c),
       cma_(cma),
       offsets_(2 * static_cast<size_t>(c.nranks())),
@@ -29,6 +31,7 @@ DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool annou
   mine[3] = reinterpret_cast<uintptr_t>(b);
   mine[4] = a != nullptr ? aBytes : 0;
   mine[5] = b != nullptr ? bBytes : 0;
+  mine[6] = !cma && cmaIfBusy && transport::cpusContended() ? 1 : 0;
   c.exchange(s, announced ? nullptr : scope.desc());
   // Copied now: a peer may reuse the published words two steps later.
   int inArena = 0;
@@ -39,6 +42,7 @@ DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool annou
       lens_[slot(p, w)] = c.control(p)->xfer[s & 1][4 + w];
       inArena += offsets_[slot(p, w)] != kNotInArena;
     }
+    if (c.control(p)->xfer[s & 1][6] != 0) cma_ = true;  // a rank's CPUs are contended
   }
   SPYRECCL_LOG(kTrace, c.who().c_str(), "%s: %d of %d published buffers are in arenas",
                c.opLabel().c_str(), inArena, 2 * c.nranks());
@@ -77,6 +81,11 @@ void DirectTransfer::copyFrom(int p, int which, size_t off, uint8_t* dst, size_t
   c_.cmaRead(p, dst, addrs_[slot(p, which)] + off, len, "a direct transfer");
 }
 
+size_t cmaBusyThreshold(const Communicator& c, Kind kind) {
+  if (c.config().cmaMinBytes != 0) return c.config().cmaMinBytes;
+  return kind == Kind::kAllReduce ? SIZE_MAX : size_t{256} << 10;
+}
+
 size_t cmaThreshold(const Communicator& c, Kind kind) {
   if (c.config().cmaMinBytes != 0) return c.config().cmaMinBytes;
   // Bytes as passed to beginDirect (kNone: a send/recv message). Crossovers against the
@@ -102,9 +111,11 @@ bool beginDirect(Communicator& c, const OpScope& scope, size_t bytes,
                  std::optional<DirectTransfer>& x, const void* a, size_t aBytes, const void* b,
                  size_t bBytes) {
   bool announced = false;
-  const bool cma = c.cmaOn() && bytes >= cmaThreshold(c, static_cast<Kind>(scope.desc()->kind));
-  if (!c.directCapable(bytes, cma, scope.desc(), &announced)) return false;
-  x.emplace(c, scope, announced, cma, a, aBytes, b, bBytes);
+  const Kind kind = static_cast<Kind>(scope.desc()->kind);
+  const bool cma = c.cmaOn() && bytes >= cmaThreshold(c, kind);
+  const bool cmaIfBusy = c.cmaOn() && bytes >= cmaBusyThreshold(c, kind);
+  if (!c.directCapable(bytes, cma || cmaIfBusy, scope.desc(), &announced)) return false;
+  x.emplace(c, scope, announced, cma, cmaIfBusy, a, aBytes, b, bBytes);
   return true;
 }
 

@@ -42,9 +42,11 @@ class DirectTransfer {
  public:
   // `announced`: the arena probe already published this collective's descriptor.
   // `cma`: buffers outside arenas are reachable through cross-memory attach (the same
-  // value on every rank: the communicator's agreed state and the collective's size).
-  DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool cma, const void* a,
-                 size_t aBytes, const void* b = nullptr, size_t bBytes = 0);
+  // value on every rank: the communicator's agreed state and the collective's size);
+  // `cmaIfBusy`: they are if some rank finds its CPUs contended (each rank publishes its
+  // vote with its buffers, so every rank reaches the same decision).
+  DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool cma, bool cmaIfBusy,
+                 const void* a, size_t aBytes, const void* b = nullptr, size_t bBytes = 0);
   DirectTransfer(const DirectTransfer&) = delete;
   DirectTransfer& operator=(const DirectTransfer&) = delete;
 
@@ -72,6 +74,14 @@ class DirectTransfer {
   bool cma_;
   std::vector<uint64_t> offsets_, addrs_, lens_;
 };
+
+// Smallest collective (bytes, as passed to beginDirect) of kind `kind` whose buffers outside
+// arenas are transferred through cross-memory attach while some rank's CPUs are contended
+// (transport::cpusContended; kNone: a send/recv message whose sender's are):
+// SPYRECCL_CMA_MIN_BYTES when set, else 256 KiB (never for the allreduce). Measured with the
+// machine loaded (load average 10 on 2 CPUs): 2 MiB send/recv 0.9 ms single-copy vs 1.6 ms
+// staged, all_to_all 0.1 vs 0.5 ms; 512 KiB equal (docs/performance.md).
+size_t cmaBusyThreshold(const Communicator& c, Kind kind);
 
 // Smallest collective (bytes, as passed to beginDirect) of kind `kind` (kNone: a
 // send/recv message) whose buffers

@@ -35,6 +35,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "memory/arena.h"
+#include "transport/cma.h"
 #include "transport/wait.h"
 
 namespace spyreccl::algorithms {
@@ -103,7 +104,8 @@ DirectSource directSource(const P2POp& op, size_t total) {
     const int64_t off = memory::Arena::sharedOffsetOf(op.sendBuf, total);
     if (off >= 0) return {kChunkDirect, static_cast<uint64_t>(off)};
   }
-  if (c.cmaOn() && total >= cmaThreshold(c, Kind::kNone)) {
+  if (c.cmaOn() && (total >= cmaThreshold(c, Kind::kNone) ||
+                    (total >= cmaBusyThreshold(c, Kind::kNone) && transport::cpusContended()))) {
     return {kChunkDirect | kChunkCma, reinterpret_cast<uintptr_t>(op.sendBuf)};
   }
   return {};

@@ -7,6 +7,8 @@
 //   SPYRECCL_DIRECT                0 disables direct transfers (arenas and cross-memory attach)
 //   SPYRECCL_CMA                   0 disables single-copy transfers of ordinary memory
 //                                  (process_vm_readv); default on where the init probe allows
+//   SPYRECCL_CMA_CONTENDED         auto | 1 | 0: whether this rank's CPUs count as contended
+//                                  (lower CMA thresholds, algorithms/direct.h); auto: loadavg
 //   SPYRECCL_SPIN_MAX_NS           longest extended spin of a wait (default 30000; <= 2000: none)
 //   SPYRECCL_CMA_MIN_BYTES         one threshold for them for every operation (default: the
 //                                  measured per-operation thresholds, algorithms/direct.cc)

@@ -21,7 +21,7 @@ namespace spyreccl::transport {
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 constexpr uint32_t kSegmentMagic = 0x53505347u;  // "SPSG"
-constexpr uint32_t kSegmentVersion = 4;
+constexpr uint32_t kSegmentVersion = 5;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -62,7 +62,7 @@ enum : uint32_t {
   kStatusDeparted = 3,  // spyrecclCommDestroy was called
 };
 
-constexpr int kXferWords = 6;
+constexpr int kXferWords = 8;
 
 struct alignas(kCacheLine) RankControl {
   // Collective progress: the last step this rank published. Own cache line: it is the

@@ -190,8 +190,26 @@ void sendRecvBody(RankContext& ctx) {
   }
 }
 
+// Default thresholds; rank 1 reports contended CPUs (SPYRECCL_CMA_CONTENDED=1), the others
+// do not: a 768 KiB allgather (above the contended threshold, below the quiet one) goes
+// single-copy on every rank, because every rank sees rank 1's vote. Without the vote it is
+// staged.
+void contendedVoteBody(RankContext& ctx) {
+  const unsigned long long before = cmaReads(ctx);
+  checkedAllGather(ctx, (768u << 10) / 4 / ctx.nranks + 1);
+  SPY_CHECK(cmaReads(ctx) > before, "rank 1's contention vote should have chosen CMA: \"%s\"",
+            cmaLine(ctx).c_str());
+}
+
+void quietBody(RankContext& ctx) {
+  checkedAllGather(ctx, (768u << 10) / 4 / ctx.nranks + 1);
+  SPY_CHECK(cmaReads(ctx) == 0, "no rank is contended: expected staging, \"%s\"",
+            cmaLine(ctx).c_str());
+}
+
 void registerCma(const char* name, void (*body)(RankContext&), std::vector<int> worldSizes,
-                 std::set<int> mayDie = {}, void (*beforeInit)(int rank) = nullptr) {
+                 std::set<int> mayDie = {}, void (*beforeInit)(int rank) = nullptr,
+                 bool defaultThresholds = false) {
   for (int ws : worldSizes) {
     const std::string testName = format("cma.%s/ws%d", name, ws);
     registerTest(testName, [=] {
@@ -201,7 +219,7 @@ void registerCma(const char* name, void (*body)(RankContext&), std::vector<int> 
       opts.mayDie = mayDie;
       opts.deadlineMs = 120000;
       opts.initComm = beforeInit == nullptr;
-      ::setenv("SPYRECCL_CMA_MIN_BYTES", "1", 1);
+      if (!defaultThresholds) ::setenv("SPYRECCL_CMA_MIN_BYTES", "1", 1);
       runRanks(opts, [=](RankContext& ctx) {
         if (beforeInit == nullptr) {
           body(ctx);
@@ -230,6 +248,12 @@ void registerCma(const char* name, void (*body)(RankContext&), std::vector<int> 
   registerCma("send_recv", sendRecvBody, {2, 3});
   registerCma("killed_root", killedRootBody, {2, 3}, {0});
   registerCma("killed_sender", killedSenderBody, {2, 3}, {0});
+  registerCma(
+      "contended_vote", contendedVoteBody, {2, 3}, {},
+      [](int rank) { ::setenv("SPYRECCL_CMA_CONTENDED", rank == 1 ? "1" : "0", 1); }, true);
+  registerCma(
+      "quiet", quietBody, {2, 3}, {}, [](int) { ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1); },
+      true);
   return true;
 }();
 
