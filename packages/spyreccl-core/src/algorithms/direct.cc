@@ -83,7 +83,7 @@ void DirectTransfer::copyFrom(int p, int which, size_t off, uint8_t* dst, size_t
 
 size_t cmaBusyThreshold(const Communicator& c, Kind kind) {
   if (c.config().cmaMinBytes != 0) return c.config().cmaMinBytes;
-  return kind == Kind::kAllReduce ? SIZE_MAX : size_t{256} << 10;
+  return kind == Kind::kAllReduce ? SIZE_MAX : size_t{64} << 10;
 }
 
 size_t cmaThreshold(const Communicator& c, Kind kind) {

@@ -78,9 +78,10 @@ class DirectTransfer {
 // Smallest collective (bytes, as passed to beginDirect) of kind `kind` whose buffers outside
 // arenas are transferred through cross-memory attach while some rank's CPUs are contended
 // (transport::cpusContended; kNone: a send/recv message whose sender's are):
-// SPYRECCL_CMA_MIN_BYTES when set, else 256 KiB (never for the allreduce). Measured with the
-// machine loaded (load average 10 on 2 CPUs): 2 MiB send/recv 0.9 ms single-copy vs 1.6 ms
-// staged, all_to_all 0.1 vs 0.5 ms; 512 KiB equal (docs/performance.md).
+// SPYRECCL_CMA_MIN_BYTES when set, else 64 KiB (never for the allreduce; send/recv only
+// above two p2p chunks). Measured with the machine loaded (load average 5-10 on 2 CPUs):
+// 2 MiB send/recv 0.9 ms single-copy vs 1.6 ms staged; 128 KiB broadcast 10 vs 20 us,
+// all_gather 8 vs 14 us (docs/performance.md).
 size_t cmaBusyThreshold(const Communicator& c, Kind kind);
 
 // Smallest collective (bytes, as passed to beginDirect) of kind `kind` (kNone: a
