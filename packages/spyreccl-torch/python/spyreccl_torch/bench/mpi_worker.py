@@ -148,7 +148,7 @@ def main(args_path: str, out_path: str) -> None:
     for sc in comms:
         sc.destroy()
     if rank == 0:
-        lib = MPI.Get_library_version().strip().splitlines()[0]
+        lib = MPI.Get_library_version().strip().strip("\x00").splitlines()[0].strip("\x00")
         info = {"mpi_library": lib, "mpi4py": __import__("mpi4py").__version__}
         with open(out_path, "w") as f:
             json.dump({"info": info, "results": results}, f)
