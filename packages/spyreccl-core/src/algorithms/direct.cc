@@ -11,9 +11,9 @@
 
 namespace spyreccl::algorithms {
 
-DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool cma,
-                               bool cmaIfBusy, const void* a, size_t aBytes, const void* b,
-                               size_t bBytes)
+DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool arena,
+                               bool cma, bool cmaIfBusy, const void* a, size_t aBytes,
+                               const void* b, size_t bBytes)
     : c_(c),
       cma_(cma),
       offsets_(2 * static_cast<size_t>(c.nranks())),
@@ -37,7 +37,9 @@ DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool annou
   int inArena = 0;
   for (int p = 0; p < c.nranks(); ++p) {
     for (int w = 0; w < 2; ++w) {
-      offsets_[slot(p, w)] = c.control(p)->xfer[s & 1][w];
+      // Arena offsets count only where peers' arenas are mapped for this collective: below
+      // the arena threshold, or before the arenas were mapped, they are ordinary memory.
+      offsets_[slot(p, w)] = arena ? c.control(p)->xfer[s & 1][w] : kNotInArena;
       addrs_[slot(p, w)] = c.control(p)->xfer[s & 1][2 + w];
       lens_[slot(p, w)] = c.control(p)->xfer[s & 1][4 + w];
       inArena += offsets_[slot(p, w)] != kNotInArena;
@@ -115,7 +117,8 @@ bool beginDirect(Communicator& c, const OpScope& scope, size_t bytes,
   const bool cma = c.cmaOn() && bytes >= cmaThreshold(c, kind);
   const bool cmaIfBusy = c.cmaOn() && bytes >= cmaBusyThreshold(c, kind);
   if (!c.directCapable(bytes, cma || cmaIfBusy, scope.desc(), &announced)) return false;
-  x.emplace(c, scope, announced, cma, cmaIfBusy, a, aBytes, b, bBytes);
+  const bool arena = c.directOn() && bytes >= c.config().directMinBytes;
+  x.emplace(c, scope, announced, arena, cma, cmaIfBusy, a, aBytes, b, bBytes);
   return true;
 }
 

@@ -45,8 +45,11 @@ class DirectTransfer {
   // value on every rank: the communicator's agreed state and the collective's size);
   // `cmaIfBusy`: they are if some rank finds its CPUs contended (each rank publishes its
   // vote with its buffers, so every rank reaches the same decision).
-  DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool cma, bool cmaIfBusy,
-                 const void* a, size_t aBytes, const void* b = nullptr, size_t bBytes = 0);
+  // `arena`: peers' arenas are mapped and the collective is large enough to read them
+  // (otherwise buffers in arenas count as ordinary memory).
+  DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool arena, bool cma,
+                 bool cmaIfBusy, const void* a, size_t aBytes, const void* b = nullptr,
+                 size_t bBytes = 0);
   DirectTransfer(const DirectTransfer&) = delete;
   DirectTransfer& operator=(const DirectTransfer&) = delete;
 

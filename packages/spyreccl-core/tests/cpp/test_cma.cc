@@ -207,6 +207,27 @@ void quietBody(RankContext& ctx) {
             cmaLine(ctx).c_str());
 }
 
+// Arena buffers below the arena threshold (256 KiB), where the peers' arenas are not mapped,
+// while rank 0 votes for single copies: they are read with process_vm_readv like any memory.
+void arenaBelowThresholdBody(RankContext& ctx) {
+  bufferMemory() = Memory::kArena;
+  const TypeInfo& t = typeInfo(spyrecclInt32);
+  const size_t count = (64u << 10) / t.size + 5;  // n * count below 256 KiB at 2 and 3 ranks
+  Buffer in(t, count), out(t, count * ctx.nranks);
+  fillAnyBits(t, ctx.seed, ctx.rank, in.data(), count);
+  std::memset(out.data(), 0xA5, out.size());
+  SPY_REQUIRE_OK(spyrecclAllGather(in.data(), out.data(), count, t.dtype, ctx.comm), ctx.comm);
+  OutputChecker check(t, "allgather of arena buffers below the arena threshold");
+  for (int q = 0; q < ctx.nranks; ++q) {
+    for (size_t i = 0; i < count; ++i) {
+      check.expectBits(out.data(), q * count + i, anyBits(t, ctx.seed, q, i));
+    }
+  }
+  check.report(__FILE__, __LINE__);
+  SPY_CHECK(cmaReads(ctx) > 0, "expected single-copy reads: \"%s\"", cmaLine(ctx).c_str());
+  bufferMemory() = Memory::kHost;
+}
+
 void registerCma(const char* name, void (*body)(RankContext&), std::vector<int> worldSizes,
                  std::set<int> mayDie = {}, void (*beforeInit)(int rank) = nullptr,
                  bool defaultThresholds = false) {
@@ -251,6 +272,9 @@ void registerCma(const char* name, void (*body)(RankContext&), std::vector<int> 
   registerCma(
       "contended_vote", contendedVoteBody, {2, 3}, {},
       [](int rank) { ::setenv("SPYRECCL_CMA_CONTENDED", rank == 1 ? "1" : "0", 1); }, true);
+  registerCma(
+      "arena_below_threshold", arenaBelowThresholdBody, {2, 3}, {},
+      [](int rank) { ::setenv("SPYRECCL_CMA_CONTENDED", rank == 0 ? "1" : "0", 1); }, true);
   registerCma(
       "quiet", quietBody, {2, 3}, {}, [](int) { ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1); },
       true);
