@@ -132,7 +132,9 @@ void reduceFromPeers(Communicator& c, const DirectTransfer& x, const kernels::Re
   // Sources in rank order, ours from our own buffer; when the output aliases our input,
   // ours must be srcs[0] (the only source kernels::reduce lets alias the output). Either
   // way a single rank reduces each element and the others copy it, so every rank ends
-  // with the same bits.
+  // with the same bits. With peers read through scratch (cross-memory attach) our block is
+  // copied there too when aliased, which keeps rank order: the same order, hence the same
+  // bits, as the staged algorithms, whichever path the contention vote picks.
   const uint8_t* mine = own + off * esize;
   const bool aliased = dst == mine;
   bool staged = false;
@@ -145,13 +147,20 @@ void reduceFromPeers(Communicator& c, const DirectTransfer& x, const kernels::Re
   if (staged && scratch.size() < static_cast<size_t>(n) * kBlockBytes + esize) {
     scratch.resize(static_cast<size_t>(n) * kBlockBytes + esize);
   }
+  const bool ownCopy = staged && aliased && r != 0;
   for (size_t b = 0; b < len; b += block) {
     const size_t bl = std::min(block, len - b);
     int i = 0;
-    if (aliased) srcs[i++] = mine + b * esize;
+    if (aliased && !ownCopy) srcs[i++] = mine + b * esize;
     for (int q = 0; q < n; ++q) {
       if (q == r) {
-        if (!aliased) srcs[i++] = mine + b * esize;
+        if (ownCopy) {
+          uint8_t* tmp = scratch.data() + static_cast<size_t>(r) * kBlockBytes;
+          kernels::copy(tmp, mine + b * esize, bl * esize);
+          srcs[i++] = tmp;
+        } else if (!aliased) {
+          srcs[i++] = mine + b * esize;
+        }
       } else if (x.inArena(q, which)) {
         srcs[i++] = x.peer(q, which) + (off + b) * esize;
       } else {
