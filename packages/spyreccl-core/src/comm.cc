@@ -13,6 +13,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "memory/arena.h"
+#include "transport/cma.h"
 #include "transport/wait.h"
 
 namespace spyreccl {
@@ -82,6 +83,10 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
     }
     c.direct = envFlag("SPYRECCL_DIRECT", c.direct);
     c.directMinBytes = envBytes("SPYRECCL_DIRECT_MIN_BYTES", c.directMinBytes);
+    c.cma = envFlag("SPYRECCL_CMA", c.cma);
+    c.cmaMinBytes = envBytes("SPYRECCL_CMA_MIN_BYTES", c.cmaMinBytes);
+    c.spinMaxNs =
+        static_cast<int64_t>(envBytes("SPYRECCL_SPIN_MAX_NS", static_cast<size_t>(c.spinMaxNs)));
   }
   if (config != nullptr) {
     SPYRECCL_CHECK_ARG(config->size >= offsetof(spyrecclConfig_t, version) + sizeof(unsigned), op,
@@ -138,7 +143,7 @@ Communicator::Communicator(int rank, int nranks, CommConfig config,
       timeoutMs_(config_.timeoutMs),
       segment_(std::move(segment)),
       layout_(nranks, config_.chunkBytes, config_.p2pChunkBytes),
-      spin_(nranks <= transport::usableCpus()),
+      spin_{nranks <= transport::usableCpus(), config_.spinMaxNs},
       p2p_(nranks),
       sources_(nranks),
       pids_(pids),
@@ -230,13 +235,14 @@ void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
 // direct transfers
 // ---------------------------------------------------------------------------------------
 
-bool Communicator::directCapable(size_t bytes, const Descriptor* announce, bool* announced) {
-  if (!config_.direct || nranks_ < 2 || bytes < config_.directMinBytes) return false;
-  if (directState_ == DirectState::kUnknown) {
+bool Communicator::directCapable(size_t bytes, bool cma, const Descriptor* announce,
+                                 bool* announced) {
+  if (!config_.direct || nranks_ < 2) return false;
+  if (bytes >= config_.directMinBytes && directState_ == DirectState::kUnknown) {
     probeDirect(announce);
     if (announced != nullptr) *announced = true;
   }
-  return directState_ == DirectState::kOn;
+  return (bytes >= config_.directMinBytes && directState_ == DirectState::kOn) || cma;
 }
 
 void Communicator::probeDirect(const Descriptor* announce) {
@@ -293,6 +299,79 @@ void Communicator::probeDirect(const Descriptor* announce) {
     SPYRECCL_LOG(kInfo, who_.c_str(),
                  "direct transfers disabled: a peer cannot map this rank's memory arena");
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// single-copy transfers (cross-memory attach)
+// ---------------------------------------------------------------------------------------
+
+void Communicator::probeCma() {
+  if (nranks_ < 2) return;
+  // Step 1: the address of a word of our memory and the value it holds (0: this rank does
+  // not offer CMA, SPYRECCL_CMA=0). The word lives in this object, so it is valid for as
+  // long as a peer could read it (until step 2 completes).
+  const uint64_t magic = 0x5350434d41000000ull ^ static_cast<uint64_t>(::getpid());
+  volatile uint64_t word = magic;
+  if (config_.cma) transport::allowPeerAccess();
+  const uint32_t s = beginStep();
+  control(rank_)->xfer[s & 1][0] = config_.cma ? reinterpret_cast<uintptr_t>(&word) : 0;
+  control(rank_)->xfer[s & 1][1] = magic;
+  exchange(s);
+  int failedPeer = -1, failedErr = 0;
+  bool offered = true;
+  for (int p = 0; p < nranks_; ++p) {
+    const uint64_t addr = control(p)->xfer[s & 1][0];
+    const uint64_t expect = control(p)->xfer[s & 1][1];
+    if (addr == 0) offered = false;
+    if (!config_.cma || p == rank_ || addr == 0 || failedPeer >= 0) continue;
+    uint64_t seen = 0;
+    int err = transport::cmaRead(pids_[p], &seen, addr, sizeof seen);
+    if (err == 0 && seen != expect) err = EINVAL;  // another process behind that pid
+    if (err != 0) {
+      failedPeer = p;
+      failedErr = err;
+    }
+  }
+  const bool ok = offered && failedPeer < 0;
+  // Step 2: agree. Every rank publishes its verdict; CMA is used only if all succeeded.
+  const uint32_t s2 = beginStep();
+  control(rank_)->xfer[s2 & 1][0] = ok ? 1 : 0;
+  exchange(s2);
+  bool all = true;
+  for (int p = 0; p < nranks_; ++p) all = all && control(p)->xfer[s2 & 1][0] == 1;
+  (void)word;
+  cmaOn_ = all;
+  if (all) {
+    cmaState_ = "on";
+  } else if (!offered) {
+    cmaState_ = "off (SPYRECCL_CMA=0 on some rank)";
+  } else if (failedPeer >= 0) {
+    cmaState_ = format("off (process_vm_readv of rank %d, pid %d: %s)", failedPeer,
+                       pids_[failedPeer], std::strerror(failedErr));
+  } else {
+    cmaState_ = "off (a peer cannot read this rank's memory)";
+  }
+  SPYRECCL_LOG(kInfo, who_.c_str(), "single-copy transfers of ordinary memory (CMA): %s%s",
+               cmaState_.c_str(), all ? "" : "; they are staged through the segment");
+}
+
+void Communicator::cmaRead(int peer, void* dst, uint64_t remote, size_t len, const char* what) {
+  const int err = transport::cmaRead(pids_[peer], dst, remote, len);
+  if (err == 0) {
+    cmaReads_.fetch_add(1, std::memory_order_relaxed);
+    cmaBytes_.fetch_add(len, std::memory_order_relaxed);
+    return;
+  }
+  // A peer that failed or died while we copied its buffer: report it the usual way.
+  const uint32_t status = control(peer)->status.load(std::memory_order_acquire);
+  if (status != transport::kStatusActive || watches_[peer].dead() || err == ESRCH) {
+    throwPeerFailure(peer, format("%s (process_vm_readv: %s)", what, std::strerror(err)));
+  }
+  SPYRECCL_THROW(spyrecclRemoteError,
+                 "%s: cannot read %zu bytes of rank %d's buffer at 0x%llx (pid %d) for %s: "
+                 "process_vm_readv: %s",
+                 opLabel().c_str(), len, peer, static_cast<unsigned long long>(remote), pids_[peer],
+                 what, std::strerror(err));
 }
 
 void Communicator::unmapPeerArenas() {
@@ -470,6 +549,10 @@ std::string Communicator::dumpState() const {
                     r.firstStep, kStates[r.state], (end - r.startNs) / 1e3);
     }
   }
+  out += format("  transfers: single-copy of ordinary memory (CMA) %s, %llu reads, %llu bytes\n",
+                cmaState_.c_str(),
+                static_cast<unsigned long long>(cmaReads_.load(std::memory_order_relaxed)),
+                static_cast<unsigned long long>(cmaBytes_.load(std::memory_order_relaxed)));
   out += "  peers:\n";
   static const char* const kStatus[] = {"active", "aborted", "failed", "departed"};
   for (int p = 0; p < nranks_; ++p) {

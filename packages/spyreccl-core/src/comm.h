@@ -24,6 +24,7 @@
 #include "transport/layout.h"
 #include "transport/liveness.h"
 #include "transport/segment.h"
+#include "transport/wait.h"
 
 namespace spyreccl {
 
@@ -46,6 +47,16 @@ struct CommConfig {
   // collectives moving at least directMinBytes per rank.
   bool direct = true;
   size_t directMinBytes = 256 << 10;
+  // Single-copy transfers of ordinary memory through cross-memory attach (transport/cma.h),
+  // when the init probe finds them permitted between every pair of ranks (SPYRECCL_CMA=0
+  // forces staging). cmaMinBytes: 0 = the per-operation thresholds measured on the dev
+  // machine (algorithms/direct.cc, cmaThreshold); otherwise one threshold for every
+  // operation (SPYRECCL_CMA_MIN_BYTES).
+  bool cma = true;
+  size_t cmaMinBytes = 0;
+  // Longest extended spin of a wait (transport/wait.h, SpinAdvisor), SPYRECCL_SPIN_MAX_NS;
+  // 2000 or less: waits yield after the base 2 us spin, as before the extension existed.
+  int64_t spinMaxNs = transport::kSpinMaxNs;
   std::string name;
 };
 
@@ -74,7 +85,7 @@ class Communicator {
   uint8_t* base() const { return segment_->base(); }
   std::atomic<uint32_t>* sleepers() const { return &segment_->header()->sleepers; }
   transport::RankControl* control(int r) const { return layout_.rank(base(), r); }
-  bool spin() const { return spin_; }
+  transport::SpinPolicy spin() const { return spin_; }
 
   // ---- collective step protocol ---------------------------------------------------
   uint32_t beginStep() { return ++step_; }
@@ -168,8 +179,10 @@ class Communicator {
   // every rank has an arena, each call at or above the threshold spends one protocol step
   // finding that out; then the ranks map each other's arenas and agree on the outcome in
   // one more step (the first step publishes `announce`, and *announced is set). The
-  // agreed answer is kept for the communicator's life.
-  bool directCapable(size_t bytes, const transport::Descriptor* announce, bool* announced);
+  // agreed answer is kept for the communicator's life. `cma`: the collective may reach
+  // buffers outside arenas through cross-memory attach (then the answer is yes anyway).
+  bool directCapable(size_t bytes, bool cma, const transport::Descriptor* announce,
+                     bool* announced);
   // Start of `peer`'s arena as mapped (read-only) into this process; valid once
   // directCapable() returned true.
   const uint8_t* peerArena(int peer) const { return peerArenas_[peer].base; }
@@ -178,6 +191,19 @@ class Communicator {
   // Whether an earlier collective established direct transfers (never probes: for
   // point-to-point, which must not run a collective step).
   bool directOn() const { return directState_ == DirectState::kOn; }
+
+  // ---- single-copy transfers of ordinary memory (transport/cma.h) ------------------------
+  // Collective, run once by bootstrap right after construction: every rank publishes the
+  // address of a word of its own memory, reads every peer's with process_vm_readv and the
+  // ranks agree (one more step) whether every read worked. Any refusal, or SPYRECCL_CMA=0
+  // on any rank, leaves cross-memory attach off for the communicator's life.
+  void probeCma();
+  bool cmaOn() const { return cmaOn_; }
+  // Copies `len` bytes at address `remote` of rank `peer`'s memory into `dst`. A failed
+  // read (the peer died, or unmapped its buffer after failing) throws the peer's failure
+  // if it failed or died, else spyrecclRemoteError naming the peer and the errno.
+  void cmaRead(int peer, void* dst, uint64_t remote, size_t len, const char* what);
+  pid_t peerPid(int peer) const { return pids_[peer]; }
 
  private:
   struct FlightRecord {
@@ -209,7 +235,7 @@ class Communicator {
   std::unique_ptr<transport::Segment> segment_;
   transport::Layout layout_;
   std::vector<transport::PeerWatch> watches_;
-  bool spin_;
+  transport::SpinPolicy spin_;
 
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
@@ -229,6 +255,9 @@ class Communicator {
     size_t bytes = 0;
   };
   std::vector<PeerArena> peerArenas_;
+  bool cmaOn_ = false;
+  std::string cmaState_ = "not probed";
+  std::atomic<uint64_t> cmaReads_{0}, cmaBytes_{0};
 
   std::atomic<bool> abortRequested_{false};
   std::atomic<int> failCode_{spyrecclSuccess};

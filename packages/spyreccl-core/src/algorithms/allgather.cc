@@ -1,7 +1,8 @@
 // allgather and gather: in each step every rank posts the next chunk of its input; after
 // the wait every rank (allgather) or the root (gather) copies the peers' chunks into place.
-// When the inputs are in the ranks' memory arenas (algorithms/direct.h) the receivers copy
-// them straight from their owners instead.
+// When the inputs are in the ranks' memory arenas (algorithms/direct.h), or are ordinary
+// memory read with cross-memory attach (large messages), the receivers copy them straight
+// from their owners instead.
 #include <cstring>
 
 #include "algorithms/collectives.h"
@@ -27,7 +28,7 @@ void gatherImpl(Communicator& c, Kind kind, const void* sendbuff, void* recvbuff
   if (beginDirect(c, scope, bytes * n, x, send, bytes) && x->allHave(0, root)) {
     if (receives) {
       for (int q = 0; q < n; ++q) {
-        if (q != r) kernels::copy(recv + q * bytes, x->peer(q, 0), bytes, stream);
+        if (q != r) x->copyFrom(q, 0, 0, recv + q * bytes, bytes, stream);
       }
       // In place our block is already in place; peers only read it.
       if (send != recv + r * bytes) kernels::copy(recv + r * bytes, send, bytes, stream);

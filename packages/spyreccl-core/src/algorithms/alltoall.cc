@@ -65,7 +65,7 @@ void allToAll(Communicator& c, const void* sendbuff, void* recvbuff, size_t coun
   if (beginDirect(c, scope, block * n, x, send, block * n) && x->allHave(0)) {
     // Block r of every peer's input is ours; alltoall is never in place.
     for (int q = 0; q < c.nranks(); ++q) {
-      if (q != r) kernels::copy(recv + q * block, x->peer(q, 0) + r * block, block, stream);
+      if (q != r) x->copyFrom(q, 0, r * block, recv + q * block, block, stream);
     }
     kernels::copy(recv + r * block, send + r * block, block, stream);
     x->close();

@@ -1,7 +1,8 @@
 // broadcast and scatter: the root streams its data through its staging buffers, one chunk
 // per step; the other ranks copy their part out after each step's wait. Double buffering
 // lets the root fill chunk j + 1 while the others still copy chunk j.
-// When the root's buffer is in its memory arena (algorithms/direct.h) the others copy
+// When the root's buffer is in its memory arena (algorithms/direct.h), or is ordinary
+// memory and the message reaches the cross-memory-attach threshold, the others copy
 // straight from it instead.
 #include <cstring>
 
@@ -23,7 +24,7 @@ void broadcast(Communicator& c, const void* sendbuff, void* recvbuff, size_t cou
   std::optional<DirectTransfer> x;
   const bool stream = kernels::streamingPaysFor(send, recv, c.nranks(), bytes);
   if (beginDirect(c, scope, bytes, x, r == root ? send : nullptr, bytes) && x->has(root, 0)) {
-    if (r != root) kernels::copy(recv, x->peer(root, 0), bytes, stream);
+    if (r != root) x->copyFrom(root, 0, 0, recv, bytes, stream);
     if (r == root && send != recv) kernels::copy(recv, send, bytes, stream);
     x->close();
     scope.succeed();
@@ -57,7 +58,7 @@ void scatter(Communicator& c, const void* sendbuff, void* recvbuff, size_t recvc
   const bool stream = kernels::streamingPays(2 * static_cast<size_t>(n) * blockBytes);
   if (beginDirect(c, scope, blockBytes * n, x, r == root ? send : nullptr, blockBytes * n) &&
       x->has(root, 0)) {
-    if (r != root) kernels::copy(recv, x->peer(root, 0) + r * blockBytes, blockBytes, stream);
+    if (r != root) x->copyFrom(root, 0, r * blockBytes, recv, blockBytes, stream);
     if (r == root && recv != send + root * blockBytes) {
       kernels::copy(recv, send + root * blockBytes, blockBytes, stream);
     }

@@ -1,19 +1,24 @@
 #include "algorithms/direct.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "common/log.h"
 #include "memory/arena.h"
+#include "transport/cma.h"
 
 namespace spyreccl::algorithms {
-namespace {
-constexpr uint64_t kNotInArena = ~0ull;
-}  // namespace
 
-DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool announced, const void* a,
-                               size_t aBytes, const void* b, size_t bBytes)
-    : c_(c), offsets_(2 * static_cast<size_t>(c.nranks())) {
+DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool arena,
+                               bool cma, bool cmaIfBusy, const void* a, size_t aBytes,
+                               const void* b, size_t bBytes)
+    : c_(c),
+      cma_(cma),
+      offsets_(2 * static_cast<size_t>(c.nranks())),
+      addrs_(offsets_.size()),
+      lens_(offsets_.size()) {
   auto offsetOf = [](const void* p, size_t bytes) {
     const int64_t off = memory::Arena::sharedOffsetOf(p, bytes);
     return off < 0 ? kNotInArena : static_cast<uint64_t>(off);
@@ -22,13 +27,24 @@ DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool annou
   uint64_t* mine = c.control(c.rank())->xfer[s & 1];
   mine[0] = offsetOf(a, aBytes);
   mine[1] = offsetOf(b, bBytes);
+  mine[2] = reinterpret_cast<uintptr_t>(a);
+  mine[3] = reinterpret_cast<uintptr_t>(b);
+  mine[4] = a != nullptr ? aBytes : 0;
+  mine[5] = b != nullptr ? bBytes : 0;
+  mine[6] = !cma && cmaIfBusy && transport::cpusContended() ? 1 : 0;
   c.exchange(s, announced ? nullptr : scope.desc());
   // Copied now: a peer may reuse the published words two steps later.
   int inArena = 0;
   for (int p = 0; p < c.nranks(); ++p) {
-    offsets_[2 * p] = c.control(p)->xfer[s & 1][0];
-    offsets_[2 * p + 1] = c.control(p)->xfer[s & 1][1];
-    inArena += (offsets_[2 * p] != kNotInArena) + (offsets_[2 * p + 1] != kNotInArena);
+    for (int w = 0; w < 2; ++w) {
+      // Arena offsets count only where peers' arenas are mapped for this collective: below
+      // the arena threshold, or before the arenas were mapped, they are ordinary memory.
+      offsets_[slot(p, w)] = arena ? c.control(p)->xfer[s & 1][w] : kNotInArena;
+      addrs_[slot(p, w)] = c.control(p)->xfer[s & 1][2 + w];
+      lens_[slot(p, w)] = c.control(p)->xfer[s & 1][4 + w];
+      inArena += offsets_[slot(p, w)] != kNotInArena;
+    }
+    if (c.control(p)->xfer[s & 1][6] != 0) cma_ = true;  // a rank's CPUs are contended
   }
   SPYRECCL_LOG(kTrace, c.who().c_str(), "%s: %d of %d published buffers are in arenas",
                c.opLabel().c_str(), inArena, 2 * c.nranks());
@@ -36,21 +52,73 @@ DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool annou
 
 bool DirectTransfer::allHave(int which, int except) const {
   for (int p = 0; p < c_.nranks(); ++p) {
-    if (p != except && offsets_[2 * static_cast<size_t>(p) + which] == kNotInArena) return false;
+    if (p != except && !has(p, which)) return false;
   }
   return true;
 }
 
 bool DirectTransfer::has(int p, int which) const {
-  return offsets_[2 * static_cast<size_t>(p) + which] != kNotInArena;
+  // A rank's own buffers are always "reachable"; a null buffer (count 0) publishes
+  // address 0, which cross-memory attach never reads (copies of 0 bytes are skipped).
+  return inArena(p, which) || (cma_ && (addrs_[slot(p, which)] != 0 || p == c_.rank()));
+}
+
+void DirectTransfer::copyFrom(int p, int which, size_t off, uint8_t* dst, size_t len,
+                              bool stream) const {
+  if (len == 0) return;
+  if (inArena(p, which)) {
+    kernels::copy(dst, peer(p, which) + off, len, stream);
+    return;
+  }
+  // Never outside what the owner announced: a disagreement here is a bug, not a reason
+  // to read whatever lies beyond a peer's buffer.
+  const uint64_t have = lens_[slot(p, which)];
+  if (!cma_ || off > have || len > have - off) {
+    SPYRECCL_THROW(spyrecclInternalError,
+                   "%s: internal error: read of bytes [%zu, %zu) of rank %d's buffer %d, which "
+                   "it announced with %llu bytes (cross-memory attach %s)",
+                   c_.opLabel().c_str(), off, off + len, p, which,
+                   static_cast<unsigned long long>(have), cma_ ? "on" : "off");
+  }
+  c_.cmaRead(p, dst, addrs_[slot(p, which)] + off, len, "a direct transfer");
+}
+
+size_t cmaBusyThreshold(const Communicator& c, Kind kind) {
+  if (c.config().cmaMinBytes != 0) return c.config().cmaMinBytes;
+  return kind == Kind::kAllReduce ? SIZE_MAX : size_t{64} << 10;
+}
+
+size_t cmaThreshold(const Communicator& c, Kind kind) {
+  if (c.config().cmaMinBytes != 0) return c.config().cmaMinBytes;
+  // Bytes as passed to beginDirect (kNone: a send/recv message). Crossovers against the
+  // staged algorithms, measured interleaved at 2 ranks on the 2-core dev machine
+  // (docs/performance.md, "Single copy for any memory"): process_vm_readv copies at
+  // 10-15 GB/s, about half of a cached memcpy, and one process does it alone while the
+  // staged paths copy in and out on both ranks' cores at once. So the single copy only
+  // wins once the message is far beyond the cache, where the staged copies are bound by
+  // memory bandwidth twice; earliest for send/recv (its staging ring is only 2 x 256 KiB).
+  // The allreduce's direct algorithm reads every byte twice across processes (reduce
+  // phase, then the owners' results), so through CMA it never beat the staged pipeline.
+  switch (kind) {
+    case Kind::kNone:
+      return size_t{16} << 20;
+    case Kind::kAllReduce:
+      return SIZE_MAX;
+    default:
+      return size_t{32} << 20;
+  }
 }
 
 bool beginDirect(Communicator& c, const OpScope& scope, size_t bytes,
                  std::optional<DirectTransfer>& x, const void* a, size_t aBytes, const void* b,
                  size_t bBytes) {
   bool announced = false;
-  if (!c.directCapable(bytes, scope.desc(), &announced)) return false;
-  x.emplace(c, scope, announced, a, aBytes, b, bBytes);
+  const Kind kind = static_cast<Kind>(scope.desc()->kind);
+  const bool cma = c.cmaOn() && bytes >= cmaThreshold(c, kind);
+  const bool cmaIfBusy = c.cmaOn() && bytes >= cmaBusyThreshold(c, kind);
+  if (!c.directCapable(bytes, cma || cmaIfBusy, scope.desc(), &announced)) return false;
+  const bool arena = c.directOn() && bytes >= c.config().directMinBytes;
+  x.emplace(c, scope, announced, arena, cma, cmaIfBusy, a, aBytes, b, bBytes);
   return true;
 }
 
@@ -64,19 +132,45 @@ void reduceFromPeers(Communicator& c, const DirectTransfer& x, const kernels::Re
   // Sources in rank order, ours from our own buffer; when the output aliases our input,
   // ours must be srcs[0] (the only source kernels::reduce lets alias the output). Either
   // way a single rank reduces each element and the others copy it, so every rank ends
-  // with the same bits.
+  // with the same bits. With peers read through scratch (cross-memory attach) our block is
+  // copied there too when aliased, which keeps rank order: the same order, hence the same
+  // bits, as the staged algorithms, whichever path the contention vote picks.
   const uint8_t* mine = own + off * esize;
   const bool aliased = dst == mine;
-  int i = 0;
-  if (aliased) srcs[i++] = mine;
-  for (int q = 0; q < n; ++q) {
-    if (q == r) {
-      if (!aliased) srcs[i++] = mine;
-    } else {
-      srcs[i++] = x.peer(q, which) + off * esize;
-    }
+  bool staged = false;
+  for (int q = 0; q < n; ++q) staged = staged || (q != r && !x.inArena(q, which));
+  // Peers' buffers outside arenas are read into scratch, a block at a time that stays in
+  // the L2 cache between the read and the reduction.
+  constexpr size_t kBlockBytes = 64 << 10;
+  const size_t block = staged ? std::max<size_t>(1, kBlockBytes / esize) : len;
+  thread_local std::vector<uint8_t> scratch;
+  if (staged && scratch.size() < static_cast<size_t>(n) * kBlockBytes + esize) {
+    scratch.resize(static_cast<size_t>(n) * kBlockBytes + esize);
   }
-  kernels::reduce(spec, dst, srcs, n, len, stream);
+  const bool ownCopy = staged && aliased && r != 0;
+  for (size_t b = 0; b < len; b += block) {
+    const size_t bl = std::min(block, len - b);
+    int i = 0;
+    if (aliased && !ownCopy) srcs[i++] = mine + b * esize;
+    for (int q = 0; q < n; ++q) {
+      if (q == r) {
+        if (ownCopy) {
+          uint8_t* tmp = scratch.data() + static_cast<size_t>(r) * kBlockBytes;
+          kernels::copy(tmp, mine + b * esize, bl * esize);
+          srcs[i++] = tmp;
+        } else if (!aliased) {
+          srcs[i++] = mine + b * esize;
+        }
+      } else if (x.inArena(q, which)) {
+        srcs[i++] = x.peer(q, which) + (off + b) * esize;
+      } else {
+        uint8_t* tmp = scratch.data() + static_cast<size_t>(q) * kBlockBytes;
+        x.copyFrom(q, which, (off + b) * esize, tmp, bl * esize, false);
+        srcs[i++] = tmp;
+      }
+    }
+    kernels::reduce(spec, dst + b * esize, srcs, n, bl, stream);
+  }
 }
 
 void evenSegment(size_t count, int n, int p, size_t esize, size_t* off, size_t* len) {
@@ -115,7 +209,7 @@ void directReduce(Communicator& c, DirectTransfer& x, const kernels::ReduceSpec&
     if (q == r) continue;
     evenSegment(count, n, q, esize, &off, &len);
     if (len) {
-      kernels::copy(recv + off * esize, x.peer(q, 1) + off * esize, len * esize, stream);
+      x.copyFrom(q, 1, off * esize, recv + off * esize, len * esize, stream);
     }
   }
   x.close();

@@ -15,6 +15,14 @@
 //   x.close()          final step: no rank returns, and so reuses or frees its buffers,
 //                      while a peer may still be reading them
 //
+// Buffers outside the arenas (ordinary memory: numpy arrays, malloc'ed tensors) take the
+// same algorithms through cross-memory attach (transport/cma.h) when the communicator's
+// init probe found it permitted and the collective moves at least the operation's CMA
+// threshold (cmaThreshold): x.copyFrom() then reads the peer's pages with one
+// process_vm_readv instead of a load from a mapping. Each rank publishes every buffer's
+// address and length with its arena offset, and a peer's buffer is only ever read within
+// the [address, address + length) its owner announced.
+//
 // Ranks only ever read peers' buffers and write their own, so a rank that fails midway
 // cannot corrupt a peer: the peer's next wait reports the failure.
 #pragma once
@@ -33,26 +41,57 @@ namespace spyreccl::algorithms {
 class DirectTransfer {
  public:
   // `announced`: the arena probe already published this collective's descriptor.
-  DirectTransfer(Communicator& c, const OpScope& scope, bool announced, const void* a,
-                 size_t aBytes, const void* b = nullptr, size_t bBytes = 0);
+  // `cma`: buffers outside arenas are reachable through cross-memory attach (the same
+  // value on every rank: the communicator's agreed state and the collective's size);
+  // `cmaIfBusy`: they are if some rank finds its CPUs contended (each rank publishes its
+  // vote with its buffers, so every rank reaches the same decision).
+  // `arena`: peers' arenas are mapped and the collective is large enough to read them
+  // (otherwise buffers in arenas count as ordinary memory).
+  DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool arena, bool cma,
+                 bool cmaIfBusy, const void* a, size_t aBytes, const void* b = nullptr,
+                 size_t bBytes = 0);
   DirectTransfer(const DirectTransfer&) = delete;
   DirectTransfer& operator=(const DirectTransfer&) = delete;
 
-  // Whether every rank (except `except`) published buffer `which` (0: a, 1: b) in its arena.
+  // Whether every rank (except `except`) published buffer `which` (0: a, 1: b) where this
+  // rank can read it (its arena, or any memory when cross-memory attach is in use).
   bool allHave(int which, int except = -1) const;
-  // Whether rank `p` published buffer `which` in its arena.
+  // Whether rank `p` published buffer `which` where this rank can read it.
   bool has(int p, int which) const;
-  // `peer`'s buffer `which`; only for buffers allHave() vouched for.
-  const uint8_t* peer(int p, int which) const {
-    return c_.peerArena(p) + offsets_[2 * static_cast<size_t>(p) + which];
-  }
+  // Whether rank `p`'s buffer `which` is in its arena (readable with plain loads: peer()).
+  bool inArena(int p, int which) const { return offsets_[slot(p, which)] != kNotInArena; }
+  // `peer`'s buffer `which` in its arena; only for buffers inArena() vouched for.
+  const uint8_t* peer(int p, int which) const { return c_.peerArena(p) + offsets_[slot(p, which)]; }
+  // Copies bytes [off, off + len) of rank `p`'s buffer `which` into `dst` (which has()
+  // vouched for): from the mapped arena, or with process_vm_readv. `stream`: non-temporal
+  // stores for the arena copy (kernels::copy); the kernel's copy has no such choice.
+  void copyFrom(int p, int which, size_t off, uint8_t* dst, size_t len, bool stream) const;
   void sync() { c_.exchange(c_.beginStep()); }
   void close() { sync(); }
 
+  static constexpr uint64_t kNotInArena = ~0ull;
+
  private:
+  static size_t slot(int p, int which) { return 2 * static_cast<size_t>(p) + which; }
   Communicator& c_;
-  std::vector<uint64_t> offsets_;
+  bool cma_;
+  std::vector<uint64_t> offsets_, addrs_, lens_;
 };
+
+// Smallest collective (bytes, as passed to beginDirect) of kind `kind` whose buffers outside
+// arenas are transferred through cross-memory attach while some rank's CPUs are contended
+// (transport::cpusContended; kNone: a send/recv message whose sender's are):
+// SPYRECCL_CMA_MIN_BYTES when set, else 64 KiB (never for the allreduce; send/recv only
+// above two p2p chunks). Measured with the machine loaded (load average 5-10 on 2 CPUs):
+// 2 MiB send/recv 0.9 ms single-copy vs 1.6 ms staged; 128 KiB broadcast 10 vs 20 us,
+// all_gather 8 vs 14 us (docs/performance.md).
+size_t cmaBusyThreshold(const Communicator& c, Kind kind);
+
+// Smallest collective (bytes, as passed to beginDirect) of kind `kind` (kNone: a
+// send/recv message) whose buffers
+// outside arenas are transferred through cross-memory attach: SPYRECCL_CMA_MIN_BYTES when
+// set, else the measured per-operation crossover (docs/performance.md).
+size_t cmaThreshold(const Communicator& c, Kind kind);
 
 // Step 1 of a direct transfer, when the collective qualifies (size, switch, arenas mapped):
 // constructs `x` and returns true; the caller then checks which buffers are in arenas.
@@ -64,6 +103,8 @@ bool beginDirect(Communicator& c, const OpScope& scope, size_t bytes,
 // dst[i] = reduction over every rank of element i of buffer `which` at element offset
 // `off` (ours: own + off), for i < len. `dst` may alias `own + off`. `stream`: write dst
 // with non-temporal stores (kernels::reduce), for outputs beyond the last-level cache.
+// Peers' buffers outside arenas are read block by block into a cache-sized scratch buffer
+// first (one process_vm_readv per peer and block).
 void reduceFromPeers(Communicator& c, const DirectTransfer& x, const kernels::ReduceSpec& spec,
                      uint8_t* dst, const uint8_t* own, int which, size_t off, size_t len,
                      size_t esize, bool stream);

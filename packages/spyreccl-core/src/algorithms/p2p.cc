@@ -17,6 +17,10 @@
 // sender's buffer in place, such a send completes only once its chunk is consumed (a
 // staged send completes once its last chunk is posted). Point-to-point never probes for
 // direct transfers itself: that is a collective step, and a send involves one peer only.
+// A send buffer outside the arena goes the same way when the communicator uses
+// cross-memory attach (Communicator::cmaOn) and the message reaches the CMA threshold
+// (algorithms::cmaThreshold): the chunk (kChunkCma) then carries the buffer's address, and
+// the receiver reads exactly the announced bytes with process_vm_readv.
 //
 // Blocked senders and receivers sleep on their own rank's doorbell, which every peer
 // bumps after posting to or draining from one of this rank's mailboxes; one word covers
@@ -27,14 +31,17 @@
 #include <cstring>
 #include <functional>
 
+#include "algorithms/direct.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "memory/arena.h"
+#include "transport/cma.h"
 #include "transport/wait.h"
 
 namespace spyreccl::algorithms {
 
 using transport::ChunkHeader;
+using transport::kChunkCma;
 using transport::kChunkDirect;
 using transport::MailboxControl;
 
@@ -80,21 +87,32 @@ bool canProgress(const P2POp& op) {
   return inbox(c, op.peer)->posted.load(std::memory_order_acquire) != c.p2p(op.peer).consumedChunks;
 }
 
-// Arena offset of the whole send buffer of `op` when the message may go direct, else -1.
-int64_t directOffset(const P2POp& op, size_t total) {
+// How the whole send buffer of `op` may go direct: its arena offset (flags kChunkDirect),
+// its address (kChunkDirect | kChunkCma), or not at all (flags 0).
+struct DirectSource {
+  uint32_t flags = 0;
+  uint64_t where = 0;
+};
+
+DirectSource directSource(const P2POp& op, size_t total) {
   const Communicator& c = *op.comm;
   // Only messages that fill both staging slots: a staged send of up to two chunks returns
   // without its receiver, and code that sends before it receives relies on that, while a
   // larger staged send waits for its receiver anyway, as a direct one does.
-  if (total == 0 || total < c.config().directMinBytes || total <= 2 * c.layout().p2pChunkBytes() ||
-      !c.directOn()) {
-    return -1;
+  if (total == 0 || total <= 2 * c.layout().p2pChunkBytes() || !c.config().direct) return {};
+  if (total >= c.config().directMinBytes && c.directOn()) {
+    const int64_t off = memory::Arena::sharedOffsetOf(op.sendBuf, total);
+    if (off >= 0) return {kChunkDirect, static_cast<uint64_t>(off)};
   }
-  return memory::Arena::sharedOffsetOf(op.sendBuf, total);
+  if (c.cmaOn() && (total >= cmaThreshold(c, Kind::kNone) ||
+                    (total >= cmaBusyThreshold(c, Kind::kNone) && transport::cpusContended()))) {
+    return {kChunkDirect | kChunkCma, reinterpret_cast<uintptr_t>(op.sendBuf)};
+  }
+  return {};
 }
 
 // Posts the single chunk of a direct message (a free slot was checked by the caller).
-void postDirect(P2POp& op, uint32_t posted, uint64_t arenaOffset, size_t total) {
+void postDirect(P2POp& op, uint32_t posted, DirectSource src, size_t total) {
   Communicator& c = *op.comm;
   ChunkHeader* h = c.layout().slot(c.base(), c.rank(), op.peer, posted);
   h->msgSeq = op.msgSeq;
@@ -104,8 +122,8 @@ void postDirect(P2POp& op, uint32_t posted, uint64_t arenaOffset, size_t total) 
   h->bytes = 0;
   h->dtype = op.dtype;
   h->tag = op.tag;
-  h->flags = kChunkDirect;
-  h->arenaOffset = arenaOffset;
+  h->flags = src.flags;
+  h->arenaOffset = src.where;
   op.direct = true;
   op.directChunk = posted;
   c.p2p(op.peer).postedChunks = posted + 1;
@@ -138,9 +156,9 @@ bool trySend(P2POp& op) {
   if (!op.started) {
     op.msgSeq = st.sendMsgs++;
     op.started = true;
-    const int64_t arenaOffset = directOffset(op, total);
-    if (arenaOffset >= 0) {
-      postDirect(op, posted, static_cast<uint64_t>(arenaOffset), total);
+    const DirectSource src = directSource(op, total);
+    if (src.flags != 0) {
+      postDirect(op, posted, src, total);
       return true;
     }
   }
@@ -165,12 +183,22 @@ bool trySend(P2POp& op) {
 }
 
 // Receives the direct message announced by `h` (validated against `op` already): copies it
-// from the sender's arena into our buffer.
+// from the sender's arena (or, kChunkCma, its ordinary memory) into our buffer.
 void copyDirect(P2POp& op, const ChunkHeader& h, size_t total) {
   Communicator& c = *op.comm;
   const int p = op.peer;
-  if (op.done != 0 || !c.directOn() || c.peerArena(p) == nullptr ||
-      h.arenaOffset > c.peerArenaBytes(p) || total > c.peerArenaBytes(p) - h.arenaOffset) {
+  if (h.flags & kChunkCma) {
+    if (op.done != 0 || !c.cmaOn()) {
+      SPYRECCL_THROW(spyrecclInternalError,
+                     "internal error: recv from rank %d got a single-copy chunk for message #%llu "
+                     "while cross-memory attach is %s (%zu bytes received already)",
+                     p, static_cast<unsigned long long>(h.msgSeq), c.cmaOn() ? "on" : "off",
+                     op.done);
+    }
+    // Exactly the bytes the sender announced (h.totalBytes == total was checked).
+    c.cmaRead(p, op.recvBuf, h.arenaOffset, total, op.describe().c_str());
+  } else if (op.done != 0 || !c.directOn() || c.peerArena(p) == nullptr ||
+             h.arenaOffset > c.peerArenaBytes(p) || total > c.peerArenaBytes(p) - h.arenaOffset) {
     SPYRECCL_THROW(spyrecclInternalError,
                    "internal error: recv from rank %d got a direct chunk for message #%llu (arena "
                    "offset %llu, %zu bytes) that this rank cannot read (direct transfers %s, "
@@ -178,9 +206,10 @@ void copyDirect(P2POp& op, const ChunkHeader& h, size_t total) {
                    p, static_cast<unsigned long long>(h.msgSeq),
                    static_cast<unsigned long long>(h.arenaOffset), total,
                    c.directOn() ? "on" : "off", p, c.peerArenaBytes(p), op.done);
+  } else {
+    kernels::copy(op.recvBuf, c.peerArena(p) + h.arenaOffset, total,
+                  kernels::streamingPays(2 * total));
   }
-  kernels::copy(op.recvBuf, c.peerArena(p) + h.arenaOffset, total,
-                kernels::streamingPays(2 * total));
   // A sender that failed (or aborted) while its direct send was pending has returned and
   // may have reused its buffer while we copied it: report the peer's failure rather than
   // a message that may be torn. Our loads of its buffer must not pass the status load.

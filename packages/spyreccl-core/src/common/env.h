@@ -4,7 +4,14 @@
 //   SPYRECCL_P2P_CHUNK_BYTES       send/recv staging bytes per pair per slot (default 256 KiB)
 //   SPYRECCL_ALLREDUCE_ONESHOT_MAX largest allreduce (bytes) using the one-shot algorithm
 //                                  (default: 64 KiB at 2 ranks, 16 KiB at more)
-//   SPYRECCL_DIRECT                0 disables direct transfers between memory arenas
+//   SPYRECCL_DIRECT                0 disables direct transfers (arenas and cross-memory attach)
+//   SPYRECCL_CMA                   0 disables single-copy transfers of ordinary memory
+//                                  (process_vm_readv); default on where the init probe allows
+//   SPYRECCL_CMA_CONTENDED         auto | 1 | 0: whether this rank's CPUs count as contended
+//                                  (lower CMA thresholds, algorithms/direct.h); auto: loadavg
+//   SPYRECCL_SPIN_MAX_NS           longest extended spin of a wait (default 30000; <= 2000: none)
+//   SPYRECCL_CMA_MIN_BYTES         one threshold for them for every operation (default: the
+//                                  measured per-operation thresholds, algorithms/direct.cc)
 //   SPYRECCL_DIRECT_MIN_BYTES      smallest collective (bytes per rank) or send/recv message
 //                                  (also larger than two p2p chunks) using them (256 KiB)
 //   SPYRECCL_DUMP_DIR              directory receiving state dumps on timeouts/peer failures

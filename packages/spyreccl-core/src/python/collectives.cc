@@ -103,9 +103,10 @@ class Reduction {
 
 // ---------------------------------------------------------------------------------------
 
-void all_reduce(Communicator& self, py::handle send, py::handle recv, ReduceOp op,
+void all_reduce(Communicator& self, py::handle send, py::handle recv, py::handle op_arg,
                 std::optional<double> scalar, DType dtype) {
   constexpr const char* kOp = "all_reduce";
+  const ReduceOp op = reduce_op_arg(op_arg, kOp);
   Communicator::Use use(self, kOp);
   BufferView in = BufferView::acquire(send, kOp, "send",
                                       recv.is_none() ? Access::kWrite : Access::kRead, dtype);
@@ -125,9 +126,10 @@ void all_reduce(Communicator& self, py::handle send, py::handle recv, ReduceOp o
   });
 }
 
-void reduce(Communicator& self, py::handle send, py::handle recv, int root, ReduceOp op,
+void reduce(Communicator& self, py::handle send, py::handle recv, int root, py::handle op_arg,
             std::optional<double> scalar, DType dtype) {
   constexpr const char* kOp = "reduce";
+  const ReduceOp op = reduce_op_arg(op_arg, kOp);
   Communicator::Use use(self, kOp);
   require_root(kOp, root, self.size());
   const bool is_root = self.rank() == root;
@@ -178,9 +180,10 @@ void all_gather(Communicator& self, py::handle send, py::handle recv, DType dtyp
       comm, [&] { return spyrecclAllGather(in.data(), out.data(), in.count(), in.dtype(), comm); });
 }
 
-void reduce_scatter(Communicator& self, py::handle send, py::handle recv, ReduceOp op,
+void reduce_scatter(Communicator& self, py::handle send, py::handle recv, py::handle op_arg,
                     std::optional<double> scalar, DType dtype) {
   constexpr const char* kOp = "reduce_scatter";
+  const ReduceOp op = reduce_op_arg(op_arg, kOp);
   Communicator::Use use(self, kOp);
   BufferView in = BufferView::acquire(send, kOp, "send", Access::kRead, dtype);
   BufferView out = BufferView::acquire(recv, kOp, "recv", Access::kWrite, dtype);

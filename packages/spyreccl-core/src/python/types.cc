@@ -44,6 +44,22 @@ const char* reduce_op_name(ReduceOp op) {
   return "<invalid op>";
 }
 
+namespace {
+PyTypeObject* g_reduce_op_type = nullptr;  // the bound ReduceOp class, kept alive for good
+}  // namespace
+
+ReduceOp reduce_op_arg(py::handle op, const char* api) {
+  if (g_reduce_op_type != nullptr && Py_TYPE(op.ptr()) == g_reduce_op_type) {
+    return static_cast<ReduceOp>(PyLong_AsLong(op.ptr()));
+  }
+  try {
+    return op.cast<ReduceOp>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string(api) + ": argument 'op' must be a ReduceOp, got " +
+                         std::string(py::str(py::type::handle_of(op).attr("__name__"))));
+  }
+}
+
 void bind_types(py::module_& m) {
   py::native_enum<spyrecclDataType_t>(m, "DataType", "enum.IntEnum",
                                       "Element types, numbered like the C spyrecclDataType_t.")
@@ -69,6 +85,8 @@ void bind_types(py::module_& m) {
     reduce_op.value(member.name, member.op, member.doc);
   }
   reduce_op.finalize();
+  py::object reduce_op_class = m.attr("ReduceOp");
+  g_reduce_op_type = reinterpret_cast<PyTypeObject*>(reduce_op_class.release().ptr());
 
   py::native_enum<spyrecclResult_t>(m, "Result", "enum.IntEnum",
                                     "Result codes of the C API (spyrecclResult_t).")

@@ -117,10 +117,12 @@ std::unique_ptr<spyrecclComm> bootstrap(int nranks, const UniqueIdData& id, int 
   }
   size_t bytes = seg->size();
   auto comm = std::make_unique<spyrecclComm>(rank, nranks, config, std::move(seg), std::move(pids));
+  // Collective: every rank of a new communicator runs it at the same point.
+  comm->probeCma();
   SPYRECCL_LOG(kInfo, comm->who().c_str(),
                "communicator ready: segment %s, %.1f MiB, chunk %zu B, p2p chunk %zu B, %s waits",
                name.c_str(), bytes / 1048576.0, config.chunkBytes, config.p2pChunkBytes,
-               comm->spin() ? "spinning" : "yielding (ranks oversubscribe the CPUs)");
+               comm->spin().spin ? "spinning" : "yielding (ranks oversubscribe the CPUs)");
   return comm;
 }
 

@@ -21,7 +21,7 @@ namespace spyreccl::transport {
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 constexpr uint32_t kSegmentMagic = 0x53505347u;  // "SPSG"
-constexpr uint32_t kSegmentVersion = 3;
+constexpr uint32_t kSegmentVersion = 5;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -62,7 +62,7 @@ enum : uint32_t {
   kStatusDeparted = 3,  // spyrecclCommDestroy was called
 };
 
-constexpr int kXferWords = 4;
+constexpr int kXferWords = 8;
 
 struct alignas(kCacheLine) RankControl {
   // Collective progress: the last step this rank published. Own cache line: it is the
@@ -73,9 +73,9 @@ struct alignas(kCacheLine) RankControl {
   alignas(kCacheLine) std::atomic<uint32_t> doorbell;
   // Descriptors double-buffered by step parity, like the staging buffers (see design.md).
   alignas(kCacheLine) Descriptor desc[2];
-  // Direct transfers (algorithms/direct.h): arena offsets of this rank's buffers for the
-  // current collective (or a probe value), published with the step like the descriptors
-  // and double-buffered by step parity for the same reason.
+  // Direct transfers (algorithms/direct.h): arena offsets, addresses and lengths of this
+  // rank's buffers for the current collective (or a probe value), published with the step
+  // like the descriptors and double-buffered by step parity for the same reason.
   alignas(kCacheLine) uint64_t xfer[2][kXferWords];
   alignas(kCacheLine) std::atomic<uint32_t> attached;
   std::atomic<uint32_t> status;
@@ -101,6 +101,9 @@ enum : uint32_t {
   // The chunk carries no payload: the receiver copies the whole message from the sender's
   // memory arena at `arenaOffset`, and the sender waits until the chunk is consumed.
   kChunkDirect = 1u << 0,
+  // With kChunkDirect: the buffer is ordinary memory of the sender and `arenaOffset` holds
+  // its address, read with process_vm_readv (transport/cma.h) for exactly totalBytes.
+  kChunkCma = 1u << 1,
 };
 
 // Header of one p2p chunk, followed by its payload in the same slot.

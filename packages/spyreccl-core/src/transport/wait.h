@@ -7,6 +7,14 @@
 //      the machine), spinning only delays the yield that lets it run; measured on a loaded
 //      2-core machine, a 2 us budget gave 7 us small-allreduce latency vs 60 us with 30 us.
 //      Skipped entirely when the ranks oversubscribe the CPUs.
+//   1b. keep spinning up to kSpinMaxNs while that has been paying off (SpinAdvisor): a peer
+//      that is running but a few microseconds late (Python's per-call overhead, an
+//      interrupt, a page fault on its side) otherwise sends this rank into sched_yield,
+//      which on a machine with other runnable tasks gives the core away for ~10 us or
+//      more (EEVDF's yield moves the task behind every other runnable one). That was the
+//      ~11 us mode of the bimodal 8-byte allreduce (docs/performance.md, "Small messages:
+//      the tail"). When the extended spins keep failing (the peer is not running), they
+//      stop, so the loaded case keeps the short budget; one in 64 waits tries again.
 //   2. sched_yield for ~kYieldNs: lets a descheduled peer run on this core; this is what
 //      keeps small collectives fast when 4 ranks share 2 cores.
 //   3. FUTEX_WAIT on the word with a 1 ms timeout, announced in the segment-wide
@@ -30,6 +38,7 @@
 namespace spyreccl::transport {
 
 constexpr int64_t kSpinNs = 2 * kNsPerUs;
+constexpr int64_t kSpinMaxNs = 30 * kNsPerUs;
 constexpr int64_t kYieldNs = 2 * kNsPerMs;
 constexpr int64_t kFutexSliceNs = 1 * kNsPerMs;
 constexpr int64_t kCheckIntervalNs = 50 * kNsPerMs;
@@ -60,22 +69,57 @@ inline void notify(std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers)
   if (sleepers->load(std::memory_order_relaxed) != 0) futexWakeAll(word);
 }
 
+// Decides whether a wait that outlasted kSpinNs keeps spinning up to kSpinMaxNs, from the
+// outcomes of the latest such extended spins of this thread (bit i of `history`: the
+// (i+1)-th latest one ended with the peer's arrival). Thread-local: waits of one thread
+// see the same peers and the same machine load.
+struct SpinAdvisor {
+  uint32_t history = ~0u;
+  uint32_t declined = 0;
+  bool extend() {
+    if (__builtin_popcount(history & 0xFFu) >= 4) return true;
+    return (++declined & 63u) == 0;  // probe again now and then: the load may have gone
+  }
+  void record(bool arrived) { history = (history << 1) | (arrived ? 1u : 0u); }
+  static SpinAdvisor& mine() {
+    thread_local SpinAdvisor advisor;
+    return advisor;
+  }
+};
+
+// How a communicator's waits spin: not at all (ranks oversubscribe the CPUs), or kSpinNs
+// extended up to extendNs (<= kSpinNs: never extended) while that pays off.
+struct SpinPolicy {
+  bool spin = true;
+  int64_t extendNs = kSpinMaxNs;
+};
+
 template <class Ready, class Check>
-void waitUntil(bool spin, std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers,
+void waitUntil(SpinPolicy policy, std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers,
                Ready&& ready, Check&& check) {
   if (ready()) return;
   int64_t start = 0;
-  if (spin) {
+  if (policy.spin) {
     start = nowNs();
+    int64_t budget = kSpinNs;
+    bool extended = false;
     for (uint32_t i = 1;; ++i) {
       cpuRelax();
-      if (ready()) return;
+      if (ready()) {
+        if (extended) SpinAdvisor::mine().record(true);
+        return;
+      }
       if ((i & 15) == 0) {
         int64_t now = nowNs();
         check(now - start, false);
-        if (now - start >= kSpinNs) break;
+        if (now - start >= budget) {
+          if (extended || policy.extendNs <= kSpinNs || !SpinAdvisor::mine().extend()) break;
+          extended = true;
+          budget = policy.extendNs;
+        }
       }
     }
+    if (extended) SpinAdvisor::mine().record(false);
   } else {
     start = nowNs();
   }

@@ -422,9 +422,16 @@ using CollectiveBody = void (*)(const TypeInfo&, RankContext&);
   // spyrecclMemAlloc with the direct-transfer threshold at 1 byte, so every non-empty case
   // takes the direct path; "/mixed" arena buffers on even ranks only, so that the ranks
   // agree to fall back to the staged path after the direct path's first step.
-  enum class Variant { kHost, kArena, kMixed };
-  const std::pair<Variant, const char*> variants[] = {
-      {Variant::kHost, ""}, {Variant::kArena, "/arena"}, {Variant::kMixed, "/mixed"}};
+  // "/cma": host buffers with the cross-memory-attach threshold at 1 byte, so every
+  // non-empty case reads peers' ordinary memory with process_vm_readv (the allreduce's
+  // included); "/nocma": the same with SPYRECCL_CMA=0, the forced fallback to staging,
+  // checked against the same references.
+  enum class Variant { kHost, kArena, kMixed, kCma, kNoCma };
+  const std::pair<Variant, const char*> variants[] = {{Variant::kHost, ""},
+                                                      {Variant::kArena, "/arena"},
+                                                      {Variant::kMixed, "/mixed"},
+                                                      {Variant::kCma, "/cma"},
+                                                      {Variant::kNoCma, "/nocma"}};
   for (const auto& [name, body] : collectives) {
     for (const TypeInfo& t : allTypes()) {
       for (int ws : kWorldSizes) {
@@ -432,7 +439,10 @@ using CollectiveBody = void (*)(const TypeInfo&, RankContext&);
           // The arena variants run at 2 and 3 ranks; mixed needs an odd rank, and one
           // data type per collective exercises its fallback.
           if (variant != Variant::kHost && ws == 4) continue;
-          if (variant == Variant::kMixed && (ws != 3 || t.dtype != spyrecclFloat32)) continue;
+          if ((variant == Variant::kMixed || variant == Variant::kNoCma) &&
+              (ws != 3 || t.dtype != spyrecclFloat32)) {
+            continue;
+          }
           const std::string testName = format("coll.%s/%s/ws%d%s", name, t.name, ws, suffix);
           CollectiveBody fn = body;
           const TypeInfo* type = &t;
@@ -442,6 +452,10 @@ using CollectiveBody = void (*)(const TypeInfo&, RankContext&);
             opts.nranks = ws;
             opts.label = testName;
             if (v != Variant::kHost) ::setenv("SPYRECCL_DIRECT_MIN_BYTES", "1", 1);
+            if (v == Variant::kCma || v == Variant::kNoCma) {
+              ::setenv("SPYRECCL_CMA_MIN_BYTES", "1", 1);
+            }
+            if (v == Variant::kNoCma) ::setenv("SPYRECCL_CMA", "0", 1);
             runRanks(opts, [=](RankContext& ctx) {
               const bool arena =
                   v == Variant::kArena || (v == Variant::kMixed && ctx.rank % 2 == 0);
@@ -449,6 +463,8 @@ using CollectiveBody = void (*)(const TypeInfo&, RankContext&);
               fn(*type, ctx);
             });
             ::unsetenv("SPYRECCL_DIRECT_MIN_BYTES");
+            ::unsetenv("SPYRECCL_CMA_MIN_BYTES");
+            ::unsetenv("SPYRECCL_CMA");
           });
         }
       }

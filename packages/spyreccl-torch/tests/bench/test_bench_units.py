@@ -338,3 +338,61 @@ def test_loop_policy_caps_very_slow_cases():
     assert p.iterations(0.1) == 10  # 1 s for min_iters: within the cap
     assert p.iterations(0.5) == 5  # 10 x 0.5 s would exceed 2 s: the floor of 5 applies
     assert p.iterations(0.25) == 8  # 2 s / 0.25 s
+
+
+def test_tables_show_median_p90_and_mean_for_every_level():
+    rows = [_row(lv, "all_reduce", 8, t) for lv, t in (("core-host-vs-mpi", 1.25), ("mpi", 2.5))]
+    rows[0]["time_us"].update(p90_us=1.75, mean_us=4.3)
+    text = report.format_sweep_tables(rows, memcpy_gbps=None)
+    header = next(line for line in text.splitlines() if "median" in line)
+    assert header.count("median") == 2 and header.count("mean") == 2
+    assert header.count("p90") == 2
+    line = next(line for line in text.splitlines() if line.strip().startswith("8 B"))
+    assert "1.75" in line and "4.30" in line and "2.50" in line
+    md = report.format_markdown(rows, memcpy_gbps=None)
+    assert "mpi µs median (p10-p90), mean" in md and ", 4.3 |" in md
+
+
+def test_mpi_level_is_optional_and_skipped_with_a_reason(monkeypatch, capsys):
+    from spyreccl_torch.bench import mpi_level, sweep
+
+    monkeypatch.setattr(mpi_level.importlib.util, "find_spec", lambda name: None)
+    assert "mpi4py is not importable" in mpi_level.unavailable()
+    assert "mpi" in sweep.ALL_LEVELS and "mpi" not in sweep.DEFAULT_LEVELS
+    cfg = SweepConfig(nranks=2, ops=["all_reduce"], sizes=[8], levels=("mpi",))
+    assert level_groups(cfg) == [("mpi",)]
+    rows, info = sweep.run_sweep(cfg, sweep._Progress(1, enabled=False))
+    assert rows == [] and "mpi4py is not importable" in info["mpi"]["skipped"]
+    assert "skipping the mpi level" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="one node only"):
+        SweepConfig(nranks=4, ops=["all_reduce"], sizes=[8], levels=("mpi",), nodes=2)
+
+
+def test_mpi_level_command_and_rows_from_a_report():
+    from spyreccl_torch.bench import mpi_level
+    from spyreccl_torch.bench.sweep import _row as sweep_row
+
+    cmd = mpi_level.mpirun_command(3, "a.json", "o.json", as_root=True)
+    assert cmd[:3] == ["mpirun", "-n", "3"] and "--allow-run-as-root" in cmd
+    assert "btl_vader_single_copy_mechanism" in cmd and cmd[cmd.index("btl") + 1] == "self,vader"
+    assert "--allow-run-as-root" not in mpi_level.mpirun_command(2, "a", "o", as_root=False)
+    cfg = SweepConfig(nranks=2, ops=["sendrecv", "all_reduce"], sizes=[1024], levels=("mpi",))
+    cases = plan.build_plan(cfg.ops, cfg.sizes, 4, 2)
+    report_doc = {
+        "results": [
+            {"level": "core-host-vs-mpi", "index": 0, "samples": [[2000, 4000], [2000, 4000]]},
+            {"level": "mpi", "index": 0, "samples": [[3000, 3000], [3000, 3000]]},
+            {"level": "mpi", "index": 1, "samples": [[1000, 3000], [1000, 3000]]},
+        ]
+    }
+    rows = mpi_level.rows_from_report(
+        report_doc, cases, lambda lv, case, per_rank: sweep_row(lv, cfg, case, per_rank)
+    )
+    assert [(r["level"], r["op"]) for r in rows] == [
+        ("core-host-vs-mpi", "sendrecv"),
+        ("mpi", "sendrecv"),
+        ("mpi", "all_reduce"),
+    ]
+    # sendrecv samples are round trips: half of (2, 4) us -> mean 1.5 us.
+    assert rows[0]["time_us"]["mean_us"] == pytest.approx(1.5)
+    assert rows[2]["time_us"]["p90_us"] == pytest.approx(2.8)

@@ -72,7 +72,7 @@ def _name_list(choices: Sequence[str]):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .sweep import ALL_LEVELS
+    from .sweep import ALL_LEVELS, DEFAULT_LEVELS
 
     p = argparse.ArgumentParser(
         prog="spyreccl-bench",
@@ -100,8 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--levels",
         type=_name_list(ALL_LEVELS),
-        default=list(ALL_LEVELS),
-        help="sweep/threshold: which levels; ibm/ddp: spyreccl and/or gloo",
+        default=list(DEFAULT_LEVELS),
+        help="sweep/threshold: which levels (mpi: Open MPI interleaved with spyreccl_core "
+        "on numpy arrays, needs mpi4py and mpirun; not in the default); ibm/ddp: spyreccl "
+        "and/or gloo",
     )
     p.add_argument(
         "--json",

@@ -16,10 +16,12 @@ __all__ = [
     "write_json",
 ]
 
-_LEVEL_ORDER = ("core", "core-host", "spyreccl", "gloo")
+_LEVEL_ORDER = ("core", "core-host", "core-host-vs-mpi", "mpi", "spyreccl", "gloo")
 _LEVEL_STYLE = {
     "core": ("tab:green", "s"),
     "core-host": ("tab:olive", "D"),
+    "core-host-vs-mpi": ("tab:cyan", "v"),
+    "mpi": ("tab:purple", "x"),
     "spyreccl": ("tab:blue", "o"),
     "gloo": ("tab:red", "^"),
 }
@@ -62,8 +64,8 @@ def format_sweep_tables(rows: Sequence[dict], memcpy_gbps: float | None) -> str:
         head1 = f"{'':>9} |"
         head2 = f"{'size':>9} |"
         for lv in levels:
-            head1 += f" {lv + ' (time us, busbw GB/s)':^39}|"
-            head2 += f" {'median':>8} {'p10':>7} {'p90':>8} {'busbw':>6} {'%mcpy':>5} |"
+            head1 += f" {lv + ' (time us, busbw GB/s)':^48}|"
+            head2 += f" {'median':>8} {'p10':>7} {'p90':>8} {'mean':>8} {'busbw':>6} {'%mcpy':>5} |"
         others = [lv for lv in levels if lv != "gloo"] if "gloo" in levels else []
         if others:
             head1 += f" {'x gloo':^{9 * len(others)}}"
@@ -77,14 +79,15 @@ def format_sweep_tables(rows: Sequence[dict], memcpy_gbps: float | None) -> str:
             for lv in levels:
                 r = by.get((lv, size))
                 if r is None:
-                    line += f" {'':>8} {'':>7} {'':>8} {'':>6} {'':>5} |"
+                    line += f" {'':>8} {'':>7} {'':>8} {'':>8} {'':>6} {'':>5} |"
                     continue
                 t = r["time_us"]
                 frac = (100 * r["busbw_gbps"] / memcpy_gbps) if memcpy_gbps and size else None
                 busbw = r["busbw_gbps"] if size else None
                 line += (
                     f" {_num(t['median_us'], 8)} {_num(t['p10_us'], 7)} "
-                    f"{_num(t['p90_us'], 8)} {_num(busbw, 6)} {_num(frac, 5, 0)} |"
+                    f"{_num(t['p90_us'], 8)} {_num(t['mean_us'], 8)} {_num(busbw, 6)} "
+                    f"{_num(frac, 5, 0)} |"
                 )
             for lv in others:
                 r = by.get((lv, size))
@@ -147,7 +150,9 @@ def format_markdown(rows: Sequence[dict], memcpy_gbps: float | None) -> str:
         by = {(r["level"], r["bytes"]): r for r in sel}
         head = ["size"]
         for lv in levels:
-            head += [f"{lv} µs (p10-p90)"] + ([f"{lv} busbw GB/s"] if op != "barrier" else [])
+            head += [f"{lv} µs median (p10-p90), mean"] + (
+                [f"{lv} busbw GB/s"] if op != "barrier" else []
+            )
         others = [lv for lv in levels if lv != "gloo"] if "gloo" in levels else []
         head += [f"{lv} x gloo" for lv in others]
         out += [
@@ -164,7 +169,8 @@ def format_markdown(rows: Sequence[dict], memcpy_gbps: float | None) -> str:
                     cells += ["-"] * (2 if op != "barrier" else 1)
                     continue
                 t = r["time_us"]
-                cells.append(f"{t['median_us']:.1f} ({t['p10_us']:.1f}-{t['p90_us']:.1f})")
+                spread = f"({t['p10_us']:.1f}-{t['p90_us']:.1f})"
+                cells.append(f"{t['median_us']:.1f} {spread}, {t['mean_us']:.1f}")
                 if op != "barrier":
                     bw = r["busbw_gbps"]
                     frac = f" ({100 * bw / memcpy_gbps:.0f}%)" if memcpy_gbps else ""

@@ -17,13 +17,27 @@ from .stats import bandwidths, combine_ranks, summarize
 from .timing import LoopPolicy
 from .torch_env import LEVELS as TORCH_LEVELS
 
-__all__ = ["ALL_LEVELS", "CORE_LEVELS", "TORCH_LEVELS", "SweepConfig", "level_groups", "run_sweep"]
+__all__ = [
+    "ALL_LEVELS",
+    "CORE_LEVELS",
+    "DEFAULT_LEVELS",
+    "TORCH_LEVELS",
+    "SweepConfig",
+    "level_groups",
+    "run_sweep",
+]
 
 # core: spyreccl_core on arrays from spyreccl_core.empty (the memory arena: large collectives
 # read peers' buffers in place); core-host: the same on ordinary numpy arrays (staged through
-# shared memory); spyreccl: torch.distributed on spyre tensors; gloo: CPU tensors (baseline).
-ALL_LEVELS = ("core", "core-host", "spyreccl", "gloo")
+# shared memory); spyreccl: torch.distributed on spyre tensors; gloo: CPU tensors (baseline);
+# mpi (optional, not in the default): Open MPI through mpi4py interleaved with spyreccl_core
+# on the same numpy arrays (mpi_level.py), skipped with a message when mpi4py or mpirun is
+# missing.
+ALL_LEVELS = ("core", "core-host", "spyreccl", "gloo", "mpi")
+DEFAULT_LEVELS = ("core", "core-host", "spyreccl", "gloo")
 CORE_LEVELS = ("core", "core-host")
+# Levels that connect the ranks of one node only (no --nodes).
+_ONE_NODE_LEVELS = (*CORE_LEVELS, "mpi")
 _CORE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_worker.py")
 
 
@@ -33,7 +47,7 @@ class SweepConfig:
     ops: list[str]
     sizes: list[int]
     dtype: str = "float32"
-    levels: tuple[str, ...] = ALL_LEVELS
+    levels: tuple[str, ...] = DEFAULT_LEVELS
     policy: LoopPolicy = field(default_factory=LoopPolicy)
     timeout_s: float = 300.0  # per collective wait (c10d / spyreccl timeout) and per stall
     # spyreccl and gloo share rank processes and alternate case by case (torch_worker.py);
@@ -52,9 +66,9 @@ class SweepConfig:
                 f"sweep: --nodes must be between 1 and the world size {self.nranks}, "
                 f"got {self.nodes}"
             )
-        if self.nodes > 1 and any(lv in CORE_LEVELS for lv in self.levels):
+        if self.nodes > 1 and any(lv in _ONE_NODE_LEVELS for lv in self.levels):
             raise ValueError(
-                "sweep: the core levels connect one node only; with --nodes use "
+                "sweep: the core and mpi levels connect one node only; with --nodes use "
                 "--levels spyreccl,gloo"
             )
         if self.dtype not in DTYPES:
@@ -227,11 +241,44 @@ def run_sweep(cfg: SweepConfig, progress: _Progress) -> tuple[list[dict], dict[s
     rows: list[dict] = []
     info: dict[str, Any] = {}
     for levels in level_groups(cfg):
+        if levels == ("mpi",):
+            mpi_rows, mpi_info = run_mpi(cfg, cases, progress)
+            rows.extend(mpi_rows)
+            info["mpi"] = mpi_info
+            continue
         job_rows, ready = run_job(levels, cfg, cases, progress)
         rows.extend(job_rows)
         for level in levels:
             info[level] = ready
     add_ratios(rows)
+    return rows, info
+
+
+def run_mpi(cfg: SweepConfig, cases: list[Case], progress: _Progress) -> tuple[list[dict], dict]:
+    """The optional mpi level (mpi_level.py); skipped, with the reason printed and
+    returned, when mpi4py or mpirun is missing."""
+    from . import mpi_level
+
+    why = mpi_level.unavailable()
+    if why is None and DTYPES[cfg.dtype].reinterpret:
+        why = f"{cfg.dtype} has no MPI or numpy type"
+    if why is not None:
+        print(f"sweep: skipping the mpi level: {why}", flush=True)
+        for _ in cases:
+            progress.advance()
+        return [], {"skipped": why}
+    progress.describe(f"mpi x{cfg.nranks}: Open MPI and spyreccl_core interleaved")
+    rows, info = mpi_level.run_mpi_level(
+        cfg.nranks,
+        cases,
+        policy=dataclasses.asdict(cfg.policy),
+        numpy_dtype=DTYPES[cfg.dtype].numpy,
+        timeout_s=cfg.timeout_s,
+        make_row=lambda level, case, per_rank: _row(level, cfg, case, per_rank),
+        env=cfg.env,
+    )
+    for _ in cases:
+        progress.advance()
     return rows, info
 
 
