@@ -91,7 +91,14 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
         result,
         [2, 2],
         seed,
-        ["group_checks", "ddp_check", "hsdp_check", "funcol_check", "mismatch_check"],
+        [
+            "group_checks",
+            "ddp_check",
+            "hsdp_check",
+            "funcol_check",
+            "async_check",
+            "mismatch_check",
+        ],
     )
     for rank, report in result.reports.items():
         assert report["routes"]["leader"] > 0 and report["routes"]["sharded"] > 0, (rank, report)
