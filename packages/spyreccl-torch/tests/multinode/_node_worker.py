@@ -666,13 +666,35 @@ def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
         unchecked = dist.new_group(list(range(ctx.world_size)))
     finally:
         del os.environ["SPYRECCL_MULTINODE_CHECK"]
-    if unchecked._checker is not None:
+    if unchecked._check_calls:
         failures.append(f"rank {r}: SPYRECCL_MULTINODE_CHECK=0 left checking on")
     t = torch.full((5,), float(r), device=_dev(ctx))
     dist.all_reduce(t, group=unchecked)
-    if t.cpu().tolist() != [6.0] * 5:
-        failures.append(f"rank {r}: all_reduce without checking gave {t.cpu().tolist()}")
+    if t.cpu().tolist() != [6.0] * 5 or unchecked.route_counts["flat"] != 1:
+        failures.append(
+            f"rank {r}: all_reduce without checking gave {t.cpu().tolist()} "
+            f"(routes {unchecked.route_counts})"
+        )
     dist.destroy_process_group(unchecked)
+    dist.destroy_process_group(group)
+
+    # A mismatch that only the reduce op tells apart, on an operation large enough for
+    # gloo stages: rank 3's node-local stage meets rank 2's (spyreccl stops both), node 0
+    # goes as far as its first gloo stage, which waits for the fingerprints.
+    group = dist.new_group(list(range(ctx.world_size)))
+    big = torch.ones(100_000, device=_dev(ctx))
+    op = dist.ReduceOp.MAX if r == 3 else dist.ReduceOp.SUM
+    pattern = r"mismatched collectives .* at seq 1 \(reduce op differ\): rank 0: all_reduce"
+    pattern += r"\(numel=100000, torch.float32, RedOpType.SUM\).*rank 3: all_reduce\(numel="
+    pattern += r"100000, torch.float32, RedOpType.MAX\)"
+    start = time.monotonic()
+    work = dist.all_reduce(big, op=op, group=group, async_op=True)
+    try:
+        expect_rejection(work.wait, pattern, "mismatched reduce op")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+    if time.monotonic() - start > 10:
+        failures.append(f"rank {r}: the mismatch took {time.monotonic() - start:.1f} s to fail")
     dist.destroy_process_group(group)
     return failures
 

@@ -1,17 +1,19 @@
 """Detecting collectives that the ranks of a hierarchical group called differently.
 
 Every collective's fingerprint (operation, sequence number, element count, dtype, reduce op,
-root) is all-gathered over a gloo group of its own, *posted when the operation starts and
-not waited for before data moves*: the exchange travels while the operation's stages run,
-so a matching call pays no extra round trip on its path. When the fingerprints disagree,
-the gloo callback that receives them aborts the group's data sub-groups at once (a stage
-that waits for a peer busy with another operation stops instead of waiting for the
+root) is exchanged over a gloo group of its own (the control group), *posted when the
+operation starts*: the on-node stages run while it travels, and the operation's first gloo
+stage waits for it (HierarchicalProcessGroup._gloo), so a rank never posts a gloo operation
+that its peers called differently (gloo cannot cancel one). When the fingerprints
+disagree, the gloo callback that receives them aborts the node's spyreccl group at once (a
+stage that waits for a peer busy with another operation stops instead of waiting for the
 timeout), and the operation fails on every rank with a message that names each rank's
-call. An operation that completes is only reported complete after its fingerprints were
-seen to agree, so a mismatch never returns data as if it were right.
+call. An operation is only reported complete after its fingerprints were seen to agree,
+so a mismatch never returns data as if it were right. Small reductions and barriers ride
+in the exchange itself (the inline route): their check costs nothing extra.
 
-Why a separate gloo group: the data groups are aborted on a mismatch, and their operation
-order must not depend on whether checking is on.
+Why a separate gloo group: the data groups' operation order must not depend on whether
+checking is on.
 """
 
 from __future__ import annotations
@@ -109,37 +111,88 @@ class MismatchError(RuntimeError):
 
 
 class PendingCheck:
-    """One operation's fingerprint exchange in flight."""
+    """One operation's exchange in flight: every rank's record (fingerprint row, then the
+    inline payload slot)."""
 
-    def __init__(self, work: Any, everyone: torch.Tensor, mine: list[int]) -> None:
+    def __init__(self, work: Any, everyone: torch.Tensor, mine: list[int], size: int) -> None:
         self.work = work
-        self.everyone = everyone
+        self.everyone = everyone  # uint8, one record per rank
         self.mine = mine
+        self.size = size
+        self.compare = True
+        self.watched = False  # compared by the gloo callback (else by verify)
         self.message: str | None = None  # set once the rows disagree
         self.done = threading.Event()
 
+    @property
+    def mismatched(self) -> bool:
+        return self.message is not None
+
+    def rows(self) -> list[list[int]]:
+        records = self.everyone.view(self.size, -1)
+        return records[:, :_ROW_BYTES].contiguous().view(torch.int64).tolist()
+
+    def payloads(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """Every rank's inline payload as a [ranks, numel] tensor of `dtype` (host)."""
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        records = self.everyone.view(self.size, -1)
+        return records[:, _ROW_BYTES : _ROW_BYTES + nbytes].contiguous().view(dtype)
+
+
+_ROW_BYTES = _ROW * 8
+
 
 class CallChecker:
-    """Posts every collective's fingerprint exchange and reports disagreements."""
+    """The control group's exchanges: one gloo all-gather over every rank per operation, of
+    a record per rank: the fingerprint row, then an inline slot where operations small
+    enough put their data (HierarchicalProcessGroup's inline route; zeros otherwise).
+
+    Every record has the same size (depending only on the slot), so that gloo matches the
+    exchanges of ranks that called different operations, whatever they called. (An
+    all-gather, not sums in an all_reduce: gloo's all_reduce of more elements than ranks
+    took longer here than its all-gather of a few hundred bytes.)"""
 
     def __init__(
         self,
         group: Any,
+        rank: int,
         size: int,
+        inline_bytes: int,
         label: Callable[[], str],
         on_mismatch: Callable[[PendingCheck], None],
     ) -> None:
-        self._group = group  # gloo over every rank of the hierarchical group
+        self._group = group
         self._size = size
+        self.inline_bytes = max(0, inline_bytes) // 8 * 8
+        self._record = _ROW_BYTES + self.inline_bytes
         self._label = label
         self._on_mismatch = on_mismatch
 
-    def post(self, op_name: str, seq: int, sig: Sequence[int]) -> PendingCheck:
+    def post(
+        self,
+        op_name: str,
+        seq: int,
+        sig: Sequence[int],
+        payload: torch.Tensor | None = None,
+        compare: bool = True,
+        watch: bool = True,
+    ) -> PendingCheck:
+        """Starts the exchange of this rank's record (`payload`: at most inline_bytes of
+        host uint8). `compare` False only moves the payloads (checking is off). `watch`:
+        compare as soon as the records arrive (on gloo's thread), so that a mismatch stops
+        the operation's on-node stages at once; without it, verify() compares (cheaper: no
+        hand-off between threads, for operations whose only stage is the exchange)."""
         row = [code(op_name), seq, len(sig), *sig, *([0] * (_ROW - 3 - len(sig)))]
-        mine = torch.tensor(row, dtype=torch.int64)
-        everyone = torch.empty(self._size * _ROW, dtype=torch.int64)
+        mine = torch.zeros(self._record, dtype=torch.uint8)
+        mine[:_ROW_BYTES].view(torch.int64).copy_(torch.tensor(row, dtype=torch.int64))
+        if payload is not None and payload.numel():
+            mine[_ROW_BYTES : _ROW_BYTES + payload.numel()].copy_(payload)
+        everyone = torch.empty(self._size * self._record, dtype=torch.uint8)
         work = self._group._allgather_base(everyone, mine, c10d.AllgatherOptions())
-        pending = PendingCheck(work, everyone, row)
+        pending = PendingCheck(work, everyone, row, self._size)
+        pending.compare = compare
+        if not watch:
+            return pending
 
         def received(future: Any) -> None:
             try:
@@ -147,18 +200,25 @@ class CallChecker:
             except Exception:
                 pending.done.set()  # the exchange itself failed: verify() reports it
                 return
-            pending.message = self._compare(pending, seq)
+            if compare:
+                pending.message = self._compare(pending, seq)
             pending.done.set()
             if pending.message is not None:
                 self._on_mismatch(pending)
 
+        pending.watched = True
         work.get_future().add_done_callback(received)
         return pending
 
     def verify(self, pending: PendingCheck, timeout_s: float) -> None:
-        """Raises MismatchError when the fingerprints disagreed (waiting for them, within
-        `timeout_s`; a failed exchange raises gloo's error)."""
-        if not pending.done.wait(timeout_s):
+        """Waits for the exchange (within `timeout_s`; a failed exchange raises gloo's
+        error) and raises MismatchError when the fingerprints disagreed."""
+        if not pending.watched:
+            pending.work.wait()  # gloo's own timeout raises its error
+            if pending.compare:
+                pending.message = self._compare(pending, pending.mine[1])
+            pending.done.set()
+        elif not pending.done.wait(timeout_s):
             pending.work.wait()  # gloo's own timeout raises its error
         if pending.message is None:
             pending.work.wait()  # raises when the exchange failed
@@ -166,7 +226,7 @@ class CallChecker:
             raise MismatchError(pending.message)
 
     def _compare(self, pending: PendingCheck, seq: int) -> str | None:
-        rows = pending.everyone.view(self._size, _ROW).tolist()
+        rows = pending.rows()
         if all(row == rows[0] for row in rows):
             return None
         seqs_differ = any(row[1] != rows[0][1] for row in rows)
