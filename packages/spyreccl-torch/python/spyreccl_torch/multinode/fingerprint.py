@@ -9,8 +9,7 @@ disagree, the gloo callback that receives them aborts the node's spyreccl group 
 stage that waits for a peer busy with another operation stops instead of waiting for the
 timeout), and the operation fails on every rank with a message that names each rank's
 call. An operation is only reported complete after its fingerprints were seen to agree,
-so a mismatch never returns data as if it were right. Small reductions and barriers ride
-in the exchange itself (the inline route): their check costs nothing extra.
+so a mismatch never returns data as if it were right. A barrier is the exchange alone.
 
 Why a separate gloo group: the data groups' operation order must not depend on whether
 checking is on.
@@ -18,6 +17,7 @@ checking is on.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import zlib
 from collections.abc import Callable, Sequence
@@ -111,87 +111,62 @@ class MismatchError(RuntimeError):
 
 
 class PendingCheck:
-    """One operation's exchange in flight: every rank's record (fingerprint row, then the
-    inline payload slot)."""
+    """One operation's exchange in flight (see CallChecker)."""
 
-    def __init__(self, work: Any, everyone: torch.Tensor, mine: list[int], size: int) -> None:
+    def __init__(self, work: Any, sums: torch.Tensor, mine: list[int], digest: int) -> None:
         self.work = work
-        self.everyone = everyone  # uint8, one record per rank
+        self.sums = sums  # after the exchange: [max digest, max -digest] over every rank
         self.mine = mine
-        self.size = size
+        self.digest = digest
         self.compare = True
-        self.watched = False  # compared by the gloo callback (else by verify)
-        self.message: str | None = None  # set once the rows disagree
+        self.mismatched = False  # set by the gloo callback or verify()
+        self.message: str | None = None  # once the fingerprints were gathered
         self.done = threading.Event()
 
-    @property
-    def mismatched(self) -> bool:
-        return self.message is not None
 
-    def rows(self) -> list[list[int]]:
-        records = self.everyone.view(self.size, -1)
-        return records[:, :_ROW_BYTES].contiguous().view(torch.int64).tolist()
-
-    def payloads(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        """Every rank's inline payload as a [ranks, numel] tensor of `dtype` (host)."""
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        records = self.everyone.view(self.size, -1)
-        return records[:, _ROW_BYTES : _ROW_BYTES + nbytes].contiguous().view(dtype)
-
-
-_ROW_BYTES = _ROW * 8
+def _digest(row: list[int]) -> int:
+    """62 bits of a hash of the fingerprint (so that its negation is exact in int64)."""
+    data = b"".join(int(v).to_bytes(8, "little", signed=True) for v in row)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 2
 
 
 class CallChecker:
-    """The control group's exchanges: one gloo all-gather over every rank per operation, of
-    a record per rank: the fingerprint row, then an inline slot where operations small
-    enough put their data (HierarchicalProcessGroup's inline route; zeros otherwise).
+    """The control group's exchanges: one gloo all_reduce (MAX) of two int64 per operation,
+    [d, -d] where d is a 62-bit digest of the fingerprint. Every rank gets max(d) and
+    -min(d), so every rank sees whether all digests are equal (max = min = its own); only
+    then, on every rank alike, are the fingerprints themselves all-gathered, to name each
+    rank's call.
 
-    Every record has the same size (depending only on the slot), so that gloo matches the
-    exchanges of ranks that called different operations, whatever they called. (An
-    all-gather, not sums in an all_reduce: gloo's all_reduce of more elements than ranks
-    took longer here than its all-gather of a few hundred bytes.)"""
+    Two elements, an all_reduce: measured here, gloo's all_reduce of fewer elements than
+    ranks takes about a third of the time of its all-gather of the whole fingerprints
+    (docs/performance.md). Every exchange has the same shape whatever the operation, so
+    gloo matches the exchanges of ranks that called different operations."""
 
     def __init__(
         self,
         group: Any,
-        rank: int,
         size: int,
-        inline_bytes: int,
         label: Callable[[], str],
         on_mismatch: Callable[[PendingCheck], None],
     ) -> None:
         self._group = group
         self._size = size
-        self.inline_bytes = max(0, inline_bytes) // 8 * 8
-        self._record = _ROW_BYTES + self.inline_bytes
         self._label = label
         self._on_mismatch = on_mismatch
 
-    def post(
-        self,
-        op_name: str,
-        seq: int,
-        sig: Sequence[int],
-        payload: torch.Tensor | None = None,
-        compare: bool = True,
-        watch: bool = True,
-    ) -> PendingCheck:
-        """Starts the exchange of this rank's record (`payload`: at most inline_bytes of
-        host uint8). `compare` False only moves the payloads (checking is off). `watch`:
-        compare as soon as the records arrive (on gloo's thread), so that a mismatch stops
-        the operation's on-node stages at once; without it, verify() compares (cheaper: no
-        hand-off between threads, for operations whose only stage is the exchange)."""
+    def post(self, op_name: str, seq: int, sig: Sequence[int], compare: bool = True) -> Any:
+        """Starts the exchange of this rank's fingerprint; `compare` False: only the
+        exchange (a barrier; checking is off)."""
         row = [code(op_name), seq, len(sig), *sig, *([0] * (_ROW - 3 - len(sig)))]
-        mine = torch.zeros(self._record, dtype=torch.uint8)
-        mine[:_ROW_BYTES].view(torch.int64).copy_(torch.tensor(row, dtype=torch.int64))
-        if payload is not None and payload.numel():
-            mine[_ROW_BYTES : _ROW_BYTES + payload.numel()].copy_(payload)
-        everyone = torch.empty(self._size * self._record, dtype=torch.uint8)
-        work = self._group._allgather_base(everyone, mine, c10d.AllgatherOptions())
-        pending = PendingCheck(work, everyone, row, self._size)
+        digest = _digest(row) if compare else 0
+        sums = torch.tensor([digest, -digest], dtype=torch.int64)
+        opts = c10d.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        work = self._group.allreduce([sums], opts)
+        pending = PendingCheck(work, sums, row, digest)
         pending.compare = compare
-        if not watch:
+        if not compare:
+            pending.done.set()
             return pending
 
         def received(future: Any) -> None:
@@ -200,35 +175,45 @@ class CallChecker:
             except Exception:
                 pending.done.set()  # the exchange itself failed: verify() reports it
                 return
-            if compare:
-                pending.message = self._compare(pending, seq)
+            pending.mismatched = self._differs(pending)
             pending.done.set()
-            if pending.message is not None:
+            if pending.mismatched:
                 self._on_mismatch(pending)
 
-        pending.watched = True
         work.get_future().add_done_callback(received)
         return pending
 
-    def verify(self, pending: PendingCheck, timeout_s: float) -> None:
-        """Waits for the exchange (within `timeout_s`; a failed exchange raises gloo's
-        error) and raises MismatchError when the fingerprints disagreed."""
-        if not pending.watched:
-            pending.work.wait()  # gloo's own timeout raises its error
-            if pending.compare:
-                pending.message = self._compare(pending, pending.mine[1])
-            pending.done.set()
-        elif not pending.done.wait(timeout_s):
-            pending.work.wait()  # gloo's own timeout raises its error
+    def verify(self, pending: PendingCheck) -> None:
+        """Waits for the exchange (gloo's timeout bounds it; a failed exchange raises gloo's
+        error) and raises MismatchError when the fingerprints disagreed (every rank does:
+        they all see it, and gather the fingerprints to name the calls)."""
+        pending.work.wait()
+        if not pending.compare or not self._differs(pending):
+            return
+        pending.mismatched = True
         if pending.message is None:
-            pending.work.wait()  # raises when the exchange failed
-        if pending.message is not None:
-            raise MismatchError(pending.message)
+            pending.message = self._describe(pending)
+        raise MismatchError(pending.message)
 
-    def _compare(self, pending: PendingCheck, seq: int) -> str | None:
-        rows = pending.rows()
-        if all(row == rows[0] for row in rows):
-            return None
+    @staticmethod
+    def _differs(pending: PendingCheck) -> bool:
+        top, neg_bottom = pending.sums.tolist()
+        return top != pending.digest or -neg_bottom != pending.digest
+
+    def _describe(self, pending: PendingCheck) -> str:
+        """Gathers every rank's fingerprint and names each rank's call."""
+        seq = pending.mine[1]
+        mine = torch.tensor(pending.mine, dtype=torch.int64)
+        everyone = torch.empty(self._size * _ROW, dtype=torch.int64)
+        try:
+            self._group._allgather_base(everyone, mine, c10d.AllgatherOptions()).wait()
+        except Exception as error:
+            return (
+                f"spyreccl: mismatched collectives on {self._label()} at seq {seq}: this rank "
+                f"called {describe_call(pending.mine)}; the others' calls could not be "
+                f"gathered ({error})"
+            )
+        rows = everyone.view(self._size, _ROW).tolist()
         seqs_differ = any(row[1] != rows[0][1] for row in rows)
         calls = "; ".join(
             f"rank {r}: {describe_call(row)}" + (f" as seq {row[1]}" if seqs_differ else "")

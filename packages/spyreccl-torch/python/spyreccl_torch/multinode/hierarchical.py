@@ -72,13 +72,6 @@ DEFAULT_FLAT_MAX_BYTES = 64 * 1024
 # default. Read when a group is created.
 CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
 
-# Reductions of at most this many bytes (after widening) travel inside the fingerprint
-# exchange (the "inline" route: one gloo all-gather over every rank, then every rank
-# reduces the same rows in the same order). It sizes every exchange's record, so it must
-# be the same on every rank. 0 turns the route off.
-INLINE_MAX_BYTES_ENV = "SPYRECCL_MULTINODE_INLINE_MAX_BYTES"
-DEFAULT_INLINE_MAX_BYTES = 256
-
 # How long a rank that saw an operation fail waits for the other ranks to say they saw it
 # too, to name the ones that did not (see _who_failed).
 FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
@@ -165,32 +158,6 @@ def _validate_reduction(kind: Any, dtype: torch.dtype) -> None:
     )
     if bad:
         raise ValueError(f"spyreccl: ReduceOp.{kind.name} is not supported for dtype {dtype}")
-
-
-def _fold(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable:
-    def reduce_rows(rows: torch.Tensor) -> torch.Tensor:
-        total = rows[0].clone()
-        for row in rows[1:]:
-            total = fn(total, row)
-        return total
-
-    return reduce_rows
-
-
-# The inline route's reductions of a [ranks, n] tensor, in the row's dtype (wrapping like
-# the other routes for integers), rank by rank.
-_INLINE_REDUCE: dict[Any, Callable[[torch.Tensor], torch.Tensor]] = {
-    _RedOp.SUM: _fold(torch.add),
-    _RedOp.PRODUCT: _fold(torch.mul),
-    _RedOp.MIN: _fold(torch.minimum),
-    _RedOp.MAX: _fold(torch.maximum),
-    _RedOp.BAND: _fold(torch.bitwise_and),
-    _RedOp.BOR: _fold(torch.bitwise_or),
-    _RedOp.BXOR: _fold(torch.bitwise_xor),
-}
-_INLINE_DTYPES = frozenset(
-    {torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64}
-)
 
 
 class _Plan:
@@ -280,7 +247,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._store = store
         self._check_calls = os.environ.get(CHECK_ENV, "1").strip() not in ("0", "false", "no")
         # How many operations took each route (tests and the benchmark read it).
-        self.route_counts = {"leader": 0, "sharded": 0, "flat": 0, "inline": 0}
+        self.route_counts = {"leader": 0, "sharded": 0, "flat": 0}
         self._flat_max_bytes = int(os.environ.get(FLAT_MAX_BYTES_ENV, DEFAULT_FLAT_MAX_BYTES))
         self._executor = OrderedExecutor(f"group '{group_name}'")
         self._mismatch: PendingCheck | None = None  # set by the checker's gloo callback
@@ -322,7 +289,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._flat = dist.ProcessGroupGloo(
             dist.PrefixStore("spyreccl/flat/", store), topology.rank, topology.size, self._timeout
         )
-        # The control group: fingerprints, the inline route's data and barriers (see
+        # The control group: fingerprints and barriers (see
         # fingerprint.py); a gloo group of its own, so that the data groups' operation order
         # does not depend on whether checking is on.
         self._check_group = dist.ProcessGroupGloo(
@@ -331,13 +298,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             topology.size,
             self._timeout,
         )
-        self._checker: CallChecker | None = CallChecker(
-            self._check_group,
-            topology.rank,
-            topology.size,
-            int(os.environ.get(INLINE_MAX_BYTES_ENV, DEFAULT_INLINE_MAX_BYTES)),
-            self._label,
-            self._on_mismatch,
+        self._checker = CallChecker(
+            self._check_group, topology.size, self._label, self._on_mismatch
         )
 
     # -- identity ------------------------------------------------------------------------
@@ -387,7 +349,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         body: Callable[[], list[torch.Tensor] | None],
         signature: Sequence[int] = (),
         opts: Any = None,
-        payload: Callable[[], torch.Tensor] | None = None,
+        exchange: bool = False,
     ) -> dist.Work:
         """Queues one operation with its sequence number on the group's executor and returns
         its Work. A failure names both and leaves the group unusable (its sub-groups are
@@ -397,9 +359,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         ValueError is an argument rejected before anything was communicated (every rank
         rejects the same call): the Work carries it as is (a blocking call raises it) and the
         group stays usable. With checking on, `signature` (sizes, dtype, root, op: what every
-        rank must agree on) travels to every rank alongside the operation. `payload` (the
-        inline route and barriers): host bytes that travel in the same exchange, checking
-        on or off; `body` finds the exchange in self._exchange."""
+        rank must agree on) travels to every rank alongside the operation. `exchange`: post the
+        control exchange even with checking off (barriers: the exchange is the barrier);
+        `body` finds it in self._exchange."""
         if self._failed is not None:
             raise RuntimeError(
                 f"spyreccl: {op_name} on {self._label()}: the group failed earlier "
@@ -421,14 +383,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 return
             pending = None
             try:
-                if payload is not None:
-                    with torch.no_grad():
-                        data = payload()
-                    pending = checker.post(
-                        op_name, seq, signature, data, self._check_calls, watch=False
-                    )
-                elif self._check_calls and checker is not None:
-                    pending = checker.post(op_name, seq, signature)
+                if self._check_calls or exchange:
+                    pending = checker.post(op_name, seq, signature, self._check_calls)
                 self._gate = self._exchange = pending  # _gate: see _gloo
                 with torch.no_grad():  # grad mode is per thread: the caller's does not apply
                     result = body()
@@ -436,23 +392,17 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                     # No gloo stage on this rank: the result is only final once every rank
                     # was seen to call the same collective.
                     self._gate = None
-                    checker.verify(pending, self._timeout.total_seconds())
-            except ValueError as error:
-                if self._mismatch is None:
-                    work.fail(error)
-                    return
-                failure = self._fail(op_name, seq, error)
-                work.fail(failure)
-                return
+                    checker.verify(pending)
             except Exception as error:
-                if pending is not None and pending.watched:
-                    # A stage failed (spyreccl's own mismatch detection on a node, a peer
-                    # that gave up): when the fingerprints disagree, that is the cause to
-                    # report, on every rank alike. They arrive within moments.
-                    pending.done.wait(min(self._failure_window_s, self._timeout.total_seconds()))
-                cause: BaseException = error
-                if pending is not None and pending.mismatched:
-                    cause = MismatchError(pending.message)
+                # A stage failed (spyreccl's own mismatch detection on a node, a peer that
+                # gave up, arguments this rank rejected): when the fingerprints disagree,
+                # that is the cause to report, on every rank alike (each rank that sees the
+                # disagreement takes part in gathering the calls). They arrive within
+                # moments.
+                cause = self._mismatch_behind(pending, error)
+                if isinstance(cause, ValueError):
+                    work.fail(cause)  # rejected arguments: the group stays usable
+                    return
                 failure = self._fail(op_name, seq, cause)
                 failure.__cause__ = error
                 work.fail(failure)
@@ -470,6 +420,20 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if work.is_completed() and isinstance(work.exception(), ValueError):
             work.wait()  # rejected arguments: raised on the calling thread
         return work
+
+    def _mismatch_behind(self, pending: PendingCheck | None, error: Exception) -> Exception:
+        if pending is None or not pending.compare or isinstance(error, MismatchError):
+            return error
+        pending.done.wait(min(self._failure_window_s, self._timeout.total_seconds()))
+        if not pending.mismatched:
+            return error
+        try:
+            self._checker.verify(pending)
+        except MismatchError as mismatch:
+            return mismatch
+        except Exception:
+            pass
+        return error
 
     def _on_mismatch(self, pending: PendingCheck) -> None:
         """The checker saw the ranks disagree (on gloo's thread): stop this operation's data
@@ -561,7 +525,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         overlap the exchange."""
         if self._gate is not None:
             pending, self._gate = self._gate, None
-            self._checker.verify(pending, self._timeout.total_seconds())
+            self._checker.verify(pending)
         self._wait_gloo(post())
 
     def _wait_gloo(self, work: Any) -> None:
@@ -695,39 +659,6 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._cross_all_reduce(work, plan.cross_op)
         self._local_broadcast(work, 0)
 
-    def _inline_ok(self, t: torch.Tensor, plan: _Plan) -> bool:
-        """Whether an all_reduce of `t` takes the inline route (see INLINE_MAX_BYTES_ENV)."""
-        nbytes = t.numel() * torch.empty((), dtype=plan.work_dtype).element_size()
-        # Without checking, the flat route's single gloo all_reduce is cheaper than an
-        # all-gather of every rank's record (measured: docs/performance.md).
-        if not self._check_calls or self._checker is None or nbytes > self._checker.inline_bytes:
-            return False
-        op = plan.local_op.op if hasattr(plan.local_op, "op") else plan.local_op
-        if plan.work_dtype.is_complex:
-            return op in (_RedOp.SUM, _RedOp.PRODUCT)
-        return plan.work_dtype in _INLINE_DTYPES and op in _INLINE_REDUCE
-
-    def _inline_all_reduce(self, tensors: list[torch.Tensor], plan: _Plan, opts: Any) -> Any:
-        """All-reduce whose data rides in the fingerprint exchange: every rank gets every
-        rank's input and reduces the rows itself, in rank order (so all ranks hold the same
-        bits). One gloo all-gather over every rank is the whole cost, the check included."""
-        t = tensors[0]
-
-        def payload() -> torch.Tensor:
-            return _host_bytes(plan.prepare(t, always_copy=False))
-
-        def body() -> list[torch.Tensor]:
-            pending, self._gate = self._exchange, None
-            self._checker.verify(pending, self._timeout.total_seconds())
-            rows = pending.payloads(plan.work_dtype, t.numel())
-            op = plan.local_op.op if hasattr(plan.local_op, "op") else plan.local_op
-            total = _INLINE_REDUCE[op](rows)
-            t.copy_(plan.finish(total).reshape(t.shape))
-            self.route_counts["inline"] += 1
-            return tensors
-
-        return self._run("all_reduce", body, _sig(tensors, opts.reduceOp), opts, payload)
-
     def _reduce_work(self, work: torch.Tensor, plan: _Plan, root: int) -> None:
         """Reduces `work` (contiguous, the plan's work dtype) to group rank `root`; only the
         root's `work` holds the result. Each node's partial result crosses to the root's node
@@ -855,10 +786,6 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else c10d.AllreduceOptions()
         if not self._on_spyre(tensors):
             return self._flat.allreduce(tensors, opts)
-        if len(tensors) == 1:
-            plan = _Plan(opts.reduceOp, tensors[0].dtype, self._topo.size)
-            if self._inline_ok(tensors[0], plan):
-                return self._inline_all_reduce(tensors, plan, opts)
 
         def body() -> list[torch.Tensor]:
             for t in tensors:
@@ -1212,13 +1139,13 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> dist.Work:
         def body() -> list[torch.Tensor]:
-            # The exchange over every rank is the barrier: a rank's all-gather completes
-            # once every rank has posted its record.
+            # The control exchange over every rank is the barrier: a rank's all_reduce
+            # completes once every rank has posted its part.
             pending, self._gate = self._exchange, None
-            self._checker.verify(pending, self._timeout.total_seconds())
+            self._checker.verify(pending)
             return []
 
-        return self._run("barrier", body, (), opts, lambda: torch.empty(0, dtype=torch.uint8))
+        return self._run("barrier", body, (), opts, exchange=True)
 
     # -- point to point --------------------------------------------------------------------
 
