@@ -7,19 +7,26 @@ A group whose ranks are on several nodes is therefore built from:
 - ``cross``: a gloo group over the ranks that have this rank's local index, one per node
   that has one (the "leaders" group for local index 0 exists on every node);
 - ``flat``: a gloo group over every rank, for what has no useful hierarchy here: CPU tensors,
-  all_to_all and send/recv between nodes.
+  all_to_all, gather, scatter, send/recv between nodes and the flat route below;
+- ``control``: a gloo group over every rank for the mismatch check and barriers
+  (fingerprint.py).
 
 gloo moves host memory, so data crossing nodes is copied to the host first (as raw bytes for
 data movement, so gloo's dtype coverage does not matter; widened to a dtype gloo reduces for
-reductions). Reductions take one of two routes:
+reductions). Reductions take one of three routes, by size:
 
+- *flat* (up to SPYRECCL_MULTINODE_FLAT_MAX_BYTES): one gloo all_reduce over every rank.
+  Fewest stages: measured fastest for small messages.
 - *leader*: reduce on each node to local rank 0, all_reduce among the leaders, broadcast on
-  each node. Any layout, least traffic between nodes per call: small messages and uneven nodes.
+  each node. Any layout, least traffic between nodes per call: uneven nodes, mid sizes.
 - *sharded*: reduce-scatter on each node, all_reduce of every shard between the ranks of the
   same local index (all nodes in parallel), all-gather on each node. Every rank moves 1/L of
   the data between nodes: large messages on nodes of equal size. all_gather and
   reduce_scatter have sharded routes of the same shape (the ranks of each local index
   exchange between nodes in parallel, the node gathers / reduce-scatters).
+
+reduce sends each node's partial result once towards the root's node; gather and scatter
+send each block once, between the root and its owner.
 
 16- and 8-bit floats are reduced in float32 and rounded once at the end, and AVG divides the
 exact total once, so the results match the single-node path's (which also accumulates in
@@ -28,7 +35,9 @@ wider types and rounds once) within its tolerances, whatever the number of stage
 Operations on spyre tensors run on the group's executor (executor.py): one thread per group
 that runs them in issue order, so ``async_op=True`` returns at once and the caller computes
 while the stages run; a blocking call with nothing queued runs on the caller's thread. Every
-collective's fingerprint is checked across all ranks alongside its data (fingerprint.py).
+collective's fingerprint is checked across all ranks while its on-node stages run, and
+before its first gloo stage (fingerprint.py, _gloo).
+
 torch lets a Python class act as a whole process group
 (``ProcessGroup`` subclasses, see torch's PyProcessGroup), not as a backend, so this class is
 what the backend creator returns for multi-node groups; single-node groups keep the plain C++
@@ -52,6 +61,9 @@ from torch._C import _distributed_c10d as c10d
 from .executor import OrderedExecutor
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
+from .reduction import Plan as _Plan
+from .reduction import bytes_into as _bytes_into
+from .reduction import host_bytes as _host_bytes
 from .topology import Topology
 from .works import AsyncWork, ThenWork
 
@@ -77,7 +89,6 @@ CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
 FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
 
 _SPYRE = "spyre"
-_NARROW_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
 _RedOp = dist.ReduceOp.RedOpType
 _SIGN_BIT = -(2**63)  # int64 with only the sign bit set
 
@@ -132,91 +143,6 @@ def _timeout_of(timeout: Any) -> datetime.timedelta:
     if isinstance(timeout, datetime.timedelta):
         return timeout
     return datetime.timedelta(seconds=float(timeout))
-
-
-def _host_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 host copy of `t`'s elements (gloo moves every dtype as bytes)."""
-    host = t.detach().contiguous().cpu().reshape(-1)
-    return host.view(torch.uint8) if host.dtype != torch.uint8 else host
-
-
-def _bytes_into(t: torch.Tensor, host: torch.Tensor) -> None:
-    """Copies a flat uint8 host buffer made by _host_bytes back into `t`."""
-    values = host.view(t.dtype) if t.dtype != torch.uint8 else host
-    t.copy_(values.reshape(t.shape))
-
-
-def _validate_reduction(kind: Any, dtype: torch.dtype) -> None:
-    """Rejects what spyreccl.h does not define, before anything is communicated, with the
-    single-node backend's message: bitwise ops on floats, AVG of booleans, PREMUL_SUM on
-    anything but floats."""
-    is_float = dtype.is_floating_point or dtype.is_complex
-    bad = (
-        (kind in (_RedOp.BAND, _RedOp.BOR, _RedOp.BXOR) and is_float)
-        or (kind == _RedOp.AVG and dtype == torch.bool)
-        or (kind == _RedOp.PREMUL_SUM and not is_float)
-    )
-    if bad:
-        raise ValueError(f"spyreccl: ReduceOp.{kind.name} is not supported for dtype {dtype}")
-
-
-class _Plan:
-    """How one reduction is carried out: the dtype it is computed in, and the ops for the
-    on-node and the between-nodes stages."""
-
-    def __init__(self, op: Any, dtype: torch.dtype, size: int) -> None:
-        kind = op.op if hasattr(op, "op") else op
-        _validate_reduction(kind, dtype)
-        self.kind = kind
-        self.dtype = dtype
-        self.size = size
-        self.work_dtype = dtype
-        if dtype in _NARROW_FLOATS:
-            self.work_dtype = torch.float32
-        elif dtype == torch.int16:  # gloo has no int16 kernels; wraps the same in int32
-            self.work_dtype = torch.int32
-        elif dtype == torch.bool:
-            self.work_dtype = torch.uint8
-        elif dtype == torch.complex32:
-            self.work_dtype = torch.complex64
-        elif dtype == torch.uint32:  # gloo has no uint32; int64 holds every value
-            self.work_dtype = torch.int64
-        if kind == _RedOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
-            if dtype == torch.uint64:
-                raise ValueError(
-                    "spyreccl: ReduceOp.AVG of torch.uint64 is not supported when the group's "
-                    "ranks span several nodes (the exact total needs more than 64 bits); "
-                    "reduce with SUM and divide"
-                )
-            self.work_dtype = torch.int64  # the exact total, truncated once at the end
-        self.local_op = op
-        self.cross_op: Any = op
-        if kind == _RedOp.AVG:
-            self.local_op = self.cross_op = dist.ReduceOp.SUM
-        elif kind == _RedOp.PREMUL_SUM:
-            # The factor applies once, to every input, on its node; the node totals add up.
-            self.cross_op = dist.ReduceOp.SUM
-        if dtype == torch.bool:
-            # Booleans: SUM is a logical or, PRODUCT a logical and (on 0/1 bytes).
-            mapped = {_RedOp.SUM: dist.ReduceOp.MAX, _RedOp.PRODUCT: dist.ReduceOp.MIN}
-            if kind in mapped:
-                self.local_op = self.cross_op = mapped[kind]
-
-    def prepare(self, t: torch.Tensor, always_copy: bool) -> torch.Tensor:
-        if self.work_dtype != t.dtype:
-            return t.to(self.work_dtype)
-        return t.clone() if always_copy else t
-
-    def finish(self, work: torch.Tensor) -> torch.Tensor:
-        """The result in the caller's dtype."""
-        if self.kind == _RedOp.AVG:
-            if work.dtype.is_floating_point:
-                work = work / self.size
-            else:
-                work = torch.div(work, self.size, rounding_mode="trunc")
-        if self.dtype == torch.bool:
-            return work != 0
-        return work.to(self.dtype) if work.dtype != self.dtype else work
 
 
 class HierarchicalProcessGroup(dist.ProcessGroup):
