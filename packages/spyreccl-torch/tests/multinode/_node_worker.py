@@ -431,6 +431,9 @@ def op_cases(world: int, full: bool) -> list[tuple]:
             if reduction_valid(dtype, op):
                 cases.append(("reduce", dtype, op, 1001, last if op in ("SUM", "MAX") else 1))
                 cases.append(("reduce_scatter", dtype, op, 333, op in ("SUM", "AVG", "BXOR")))
+    # large enough for the sharded reduce (>= 64 KiB in the 2 x 2 launch)
+    cases.append(("reduce", torch.float32, "SUM", LARGE, last))
+    cases.append(("reduce", torch.bfloat16, "AVG", LARGE, 1))
     cases.append(("reduce_scatter", torch.float32, "SUM", LARGE, True))
     # large enough for the sharded reduce-scatter in every dtype (>= 64 KiB in the launch)
     for dtype, op, tensor_api in (

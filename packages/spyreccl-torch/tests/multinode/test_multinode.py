@@ -120,10 +120,19 @@ def test_uneven_nodes_three_plus_one(tmp_path):
         "uneven",
         tmp_path,
         timeout=JOB_TIMEOUT,
-        env={"SPYRECCL_MN_SEED": str(seed), "SPYRECCL_MN_DEVICE_ID": "1"},
+        env={
+            "SPYRECCL_MN_SEED": str(seed),
+            "SPYRECCL_MN_DEVICE_ID": "1",
+            # 1001-element reductions of 1-byte types take the flat route, wider ones the
+            # leader route (reduce to a root whose local index only node 0 has included).
+            "SPYRECCL_MULTINODE_FLAT_MAX_BYTES": "2048",
+        },
         isolate=False,
     )
     _check_job(result, [3, 1], seed, ["split_check"])
+    for rank, report in result.reports.items():
+        routes = report["routes"]
+        assert routes["flat"] > 0 and routes["leader"] > 0 and not routes["sharded"], routes
 
 
 def test_nodes_with_own_network_over_a_veth_pair(tmp_path):
