@@ -635,6 +635,33 @@ def async_check(ctx: Ctx, base_seed: int) -> list[str]:
     return failures
 
 
+def timeout_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """wait(timeout) on a Work whose peers never call: rank 0's wait raises within the
+    given time, naming the operation and its sequence number, the group refuses later
+    calls, and the process still exits cleanly (the abandoned gloo exchange is released
+    by a thread of its own)."""
+    failures: list[str] = []
+    r = ctx.rank
+    group = dist.new_group(list(range(ctx.world_size)))
+    if r == 0:
+        t = torch.ones(3, device=_dev(ctx))
+        work = dist.all_reduce(t, group=group, async_op=True)
+        start = time.monotonic()
+        try:
+            expect_rejection(
+                lambda: work.wait(datetime.timedelta(seconds=1)),
+                r"all_reduce seq 1 did not complete within 1 s",
+                "wait(timeout) on a Work nobody else joins",
+            )
+            expect_rejection(lambda: dist.all_reduce(t, group=group), "failed earlier", "")
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+        if time.monotonic() - start > 6:
+            failures.append(f"rank {r}: wait(1 s) took {time.monotonic() - start:.1f} s")
+    dist.destroy_process_group(group)
+    return failures
+
+
 def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
     """Checking is on by default: a group whose ranks call different collectives (rank 3 on
     node 1 broadcasts 8 elements while the others all-reduce 7; rank 2 on the same node
@@ -906,6 +933,7 @@ def mode_ops(full: bool) -> None:
     cases = op_cases(ctx.world_size, full)
     extras = (
         [group_checks, ddp_check, hsdp_check, funcol_check, async_check, mismatch_check]
+        + [timeout_check]
         if full
         else [split_check]
     )

@@ -101,6 +101,7 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
             "funcol_check",
             "async_check",
             "mismatch_check",
+            "timeout_check",
         ],
     )
     for rank, report in result.reports.items():
@@ -132,7 +133,7 @@ def test_uneven_nodes_three_plus_one(tmp_path):
     _check_job(result, [3, 1], seed, ["split_check"])
     for rank, report in result.reports.items():
         routes = report["routes"]
-        assert routes["flat"] > 0 and routes["leader"] > 0 and not routes["sharded"], routes
+        assert routes["flat"] > 0 and routes["leader"] > 0 and not routes["sharded"], (rank, routes)
 
 
 def test_nodes_with_own_network_over_a_veth_pair(tmp_path):
