@@ -145,6 +145,23 @@ def _timeout_of(timeout: Any) -> datetime.timedelta:
     return datetime.timedelta(seconds=float(timeout))
 
 
+def _gloo_view(host: torch.Tensor, op: Any) -> tuple[torch.Tensor, bool]:
+    """A view of `host` that gloo can reduce with `op`, and whether its sign bits were
+    flipped (flip them back in the result). gloo reduces neither complex nor uint64
+    tensors: complex sums are sums of (real, imaginary) pairs; uint64 wraps like int64 for
+    SUM/PRODUCT/bitwise ops, and keeps its order for MIN/MAX once the sign bit is flipped."""
+    kind = op.op if hasattr(op, "op") else op
+    if host.is_complex():
+        return torch.view_as_real(host), False
+    if host.dtype == torch.uint64:
+        view = host.view(torch.int64)
+        flip = kind in (_RedOp.MIN, _RedOp.MAX)
+        if flip:
+            view.bitwise_xor_(_SIGN_BIT)
+        return view, flip
+    return host, False
+
+
 class HierarchicalProcessGroup(dist.ProcessGroup):
     """See the module docstring. Built by spyreccl_torch's backend creator when a group's
     ranks are on more than one node."""
@@ -469,7 +486,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                     done.set()
                     self._wake.notify_all()
 
-            work.get_future().add_done_callback(completed)
+            try:
+                future = work.get_future()
+            except RuntimeError:  # gloo's reduce_scatter Works have none: plain wait
+                work.wait()
+                return
+            future.add_done_callback(completed)
             deadline = time.monotonic() + self._timeout.total_seconds() + 5.0
             with self._wake:
                 while self._stopped is None and not done.is_set():
@@ -518,19 +540,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         """All-reduces `t` (spyre or host) over the gloo `group` on a host copy, or reduces
         it to `root` (then only the root's `t` is written)."""
         host = t.detach().cpu() if t.device.type != "cpu" else t
-        # gloo reduces neither complex nor uint64 tensors: complex sums are sums of
-        # (real, imaginary) pairs; uint64 wraps like int64 for SUM/PRODUCT/bitwise ops, and
-        # keeps its order for MIN/MAX once the sign bit is flipped.
-        kind = op.op if hasattr(op, "op") else op
-        view = host
-        flip = False
-        if host.is_complex():
-            view = torch.view_as_real(host)
-        elif host.dtype == torch.uint64:
-            view = host.view(torch.int64)
-            flip = kind in (_RedOp.MIN, _RedOp.MAX)
-            if flip:
-                view.bitwise_xor_(_SIGN_BIT)
+        view, flip = _gloo_view(host, op)
         if root is None:
             opts = c10d.AllreduceOptions()
             opts.reduceOp = op
@@ -885,8 +895,27 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             k = topo.node
             out.copy_(plan.finish(mine[k * n : (k + 1) * n]).reshape(out.shape))
             return
+        plan = _Plan(op, flat.dtype, topo.size)
+        work_bytes = flat.numel() * torch.empty((), dtype=plan.work_dtype).element_size()
+        if self._flat_ok(work_bytes, plan):
+            # One gloo reduce_scatter over every rank: each rank receives only its block.
+            self.route_counts["flat"] += 1
+            if n == 0:
+                return
+            host_in = plan.prepare(flat, always_copy=False).detach().cpu()
+            host_out = torch.empty(n, dtype=plan.work_dtype)
+            view_in, flip = _gloo_view(host_in, plan.local_op)
+            view_out = torch.view_as_real(host_out) if host_out.is_complex() else host_out
+            if host_out.dtype == torch.uint64:
+                view_out = host_out.view(torch.int64)
+            rs = c10d.ReduceScatterOptions()
+            rs.reduceOp = plan.local_op
+            self._gloo(lambda: self._flat._reduce_scatter_base(view_out, view_in, rs))
+            if flip:
+                view_out.bitwise_xor_(_SIGN_BIT)
+            out.copy_(plan.finish(host_out).reshape(out.shape))
+            return
         self._all_reduce_into(flat, op)
-        n = out.numel()
         r = self._topo.rank
         out.copy_(flat[r * n : (r + 1) * n].reshape(out.shape))
 
