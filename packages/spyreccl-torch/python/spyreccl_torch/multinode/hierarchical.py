@@ -341,12 +341,17 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 # gave up, arguments this rank rejected): when the fingerprints disagree,
                 # that is the cause to report, on every rank alike (each rank that sees the
                 # disagreement takes part in gathering the calls). They arrive within
-                # moments.
-                cause = self._mismatch_behind(pending, error)
+                # moments: a short wait here, and again after _fail's wait for the other
+                # ranks' reports (so a dead peer costs no extra wait).
+                rejected = isinstance(error, ValueError)
+                cause = self._mismatch_behind(pending, error, None if rejected else 0.2)
                 if isinstance(cause, ValueError):
                     work.fail(cause)  # rejected arguments: the group stays usable
                     return
                 failure = self._fail(op_name, seq, cause)
+                if not isinstance(cause, MismatchError):
+                    late = self._mismatch_behind(pending, error, 0.0)
+                    failure = late if isinstance(late, MismatchError) else failure
                 failure.__cause__ = error
                 work.fail(failure)
                 return
@@ -364,10 +369,16 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             work.wait()  # rejected arguments: raised on the calling thread
         return work
 
-    def _mismatch_behind(self, pending: PendingCheck | None, error: Exception) -> Exception:
+    def _mismatch_behind(
+        self, pending: PendingCheck | None, error: Exception, wait_s: float | None
+    ) -> Exception:
+        """The MismatchError behind `error` when this operation's fingerprints disagreed
+        (waiting up to `wait_s` for them, None: the failure window), else `error`."""
         if pending is None or not pending.compare or isinstance(error, MismatchError):
             return error
-        pending.done.wait(min(self._failure_window_s, self._timeout.total_seconds()))
+        if wait_s is None:
+            wait_s = min(self._failure_window_s, self._timeout.total_seconds())
+        pending.done.wait(wait_s)
         if not pending.mismatched:
             return error
         try:
