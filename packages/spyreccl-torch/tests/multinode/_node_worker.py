@@ -431,6 +431,9 @@ def op_cases(world: int, full: bool) -> list[tuple]:
             if reduction_valid(dtype, op):
                 cases.append(("reduce", dtype, op, 1001, last if op in ("SUM", "MAX") else 1))
                 cases.append(("reduce_scatter", dtype, op, 333, op in ("SUM", "AVG", "BXOR")))
+    # large enough for the sharded reduce (>= 64 KiB in the 2 x 2 launch)
+    cases.append(("reduce", torch.float32, "SUM", LARGE, last))
+    cases.append(("reduce", torch.bfloat16, "AVG", LARGE, 1))
     cases.append(("reduce_scatter", torch.float32, "SUM", LARGE, True))
     # large enough for the sharded reduce-scatter in every dtype (>= 64 KiB in the launch)
     for dtype, op, tensor_api in (
@@ -563,31 +566,165 @@ def group_checks(ctx: Ctx, base_seed: int) -> list[str]:
     return failures
 
 
-def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
-    """SPYRECCL_MULTINODE_CHECK=1: a group whose ranks call different collectives (rank 3
-    on node 1 broadcasts 8 elements while the others all-reduce 7) fails on every rank
-    with a message naming both calls, and stays usable."""
-    os.environ["SPYRECCL_MULTINODE_CHECK"] = "1"
+def async_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """async_op=True across nodes: a large all_reduce returns while it is still in flight,
+    this rank computes meanwhile (polling is_completed()), and wait() gives the right sum;
+    get_future() chains (what DDP comm hooks use); collectives issued back to back complete
+    in issue order with the data of their predecessors (waited for in reverse order), on
+    both routes."""
+    failures: list[str] = []
+    r, w = ctx.rank, ctx.world_size
+    seed = case_seed(base_seed, 70_000)
+    # 4 Mi float32 (16 MiB): the sharded route, hundreds of milliseconds here.
+    inputs = rank_inputs(seed, 4 << 20, torch.float32, w)
+    big = inputs[r].to(_dev(ctx))
+    start = time.monotonic()
+    work = dist.all_reduce(big, async_op=True)
+    returned = time.monotonic() - start
+    in_flight = not work.is_completed()
+    a = torch.rand(128, 128, dtype=torch.float64)
+    computed = 0
+    while not work.is_completed():
+        a = (a @ a).tanh_()
+        computed += 1
+    total = time.monotonic() - start
+    work.wait()
+    if not in_flight or computed == 0 or returned > total / 2:
+        failures.append(
+            f"rank {r}: async all_reduce did not overlap: returned after {returned:.3f} s of "
+            f"{total:.3f} s, in flight at return: {in_flight}, {computed} compute steps"
+        )
     try:
-        group = dist.new_group(list(range(ctx.world_size)))
-    finally:
-        del os.environ["SPYRECCL_MULTINODE_CHECK"]
+        want = reference_reduce(inputs, "sum", torch.float32)
+        check_result(big, want, torch.float32, w, seed, "async all_reduce (16 MiB)")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+
+    # get_future(): completed by the group's thread, chained without a wait on the Work.
+    small = inputs[r][:1001].to(_dev(ctx))
+    doubled = dist.all_reduce(small, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    try:
+        want = reference_reduce([x[:1001] for x in inputs], "sum", torch.float32) * 2
+        check_result(doubled.wait(), want, torch.float32, w, seed, "get_future().then")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+
+    # Ordering: each collective reads what the one before it wrote (exact, in int64).
+    seed2 = case_seed(base_seed, 70_001)
+    xs = rank_inputs(seed2, 7, torch.int64, w)  # leader route
+    ys = rank_inputs(seed2, 30_001, torch.int64, w, salt=1)  # sharded route (240 KB)
+    x, y = xs[r].to(_dev(ctx)), ys[r].to(_dev(ctx))
+    gathered = torch.full((w * 7,), -7, dtype=torch.int64, device=_dev(ctx))
+    works = [
+        dist.all_reduce(x, async_op=True),
+        dist.all_reduce(y, op=dist.ReduceOp.MAX, async_op=True),
+        dist.all_reduce(x, async_op=True),  # every rank now holds w * sum
+        dist.all_gather_into_tensor(gathered, x, async_op=True),
+        dist.all_reduce(y, async_op=True),  # w * max
+    ]
+    for work in reversed(works):
+        work.wait()
+    sum_x = torch.stack(xs).sum(0)
+    max_y = torch.stack(ys).max(0).values
+    try:
+        check_exact(x, sum_x * w, seed2, w, "async all_reduce after all_reduce")
+        check_exact(gathered, (sum_x * w).repeat(w), seed2, w, "async all_gather after them")
+        check_exact(y, max_y * w, seed2, w, "async all_reduce(SUM) after all_reduce(MAX)")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+    return failures
+
+
+def timeout_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """wait(timeout) on a Work whose peers never call: rank 0's wait raises within the
+    given time, naming the operation and its sequence number, the group refuses later
+    calls, and the process still exits cleanly (the abandoned gloo exchange is released
+    by a thread of its own)."""
+    failures: list[str] = []
+    r = ctx.rank
+    group = dist.new_group(list(range(ctx.world_size)))
+    if r == 0:
+        t = torch.ones(3, device=_dev(ctx))
+        work = dist.all_reduce(t, group=group, async_op=True)
+        start = time.monotonic()
+        try:
+            expect_rejection(
+                lambda: work.wait(datetime.timedelta(seconds=1)),
+                r"all_reduce seq 1 did not complete within 1 s",
+                "wait(timeout) on a Work nobody else joins",
+            )
+            expect_rejection(lambda: dist.all_reduce(t, group=group), "failed earlier", "")
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+        if time.monotonic() - start > 6:
+            failures.append(f"rank {r}: wait(1 s) took {time.monotonic() - start:.1f} s")
+    dist.destroy_process_group(group)
+    return failures
+
+
+def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """Checking is on by default: a group whose ranks call different collectives (rank 3 on
+    node 1 broadcasts 8 elements while the others all-reduce 7; rank 2 on the same node
+    waits for rank 3 in an on-node stage) fails on every rank within seconds, with a message
+    naming the sequence number, what differs and each rank's call (no rank returns as if
+    it had a result); the failed group refuses later calls.
+    Then with SPYRECCL_MULTINODE_CHECK=0 matching calls still compute right."""
     failures = []
     r = ctx.rank
-    pattern = r"mismatched collectives .* at seq 1: rank 0: all_reduce\(numel=7, torch.float32, "
+    group = dist.new_group(list(range(ctx.world_size)))
+    pattern = r"mismatched collectives .* at seq 1 \(operation, element count, reduce op, "
+    pattern += r"root differ\): rank 0: all_reduce\(numel=7, torch.float32, "
     pattern += r"RedOpType.SUM\).*rank 3: broadcast\(numel=8, torch.float32, root=0\)"
+    poison = torch.full((8 if r == 3 else 7,), float("nan"), device=_dev(ctx))
     if r == 3:
-        call = lambda: dist.broadcast(torch.ones(8, device=_dev(ctx)), src=0, group=group)  # noqa: E731
+        call = lambda: dist.broadcast(poison, src=0, group=group)  # noqa: E731
     else:
-        call = lambda: dist.all_reduce(torch.ones(7, device=_dev(ctx)), group=group)  # noqa: E731
+        call = lambda: dist.all_reduce(poison, group=group)  # noqa: E731
+    start = time.monotonic()
     try:
         expect_rejection(call, pattern, "mismatched collectives")
     except AssertionError as exc:
         failures.append(f"rank {r}: {exc}")
+    if time.monotonic() - start > 10:
+        failures.append(f"rank {r}: the mismatch took {time.monotonic() - start:.1f} s to fail")
+    try:
+        expect_rejection(lambda: dist.all_reduce(poison, group=group), "failed earlier", "")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+    os.environ["SPYRECCL_MULTINODE_CHECK"] = "0"
+    try:
+        unchecked = dist.new_group(list(range(ctx.world_size)))
+    finally:
+        del os.environ["SPYRECCL_MULTINODE_CHECK"]
+    if unchecked._check_calls:
+        failures.append(f"rank {r}: SPYRECCL_MULTINODE_CHECK=0 left checking on")
     t = torch.full((5,), float(r), device=_dev(ctx))
-    dist.all_reduce(t, group=group)  # still usable
-    if t.cpu().tolist() != [6.0] * 5:
-        failures.append(f"rank {r}: all_reduce after the mismatch gave {t.cpu().tolist()}")
+    dist.all_reduce(t, group=unchecked)
+    if t.cpu().tolist() != [6.0] * 5 or unchecked.route_counts["flat"] != 1:
+        failures.append(
+            f"rank {r}: all_reduce without checking gave {t.cpu().tolist()} "
+            f"(routes {unchecked.route_counts})"
+        )
+    dist.destroy_process_group(unchecked)
+    dist.destroy_process_group(group)
+
+    # A mismatch that only the reduce op tells apart, on an operation large enough for
+    # gloo stages: rank 3's node-local stage meets rank 2's (spyreccl stops both), node 0
+    # goes as far as its first gloo stage, which waits for the fingerprints.
+    group = dist.new_group(list(range(ctx.world_size)))
+    big = torch.ones(100_000, device=_dev(ctx))
+    op = dist.ReduceOp.MAX if r == 3 else dist.ReduceOp.SUM
+    pattern = r"mismatched collectives .* at seq 1 \(reduce op differ\): rank 0: all_reduce"
+    pattern += r"\(numel=100000, torch.float32, RedOpType.SUM\).*rank 3: all_reduce\(numel="
+    pattern += r"100000, torch.float32, RedOpType.MAX\)"
+    start = time.monotonic()
+    work = dist.all_reduce(big, op=op, group=group, async_op=True)
+    try:
+        expect_rejection(work.wait, pattern, "mismatched reduce op")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+    if time.monotonic() - start > 10:
+        failures.append(f"rank {r}: the mismatch took {time.monotonic() - start:.1f} s to fail")
     dist.destroy_process_group(group)
     return failures
 
@@ -794,12 +931,17 @@ def mode_ops(full: bool) -> None:
     base_seed = int(os.environ["SPYRECCL_MN_SEED"])
     start = time.monotonic()
     cases = op_cases(ctx.world_size, full)
-    failures, done = run_cases(cases, base_seed, ctx)
     extras = (
-        [group_checks, ddp_check, hsdp_check, funcol_check, mismatch_check]
+        [group_checks, ddp_check, hsdp_check, funcol_check, async_check, mismatch_check]
+        + [timeout_check]
         if full
         else [split_check]
     )
+    only = os.environ.get("SPYRECCL_MN_ONLY")  # while developing: these checks, no table
+    if only:
+        cases = []
+        extras = [globals()[name] for name in only.split(",")]
+    failures, done = run_cases(cases, base_seed, ctx)
     extras_run = []
     for check in extras:
         if failures:
@@ -838,8 +980,14 @@ def mode_kill() -> None:
     time.sleep(0.3)  # the victim is gone by now
     error = None
     try:
-        for _ in range(50):
-            dist.all_reduce(t)
+        if ctx.rank % 2 == 0:
+            # Queued with async_op=True: the failure reaches every queued Work's wait().
+            works = [dist.all_reduce(t, async_op=True) for _ in range(50)]
+            for work in works:
+                work.wait()
+        else:
+            for _ in range(50):
+                dist.all_reduce(t)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     report.update(error=error, error_time=time.time(), segments=_mapped_segments())
@@ -861,6 +1009,10 @@ def mode_nojoin() -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("SPYRECCL_MN_DUMP"):  # while developing: stacks of a hung rank
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["SPYRECCL_MN_DUMP"]))
     mode = sys.argv[1]
     if mode == "ops":
         mode_ops(full=True)

@@ -82,19 +82,31 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
     env = {
         "SPYRECCL_MN_SEED": str(seed),
         "SPYRECCL_MN_BACKEND": "cpu:gloo,spyre:spyreccl",
-        # The table's 1001-element reductions take the leader route, its 65537-element
-        # ones (>= 64 KiB in every dtype they are reduced in) the sharded route.
+        # Every route of a reduction: the table's 1-element ones and the 1001-element ones
+        # of 1-byte types take the flat route, the 1001-element ones of wider types the
+        # leader route, its 65537-element ones (>= 64 KiB in every dtype they are reduced
+        # in) the sharded route.
         "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": str(64 * 1024),
+        "SPYRECCL_MULTINODE_FLAT_MAX_BYTES": "2048",
     }
     result = run_job([2, 2], "ops", tmp_path, timeout=JOB_TIMEOUT, env=env)
     _check_job(
         result,
         [2, 2],
         seed,
-        ["group_checks", "ddp_check", "hsdp_check", "funcol_check", "mismatch_check"],
+        [
+            "group_checks",
+            "ddp_check",
+            "hsdp_check",
+            "funcol_check",
+            "async_check",
+            "mismatch_check",
+            "timeout_check",
+        ],
     )
     for rank, report in result.reports.items():
-        assert report["routes"]["leader"] > 0 and report["routes"]["sharded"] > 0, (rank, report)
+        routes = report["routes"]
+        assert all(routes[r] > 0 for r in ("flat", "leader", "sharded")), (rank, routes)
     report = result.reports[0]
     print(f"2x2: {report['cases']} cases in {report['seconds']:.1f} s; {_mode_note(result)}")
 
@@ -109,10 +121,19 @@ def test_uneven_nodes_three_plus_one(tmp_path):
         "uneven",
         tmp_path,
         timeout=JOB_TIMEOUT,
-        env={"SPYRECCL_MN_SEED": str(seed), "SPYRECCL_MN_DEVICE_ID": "1"},
+        env={
+            "SPYRECCL_MN_SEED": str(seed),
+            "SPYRECCL_MN_DEVICE_ID": "1",
+            # 1001-element reductions of 1-byte types take the flat route, wider ones the
+            # leader route (reduce to a root whose local index only node 0 has included).
+            "SPYRECCL_MULTINODE_FLAT_MAX_BYTES": "2048",
+        },
         isolate=False,
     )
     _check_job(result, [3, 1], seed, ["split_check"])
+    for rank, report in result.reports.items():
+        routes = report["routes"]
+        assert routes["flat"] > 0 and routes["leader"] > 0 and not routes["sharded"], (rank, routes)
 
 
 def test_nodes_with_own_network_over_a_veth_pair(tmp_path):

@@ -259,6 +259,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from .memcpy import measure_memcpy
     from .report import (
         format_markdown,
+        format_routes,
         format_scaling_table,
         format_sweep_tables,
         plot_sweep,
@@ -308,6 +309,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
         r["busbw_frac_memcpy"] = r["busbw_gbps"] / memcpy.median_gbps if r["bytes"] else None
 
     print(format_sweep_tables(rows, memcpy.median_gbps))
+    if args.nodes > 1:
+        print(format_routes(rows))
     if len(args.nproc) > 1:
         print(format_scaling_table(rows))
     json_path = args.json or _default_json("sweep")

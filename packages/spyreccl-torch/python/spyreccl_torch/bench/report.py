@@ -48,6 +48,35 @@ def _levels_in(rows: Iterable[dict]) -> list[str]:
     return [lv for lv in _LEVEL_ORDER if lv in present]
 
 
+def format_routes(rows: Sequence[dict]) -> str:
+    """The routes a multi-node group took, per level, op and world size, as size ranges
+    ("8 B-256 B inline, 512 B-64 KiB flat, ...")."""
+    out = ["routes of the multi-node groups (rank 0; see the user guide, Multiple nodes):"]
+    keys: list[tuple] = []
+    for r in rows:
+        k = (r["level"], r["nranks"], r["op"])
+        if "route" in r and k not in keys:
+            keys.append(k)
+    for level, nranks, op in keys:
+        sel = sorted(
+            (r for r in rows if (r["level"], r["nranks"], r["op"]) == (level, nranks, op)),
+            key=lambda r: r["bytes"],
+        )
+        spans: list[list] = []  # [first size, last size, route]
+        for r in sel:
+            route = r.get("route", "-")
+            if spans and spans[-1][2] == route:
+                spans[-1][1] = r["bytes"]
+            else:
+                spans.append([r["bytes"], r["bytes"], route])
+        text = ", ".join(
+            f"{format_bytes(a)}{'' if a == b else '-' + format_bytes(b)} {route}"
+            for a, b, route in spans
+        )
+        out.append(f"  {level} x{nranks} {op}: {text}")
+    return "\n".join(out) if keys else "routes of the multi-node groups: none recorded"
+
+
 def format_sweep_tables(rows: Sequence[dict], memcpy_gbps: float | None) -> str:
     """One table per (world size, operation), levels side by side, nccl-tests flavoured."""
     out: list[str] = []

@@ -172,6 +172,7 @@ def run_job(
     :func:`level_groups`); returns the result rows and the ranks' 'ready' info."""
     rows: list[dict] = []
     pending: dict[tuple[str, int], list] = {}
+    routes: dict[tuple[str, int], str] = {}
     ready: dict[str, Any] = {}
     name = f"{'+'.join(levels)} x{cfg.nranks}"
     with (
@@ -184,9 +185,12 @@ def run_job(
                 ready = msg[1]
             if msg[0] != "case":
                 continue
-            # ("case", index, samples[, level]): the level is implied for one-level jobs.
+            # ("case", index, samples[, level[, routes]]): the level is implied for one-level
+            # jobs; routes: what a multi-node group did (rank 0's is reported).
             index, samples = msg[1], msg[2]
             level = msg[3] if len(msg) > 3 else levels[0]
+            if len(msg) > 4 and rank == 0 and msg[4]:
+                routes[(level, index)] = "+".join(msg[4])
             per_rank = pending.setdefault((level, index), [None] * cfg.nranks)
             per_rank[rank] = samples if samples is not None else ()
             if any(s is None for s in per_rank):
@@ -194,6 +198,8 @@ def run_job(
             del pending[(level, index)]
             case = cases[index]
             rows.append(_row(level, cfg, case, [s if s != () else None for s in per_rank]))
+            if (level, index) in routes:
+                rows[-1]["route"] = routes.pop((level, index))
             progress.advance()
             if index + 1 < len(cases):
                 nxt = cases[index + 1]

@@ -133,6 +133,28 @@ def _check(
     c.recv.zero_()
 
 
+def _route_probe(dist, step):
+    """`step`, wrapped to record which routes its first call took on a multi-node group
+    (HierarchicalProcessGroup.route_counts; nothing for other groups). Later calls go
+    straight to `step`, so the timing loop is not slowed."""
+    counts = getattr(dist.group.WORLD, "route_counts", None)
+    routes: set[str] = set()
+    if step is None or counts is None:
+        return step, routes
+    first = [True]
+
+    def probed():
+        if not first[0]:
+            return step()
+        first[0] = False
+        before = dict(counts)
+        result = step()
+        routes.update(k for k, v in counts.items() if v != before.get(k))
+        return result
+
+    return probed, routes
+
+
 def run_rank(args: dict) -> None:
     """Entry point of a torch-level rank process (see launcher.RankJob)."""
     conn = args["conn"]
@@ -177,10 +199,11 @@ def run_rank(args: dict) -> None:
                 c = _Case(dist, torch, case, dtype, env.device, rank, env.synchronize)
                 if args["check"]:
                     _check(torch, c, case, level, rank, nranks, dtype)
+                step, routes = _route_probe(dist, c.step)
                 samples = timing.measure_case(
-                    c.step, dist.barrier, agree_max, nbytes=case["nbytes"], policy=policy
+                    step, dist.barrier, agree_max, nbytes=case["nbytes"], policy=policy
                 )
-                conn.send(("case", case["index"], samples, level))
+                conn.send(("case", case["index"], samples, level, sorted(routes)))
                 del c
         dist.destroy_process_group()
         conn.send(("done",))

@@ -8,7 +8,15 @@ between the nodes. :func:`topology.discover` tells the two cases apart at group 
 
 from __future__ import annotations
 
+from .fingerprint import MismatchError
 from .hierarchical import HierarchicalProcessGroup
 from .topology import NODE_ID_ENV, Topology, discover, local_node_id
 
-__all__ = ["NODE_ID_ENV", "HierarchicalProcessGroup", "Topology", "discover", "local_node_id"]
+__all__ = [
+    "NODE_ID_ENV",
+    "HierarchicalProcessGroup",
+    "MismatchError",
+    "Topology",
+    "discover",
+    "local_node_id",
+]

@@ -7,26 +7,38 @@ A group whose ranks are on several nodes is therefore built from:
 - ``cross``: a gloo group over the ranks that have this rank's local index, one per node
   that has one (the "leaders" group for local index 0 exists on every node);
 - ``flat``: a gloo group over every rank, for what has no useful hierarchy here: CPU tensors,
-  all_to_all and send/recv between nodes.
+  all_to_all, gather, scatter, send/recv between nodes and the flat route below;
+- ``control``: a gloo group over every rank for the mismatch check and barriers
+  (fingerprint.py).
 
 gloo moves host memory, so data crossing nodes is copied to the host first (as raw bytes for
 data movement, so gloo's dtype coverage does not matter; widened to a dtype gloo reduces for
-reductions). Reductions take one of two routes:
+reductions). Reductions take one of three routes, by size:
 
+- *flat* (up to SPYRECCL_MULTINODE_FLAT_MAX_BYTES): one gloo all_reduce over every rank.
+  Fewest stages: measured fastest for small messages.
 - *leader*: reduce on each node to local rank 0, all_reduce among the leaders, broadcast on
-  each node. Any layout, least traffic between nodes per call: small messages and uneven nodes.
+  each node. Any layout, least traffic between nodes per call: uneven nodes, mid sizes.
 - *sharded*: reduce-scatter on each node, all_reduce of every shard between the ranks of the
   same local index (all nodes in parallel), all-gather on each node. Every rank moves 1/L of
   the data between nodes: large messages on nodes of equal size. all_gather and
   reduce_scatter have sharded routes of the same shape (the ranks of each local index
   exchange between nodes in parallel, the node gathers / reduce-scatters).
 
+reduce sends each node's partial result once towards the root's node; gather and scatter
+send each block once, between the root and its owner.
+
 16- and 8-bit floats are reduced in float32 and rounded once at the end, and AVG divides the
 exact total once, so the results match the single-node path's (which also accumulates in
 wider types and rounds once) within its tolerances, whatever the number of stages.
 
-Every operation runs to completion on the calling thread (the stages depend on each other);
-the returned Work is already complete. torch lets a Python class act as a whole process group
+Operations on spyre tensors run on the group's executor (executor.py): one thread per group
+that runs them in issue order, so ``async_op=True`` returns at once and the caller computes
+while the stages run; a blocking call with nothing queued runs on the caller's thread. Every
+collective's fingerprint is checked across all ranks while its on-node stages run, and
+before its first gloo stage (fingerprint.py, _gloo).
+
+torch lets a Python class act as a whole process group
 (``ProcessGroup`` subclasses, see torch's PyProcessGroup), not as a backend, so this class is
 what the backend creator returns for multi-node groups; single-node groups keep the plain C++
 ``ProcessGroupSpyreccl``.
@@ -39,16 +51,21 @@ import hashlib
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
-from torch.futures import Future
 
+from .executor import OrderedExecutor
+from .fingerprint import CallChecker, MismatchError, PendingCheck
+from .fingerprint import signature as _sig
+from .reduction import Plan as _Plan
+from .reduction import bytes_into as _bytes_into
+from .reduction import host_bytes as _host_bytes
 from .topology import Topology
+from .works import AsyncWork, ThenWork
 
 # Operations of at least this many bytes (a reduction's buffer after widening, a gather's
 # output) take the sharded route when the nodes hold the same number of ranks; smaller ones
@@ -56,9 +73,15 @@ from .topology import Topology
 SHARDED_MIN_BYTES_ENV = "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES"
 DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
 
-# "1": before every collective, all ranks compare what they were called with (one small
-# gather over gloo), so that mismatched collectives between nodes fail clearly instead of
-# corrupting data or hanging; read when a group is created.
+# Reductions of at most this many bytes (after widening) skip the hierarchy: one gloo
+# all_reduce (or reduce) over every rank on host copies (the "flat" route). 0 turns it off.
+# The default comes from interleaved measurements (docs/performance.md, "Multiple nodes
+# (simulated)"): flat took less time than the leader route from 8 B to 64 KiB.
+FLAT_MAX_BYTES_ENV = "SPYRECCL_MULTINODE_FLAT_MAX_BYTES"
+DEFAULT_FLAT_MAX_BYTES = 64 * 1024
+
+# "0" turns off the check that all ranks called the same collective (fingerprint.py); on by
+# default. Read when a group is created.
 CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
 
 # How long a rank that saw an operation fail waits for the other ranks to say they saw it
@@ -66,109 +89,15 @@ CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
 FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
 
 _SPYRE = "spyre"
-_NARROW_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
 _RedOp = dist.ReduceOp.RedOpType
 _SIGN_BIT = -(2**63)  # int64 with only the sign bit set
 
 
-class _DoneWork(dist.Work):
-    """The Work of an operation that completed before it was returned."""
-
-    def __init__(self, result: list[torch.Tensor] | None = None) -> None:
-        super().__init__()
-        self._result = result if result is not None else []
-        self._future: Future = Future()
-        self._future.set_result(self._result)
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self) -> None:
-        return None
-
-    def result(self) -> list[torch.Tensor]:
-        return self._result
-
-    def get_future(self) -> Future:
-        return self._future
-
-
-class _ThenWork(dist.Work):
-    """Waits for other Works, then runs `after` (e.g. copies a host buffer that gloo
-    received into the spyre tensor) exactly once."""
-
-    def __init__(
-        self,
-        works: Sequence[Any],
-        after: Callable[[], None] | None = None,
-        result: list[torch.Tensor] | None = None,
-        keep: Any = None,
-        describe: Callable[[BaseException], BaseException] | None = None,
-    ) -> None:
-        super().__init__()
-        self._works = list(works)
-        self._after = after
-        self._result = result if result is not None else []
-        self._keep = keep  # host copies gloo reads/writes until the Work completes
-        self._describe = describe
-        self._lock = threading.Lock()
-        self._done = False
-        self._error: BaseException | None = None
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        with self._lock:
-            if self._done:
-                return True
-            if self._error is not None:
-                raise self._error
-            try:
-                for work in self._works:
-                    if timeout is None:
-                        work.wait()
-                    else:
-                        work.wait(timeout)
-                if self._after is not None:
-                    self._after()
-            except Exception as error:
-                # Sticky, like c10d's Works: a later wait() raises the same error.
-                self._error = self._describe(error) if self._describe is not None else error
-                if self._error is error:
-                    raise
-                raise self._error from error
-            self._done = True
-            self._keep = None
-            return True
-
-    def is_completed(self) -> bool:
-        # Pollers (`while not work.is_completed()`) never call wait(): finish the Work here
-        # once everything it waits for has completed, or it would never complete.
-        if not self._done and self._error is None and all(w.is_completed() for w in self._works):
-            try:
-                self.wait()
-            except Exception:  # kept in self._error: exception() and wait() report it
-                pass
-        return self._done or self._error is not None
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def is_success(self) -> bool:
-        return self._done
-
-    def result(self) -> list[torch.Tensor]:
-        return self._result
-
-    def get_future(self) -> Future:
-        self.wait()
-        future: Future = Future()
-        future.set_result(self._result)
-        return future
+def _release_later(groups: list[Any], seconds: float) -> None:
+    """Drops the last references to gloo groups once their abandoned operations have timed
+    out (see HierarchicalProcessGroup.shutdown); a daemon thread, so exit does not wait."""
+    time.sleep(seconds)
+    groups.clear()
 
 
 class _BackendView:
@@ -216,155 +145,21 @@ def _timeout_of(timeout: Any) -> datetime.timedelta:
     return datetime.timedelta(seconds=float(timeout))
 
 
-def _host_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 host copy of `t`'s elements (gloo moves every dtype as bytes)."""
-    host = t.detach().contiguous().cpu().reshape(-1)
-    return host.view(torch.uint8) if host.dtype != torch.uint8 else host
-
-
-def _bytes_into(t: torch.Tensor, host: torch.Tensor) -> None:
-    """Copies a flat uint8 host buffer made by _host_bytes back into `t`."""
-    values = host.view(t.dtype) if t.dtype != torch.uint8 else host
-    t.copy_(values.reshape(t.shape))
-
-
-def _validate_reduction(kind: Any, dtype: torch.dtype) -> None:
-    """Rejects what spyreccl.h does not define, before anything is communicated, with the
-    single-node backend's message: bitwise ops on floats, AVG of booleans, PREMUL_SUM on
-    anything but floats."""
-    is_float = dtype.is_floating_point or dtype.is_complex
-    bad = (
-        (kind in (_RedOp.BAND, _RedOp.BOR, _RedOp.BXOR) and is_float)
-        or (kind == _RedOp.AVG and dtype == torch.bool)
-        or (kind == _RedOp.PREMUL_SUM and not is_float)
-    )
-    if bad:
-        raise ValueError(f"spyreccl: ReduceOp.{kind.name} is not supported for dtype {dtype}")
-
-
-def _code(text: str) -> int:
-    """A stable integer for a name (the same in every process, unlike hash())."""
-    code = zlib.crc32(text.encode())
-    _NAMES.setdefault(code, text)
-    return code
-
-
-_NAMES: dict[int, str] = {}
-# Names another rank may send that this one has not used yet (for _describe_call).
-for _name in [
-    "all_reduce",
-    "all_reduce_coalesced",
-    "reduce",
-    "broadcast",
-    "all_gather",
-    "all_gather_coalesced",
-    "all_gather_into_tensor",
-    "all_gather_into_tensor_coalesced",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced",
-    "gather",
-    "scatter",
-    "all_to_all_single",
-    "all_to_all",
-    "barrier",
-    "None",
-]:
-    _code(_name)
-for _value in vars(torch).values():
-    if isinstance(_value, torch.dtype):
-        _code(str(_value))
-for _kind in _RedOp.__members__.values():
-    _code(str(_kind))
-
-
-def _sig(
-    tensors: Sequence[torch.Tensor],
-    op: Any = None,
-    root: int = -1,
-    dtype: torch.dtype | None = None,
-) -> tuple[int, ...]:
-    """What every rank of a collective must agree on: element count, dtype, reduce op, root."""
-    if dtype is None and tensors:
-        dtype = tensors[0].dtype
-    kind = (op.op if hasattr(op, "op") else op) if op is not None else None
-    return (
-        sum(t.numel() for t in tensors),
-        _code(str(dtype)),
-        _code(str(kind)),
-        int(root),
-    )
-
-
-def _describe_call(row: list[int]) -> str:
-    op, _seq, n = row[0], row[1], row[2]
-    name = _NAMES.get(op, f"operation #{op}")
-    if n < 4:
-        return f"{name}()"
-    numel, dtype, kind, root = row[3:7]
-    text = f"{name}(numel={numel}, {_NAMES.get(dtype, dtype)}"
-    if _NAMES.get(kind, "None") != "None":
-        text += f", {_NAMES.get(kind, kind)}"
-    return text + (f", root={root})" if root >= 0 else ")")
-
-
-class _Plan:
-    """How one reduction is carried out: the dtype it is computed in, and the ops for the
-    on-node and the between-nodes stages."""
-
-    def __init__(self, op: Any, dtype: torch.dtype, size: int) -> None:
-        kind = op.op if hasattr(op, "op") else op
-        _validate_reduction(kind, dtype)
-        self.kind = kind
-        self.dtype = dtype
-        self.size = size
-        self.work_dtype = dtype
-        if dtype in _NARROW_FLOATS:
-            self.work_dtype = torch.float32
-        elif dtype == torch.int16:  # gloo has no int16 kernels; wraps the same in int32
-            self.work_dtype = torch.int32
-        elif dtype == torch.bool:
-            self.work_dtype = torch.uint8
-        elif dtype == torch.complex32:
-            self.work_dtype = torch.complex64
-        elif dtype == torch.uint32:  # gloo has no uint32; int64 holds every value
-            self.work_dtype = torch.int64
-        if kind == _RedOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
-            if dtype == torch.uint64:
-                raise ValueError(
-                    "spyreccl: ReduceOp.AVG of torch.uint64 is not supported when the group's "
-                    "ranks span several nodes (the exact total needs more than 64 bits); "
-                    "reduce with SUM and divide"
-                )
-            self.work_dtype = torch.int64  # the exact total, truncated once at the end
-        self.local_op = op
-        self.cross_op: Any = op
-        if kind == _RedOp.AVG:
-            self.local_op = self.cross_op = dist.ReduceOp.SUM
-        elif kind == _RedOp.PREMUL_SUM:
-            # The factor applies once, to every input, on its node; the node totals add up.
-            self.cross_op = dist.ReduceOp.SUM
-        if dtype == torch.bool:
-            # Booleans: SUM is a logical or, PRODUCT a logical and (on 0/1 bytes).
-            mapped = {_RedOp.SUM: dist.ReduceOp.MAX, _RedOp.PRODUCT: dist.ReduceOp.MIN}
-            if kind in mapped:
-                self.local_op = self.cross_op = mapped[kind]
-
-    def prepare(self, t: torch.Tensor, always_copy: bool) -> torch.Tensor:
-        if self.work_dtype != t.dtype:
-            return t.to(self.work_dtype)
-        return t.clone() if always_copy else t
-
-    def finish(self, work: torch.Tensor) -> torch.Tensor:
-        """The result in the caller's dtype."""
-        if self.kind == _RedOp.AVG:
-            if work.dtype.is_floating_point:
-                work = work / self.size
-            else:
-                work = torch.div(work, self.size, rounding_mode="trunc")
-        if self.dtype == torch.bool:
-            return work != 0
-        return work.to(self.dtype) if work.dtype != self.dtype else work
+def _gloo_view(host: torch.Tensor, op: Any) -> tuple[torch.Tensor, bool]:
+    """A view of `host` that gloo can reduce with `op`, and whether its sign bits were
+    flipped (flip them back in the result). gloo reduces neither complex nor uint64
+    tensors: complex sums are sums of (real, imaginary) pairs; uint64 wraps like int64 for
+    SUM/PRODUCT/bitwise ops, and keeps its order for MIN/MAX once the sign bit is flipped."""
+    kind = op.op if hasattr(op, "op") else op
+    if host.is_complex():
+        return torch.view_as_real(host), False
+    if host.dtype == torch.uint64:
+        view = host.view(torch.int64)
+        flip = kind in (_RedOp.MIN, _RedOp.MAX)
+        if flip:
+            view.bitwise_xor_(_SIGN_BIT)
+        return view, flip
+    return host, False
 
 
 class HierarchicalProcessGroup(dist.ProcessGroup):
@@ -393,9 +188,16 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._failed: str | None = None
         self._coalesced: list[Any] | None = None
         self._store = store
-        self._check_calls = os.environ.get(CHECK_ENV, "0") not in ("", "0")
-        # How many reductions took each route (tests and the benchmark read it).
-        self.route_counts = {"leader": 0, "sharded": 0}
+        self._check_calls = os.environ.get(CHECK_ENV, "1").strip() not in ("0", "false", "no")
+        # How many operations took each route (tests and the benchmark read it).
+        self.route_counts = {"leader": 0, "sharded": 0, "flat": 0}
+        self._flat_max_bytes = int(os.environ.get(FLAT_MAX_BYTES_ENV, DEFAULT_FLAT_MAX_BYTES))
+        self._executor = OrderedExecutor(f"group '{group_name}'")
+        self._mismatch: PendingCheck | None = None  # set by the checker's gloo callback
+        self._wake = threading.Condition()  # see _wait
+        self._stopped: str | None = None
+        self._gate: PendingCheck | None = None  # the running operation's unverified check
+        self._exchange: PendingCheck | None = None  # the running operation's exchange
         self._failure_window_s = float(os.environ.get(FAILURE_WINDOW_ENV, "2"))
         self._sharded_min_bytes = int(
             os.environ.get(SHARDED_MIN_BYTES_ENV, DEFAULT_SHARDED_MIN_BYTES)
@@ -429,6 +231,18 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             )
         self._flat = dist.ProcessGroupGloo(
             dist.PrefixStore("spyreccl/flat/", store), topology.rank, topology.size, self._timeout
+        )
+        # The control group: fingerprints and barriers (see
+        # fingerprint.py); a gloo group of its own, so that the data groups' operation order
+        # does not depend on whether checking is on.
+        self._check_group = dist.ProcessGroupGloo(
+            dist.PrefixStore("spyreccl/control/", store),
+            topology.rank,
+            topology.size,
+            self._timeout,
+        )
+        self._checker = CallChecker(
+            self._check_group, topology.size, self._label, self._on_mismatch
         )
 
     # -- identity ------------------------------------------------------------------------
@@ -477,15 +291,20 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         op_name: str,
         body: Callable[[], list[torch.Tensor] | None],
         signature: Sequence[int] = (),
+        opts: Any = None,
+        exchange: bool = False,
     ) -> dist.Work:
-        """Runs one operation with its sequence number; a failure names both and leaves the
-        group unusable (its sub-groups are aborted, so that ranks of this node that wait for
-        this one in an on-node stage fail too instead of waiting for the timeout).
+        """Queues one operation with its sequence number on the group's executor and returns
+        its Work. A failure names both and leaves the group unusable (its sub-groups are
+        aborted, so that ranks of this node that wait for this one in an on-node stage fail
+        too instead of waiting for the timeout).
 
         ValueError is an argument rejected before anything was communicated (every rank
-        rejects the same call): it propagates as is and the group stays usable. With the
-        consistency check on, `signature` (sizes, dtype, root, op: what every rank must
-        agree on) is compared across all ranks first."""
+        rejects the same call): the Work carries it as is (a blocking call raises it) and the
+        group stays usable. With checking on, `signature` (sizes, dtype, root, op: what every
+        rank must agree on) travels to every rank alongside the operation. `exchange`: post the
+        control exchange even with checking off (barriers: the exchange is the barrier);
+        `body` finds it in self._exchange."""
         if self._failed is not None:
             raise RuntimeError(
                 f"spyreccl: {op_name} on {self._label()}: the group failed earlier "
@@ -493,44 +312,118 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             )
         self._seq += 1
         seq = self._seq
-        try:
-            if self._check_calls:
-                self._check_consistent(op_name, seq, signature)
-            result = body()
-        except ValueError:
-            raise
-        except Exception as error:
-            raise self._fail(op_name, seq, error) from error
-        work = _DoneWork(result)
+        work = AsyncWork(op_name, seq, self._timeout, self._timed_out)
+        checker = self._checker
+
+        def job() -> None:
+            if self._failed is not None:
+                work.fail(
+                    RuntimeError(
+                        f"spyreccl: {op_name} seq {seq} on {self._label()}: the group failed "
+                        f"earlier ({self._failed}); create a new one"
+                    )
+                )
+                return
+            pending = None
+            try:
+                if self._check_calls or exchange:
+                    pending = checker.post(op_name, seq, signature, self._check_calls)
+                self._gate = self._exchange = pending  # _gate: see _gloo
+                with torch.no_grad():  # grad mode is per thread: the caller's does not apply
+                    result = body()
+                if pending is not None and self._gate is not None:
+                    # No gloo stage on this rank: the result is only final once every rank
+                    # was seen to call the same collective.
+                    self._gate = None
+                    checker.verify(pending)
+            except Exception as error:
+                # A stage failed (spyreccl's own mismatch detection on a node, a peer that
+                # gave up, arguments this rank rejected): when the fingerprints disagree,
+                # that is the cause to report, on every rank alike (each rank that sees the
+                # disagreement takes part in gathering the calls). They arrive within
+                # moments: a short wait here, and again after _fail's wait for the other
+                # ranks' reports (so a dead peer costs no extra wait).
+                rejected = isinstance(error, ValueError)
+                cause = self._mismatch_behind(pending, error, None if rejected else 0.2)
+                if isinstance(cause, ValueError):
+                    work.fail(cause)  # rejected arguments: the group stays usable
+                    return
+                failure = self._fail(op_name, seq, cause)
+                if not isinstance(cause, MismatchError):
+                    late = self._mismatch_behind(pending, error, 0.0)
+                    failure = late if isinstance(late, MismatchError) else failure
+                failure.__cause__ = error
+                work.fail(failure)
+                return
+            finally:
+                # The exchange's gloo future holds callbacks that reach this group: a
+                # reference kept here would be a cycle through C++ that gc cannot free.
+                self._gate = self._exchange = None
+            work.complete(result)
+
+        # A blocking call (async_op=False) with nothing queued runs on this thread.
+        self._executor.submit(job, inline_ok=not getattr(opts, "asyncOp", True))
         if self._coalesced is not None:
             self._coalesced.append(work)
+        if work.is_completed() and isinstance(work.exception(), ValueError):
+            work.wait()  # rejected arguments: raised on the calling thread
         return work
 
-    def _check_consistent(self, op_name: str, seq: int, signature: Sequence[int]) -> None:
-        """Raises ValueError on every rank when the ranks did not all call the same
-        operation with the same sizes, dtype, root and reduce op (one gather of a few
-        integers over the flat gloo group, so mismatches between nodes are caught before
-        any data moves)."""
-        mine = torch.tensor(
-            [_code(op_name), seq, len(signature), *signature, *([0] * (6 - len(signature)))],
-            dtype=torch.int64,
-        )
-        everyone = torch.empty(self._topo.size * mine.numel(), dtype=torch.int64)
-        self._wait(self._flat._allgather_base(everyone, mine, c10d.AllgatherOptions()))
-        rows = everyone.view(self._topo.size, -1).tolist()
-        if all(row == rows[0] for row in rows):
-            return
-        calls = "; ".join(f"rank {r}: {_describe_call(row)}" for r, row in enumerate(rows))
-        raise ValueError(
-            f"spyreccl: mismatched collectives on {self._label()} at seq {seq}: {calls}"
+    def _mismatch_behind(
+        self, pending: PendingCheck | None, error: Exception, wait_s: float | None
+    ) -> Exception:
+        """The MismatchError behind `error` when this operation's fingerprints disagreed
+        (waiting up to `wait_s` for them, None: the failure window), else `error`."""
+        if pending is None or not pending.compare or isinstance(error, MismatchError):
+            return error
+        if wait_s is None:
+            wait_s = min(self._failure_window_s, self._timeout.total_seconds())
+        pending.done.wait(wait_s)
+        if not pending.mismatched:
+            return error
+        try:
+            self._checker.verify(pending)
+        except MismatchError as mismatch:
+            return mismatch
+        except Exception:
+            pass
+        return error
+
+    def _on_mismatch(self, pending: PendingCheck) -> None:
+        """The checker saw the ranks disagree (on gloo's thread): stop this operation's data
+        stages now, which may be waiting for peers busy with something else."""
+        self._mismatch = pending
+        try:
+            self._local.abort()  # its waiters on this node stop too
+        except Exception:
+            pass
+
+    def _timed_out(self, work: AsyncWork, limit: float) -> BaseException:
+        """A wait() on `work` ran out of time: the group fails (its sub-groups are aborted, so
+        the executor's stage stops too)."""
+        what = f"{work.op_name} seq {work.seq}"
+        if self._failed is None:
+            self._failed = f"{what} timed out"
+        self._stop(f"{what} timed out")
+        self._abort_children()
+        return RuntimeError(
+            f"spyreccl: {what} did not complete within {limit:g} s on {self._label()} "
+            f"(the group timeout, or the wait's); the group is aborted"
         )
 
     def _fail(self, op_name: str, seq: int, error: BaseException) -> RuntimeError:
-        self._failed = f"{op_name} seq {seq}"
+        first = self._failed is None
+        self._failed = self._failed or f"{op_name} seq {seq}"
+        mismatch = self._mismatch
         self._abort_children()
+        if isinstance(error, MismatchError):
+            return error
+        if mismatch is not None and mismatch.message is not None:
+            # A stage stopped because the checker aborted it: the mismatch is the cause.
+            return MismatchError(mismatch.message)
         return RuntimeError(
             f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}"
-            f"{self._who_failed(seq)}"
+            f"{self._who_failed(seq) if first else ''}"
         )
 
     def _who_failed(self, seq: int) -> str:
@@ -563,7 +456,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         )
 
     def _abort_children(self) -> None:
-        for child in (self._local, self._cross, self._flat):
+        for child in (self._local, self._cross, self._flat, self._check_group):
             if child is None:
                 continue
             try:
@@ -573,8 +466,59 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     @staticmethod
     def _wait(work: Any) -> None:
+        """Waits for an on-node (spyreccl) stage: aborting the node's group stops it."""
         if work is not None:
             work.wait()
+
+    def _gloo(self, post: Callable[[], Any]) -> None:
+        """Posts a gloo stage (`post` returns its Work) and waits for it. The first gloo
+        stage of an operation waits for the operation's fingerprints first: a rank posts
+        gloo operations only once every rank was seen to call the same collective, so a
+        mismatch never leaves a gloo operation that no peer will match (gloo cannot cancel
+        one: it would stay pending until gloo's timeout). The on-node stages before it
+        overlap the exchange."""
+        if self._gate is not None:
+            pending, self._gate = self._gate, None
+            self._checker.verify(pending)
+        self._wait_gloo(post())
+
+    def _wait_gloo(self, work: Any) -> None:
+        """Waits for a gloo stage, or until the group is stopped (a mismatch seen by the
+        checker, an expired wait() on this group's Work): gloo's abort() does not stop a
+        pending gloo operation (it stays until gloo's timeout), so a stage that waits for
+        peers which will never come is abandoned here instead."""
+        if self._stopped is None and not work.is_completed():
+            # Completion is seen through the future's callback: gloo completes the future
+            # just before the Work's is_completed() turns true.
+            done = threading.Event()
+
+            def completed(_future: Any) -> None:
+                with self._wake:
+                    done.set()
+                    self._wake.notify_all()
+
+            try:
+                future = work.get_future()
+            except RuntimeError:  # gloo's reduce_scatter Works have none: plain wait
+                work.wait()
+                return
+            future.add_done_callback(completed)
+            deadline = time.monotonic() + self._timeout.total_seconds() + 5.0
+            with self._wake:
+                while self._stopped is None and not done.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
+            if self._stopped is not None and not done.is_set():
+                raise RuntimeError(f"stopped while waiting for a stage: {self._stopped}")
+        work.wait()
+
+    def _stop(self, why: str) -> None:
+        """Wakes the executor out of any stage it waits for (see _wait)."""
+        with self._wake:
+            self._stopped = self._stopped or why
+            self._wake.notify_all()
 
     def _is_local(self, peer: int) -> bool:
         return self._topo.node_of[peer] == self._topo.node
@@ -585,10 +529,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     # -- building blocks -------------------------------------------------------------------
 
-    def _local_reduce_to_leader(self, t: torch.Tensor, op: Any) -> None:
+    def _local_reduce_to_leader(self, t: torch.Tensor, op: Any, leader: int = 0) -> None:
         opts = c10d.ReduceOptions()
         opts.reduceOp = op
-        opts.rootRank = 0
+        opts.rootRank = leader
         opts.rootTensor = 0
         self._wait(self._local.reduce([t], opts))
 
@@ -600,35 +544,45 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     def _cross_all_reduce(self, t: torch.Tensor, op: Any) -> None:
         """All-reduces `t` (spyre or host) among this rank's cross group, through the host."""
-        if self._cross is None:
-            return
+        if self._cross is not None:
+            self._host_reduce(self._cross, t, op)
+
+    def _host_reduce(self, group: Any, t: torch.Tensor, op: Any, root: int | None = None) -> None:
+        """All-reduces `t` (spyre or host) over the gloo `group` on a host copy, or reduces
+        it to `root` (then only the root's `t` is written)."""
         host = t.detach().cpu() if t.device.type != "cpu" else t
-        # gloo reduces neither complex nor uint64 tensors: complex sums are sums of
-        # (real, imaginary) pairs; uint64 wraps like int64 for SUM/PRODUCT/bitwise ops, and
-        # keeps its order for MIN/MAX once the sign bit is flipped.
-        kind = op.op if hasattr(op, "op") else op
-        view = host
-        flip = False
-        if host.is_complex():
-            view = torch.view_as_real(host)
-        elif host.dtype == torch.uint64:
-            view = host.view(torch.int64)
-            flip = kind in (_RedOp.MIN, _RedOp.MAX)
-            if flip:
-                view.bitwise_xor_(_SIGN_BIT)
-        opts = c10d.AllreduceOptions()
-        opts.reduceOp = op
-        self._wait(self._cross.allreduce([view], opts))
+        view, flip = _gloo_view(host, op)
+        if root is None:
+            opts = c10d.AllreduceOptions()
+            opts.reduceOp = op
+            self._gloo(lambda: group.allreduce([view], opts))
+        else:
+            ropts = c10d.ReduceOptions()
+            ropts.reduceOp = op
+            ropts.rootRank = root
+            ropts.rootTensor = 0
+            self._gloo(lambda: group.reduce([view], ropts))
+            if group.rank() != root:
+                return
         if flip:
             view.bitwise_xor_(_SIGN_BIT)
         if host is not t:
             t.copy_(host)
+
+    def _flat_ok(self, nbytes: int, plan: _Plan) -> bool:
+        """Whether a reduction of `nbytes` takes the flat route (one gloo all_reduce over
+        every rank). Not for PREMUL_SUM: gloo has no kernel for it."""
+        return nbytes <= self._flat_max_bytes and plan.kind != _RedOp.PREMUL_SUM
 
     def _all_reduce_work(self, work: torch.Tensor, plan: _Plan) -> None:
         """All-reduces `work` (contiguous, the plan's work dtype) in place over the group."""
         topo = self._topo
         local_size = len(topo.local_ranks)
         nbytes = work.numel() * work.element_size()
+        if self._flat_ok(nbytes, plan):
+            self.route_counts["flat"] += 1
+            self._host_reduce(self._flat, work, plan.local_op)
+            return
         if topo.uniform and local_size > 1 and nbytes >= self._sharded_min_bytes:
             self.route_counts["sharded"] += 1
             flat = work.reshape(-1)
@@ -652,6 +606,49 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._cross_all_reduce(work, plan.cross_op)
         self._local_broadcast(work, 0)
 
+    def _reduce_work(self, work: torch.Tensor, plan: _Plan, root: int) -> None:
+        """Reduces `work` (contiguous, the plan's work dtype) to group rank `root`; only the
+        root's `work` holds the result. Each node's partial result crosses to the root's node
+        once (an all_reduce would also send the total back to every node)."""
+        topo = self._topo
+        root_node, root_local = topo.node_of[root], topo.local_rank_of[root]
+        nbytes = work.numel() * work.element_size()
+        if self._flat_ok(nbytes, plan):
+            self.route_counts["flat"] += 1
+            self._host_reduce(self._flat, work, plan.local_op, root=root)
+            return
+        if self._sharded_ok(nbytes):
+            # Reduce-scatter on each node; local index j's shards are reduced between nodes
+            # to the root's node (all indexes at once); the root's node gathers them.
+            self.route_counts["sharded"] += 1
+            local_size = len(topo.local_ranks)
+            flat = work.reshape(-1)
+            shard = -(-flat.numel() // local_size)
+            padded = flat
+            if shard * local_size != flat.numel():
+                padded = torch.zeros(shard * local_size, dtype=work.dtype, device=work.device)
+                padded[: flat.numel()].copy_(flat)
+            mine = torch.empty(shard, dtype=work.dtype, device=work.device)
+            rs = c10d.ReduceScatterOptions()
+            rs.reduceOp = plan.local_op
+            self._wait(self._local._reduce_scatter_base(mine, padded, rs))
+            self._host_reduce(self._cross, mine, plan.cross_op, root=root_node)
+            if topo.node == root_node:
+                self._wait(self._local._allgather_base(padded, mine, c10d.AllgatherOptions()))
+                if padded is not flat and topo.rank == root:
+                    flat.copy_(padded[: flat.numel()])
+            return
+        self.route_counts["leader"] += 1
+        # Reduce on every node to the root's local index when every node has one (then
+        # that index's cross group reduces straight to the root), else to the leaders, and
+        # the root's node passes the total on.
+        via = root_local if len(topo.cross_ranks(root_local)) == len(topo.nodes) else 0
+        self._local_reduce_to_leader(work, plan.local_op, via)
+        if topo.local_rank == via and self._cross is not None:
+            self._host_reduce(self._cross, work, plan.cross_op, root=root_node)
+        if via != root_local and topo.node == root_node:
+            self._local_broadcast(work, via)
+
     def _all_reduce_into(self, t: torch.Tensor, op: Any) -> None:
         plan = _Plan(op, t.dtype, self._topo.size)
         work = plan.prepare(t, always_copy=not t.is_contiguous())
@@ -672,7 +669,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             opts = c10d.BroadcastOptions()
             opts.rootRank = root_node  # the leaders' group lists the nodes in order
             opts.rootTensor = 0
-            self._wait(self._cross.broadcast([host], opts))
+            self._gloo(lambda: self._cross.broadcast([host], opts))
             if topo.node != root_node:
                 _bytes_into(buf, host)
         if topo.node != root_node:
@@ -701,7 +698,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             mine = torch.zeros(widest * block, dtype=torch.uint8)
             mine[: local_size * block].copy_(_host_bytes(node_buf))
             gathered = torch.empty(len(topo.nodes) * widest * block, dtype=torch.uint8)
-            self._wait(self._cross._allgather_base(gathered, mine, c10d.AllgatherOptions()))
+            self._gloo(lambda: self._cross._allgather_base(gathered, mine, c10d.AllgatherOptions()))
             ordered = torch.empty(topo.size * block, dtype=torch.uint8)
             for node, members in enumerate(topo.nodes):
                 for i, r in enumerate(members):
@@ -742,7 +739,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 self._all_reduce_into(t, opts.reduceOp)
             return tensors
 
-        return self._run("all_reduce", body, _sig(tensors, opts.reduceOp))
+        return self._run("all_reduce", body, _sig(tensors, opts.reduceOp), opts)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()
@@ -763,7 +760,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                     offset += t.numel()
             return tensors
 
-        return self._run("all_reduce_coalesced", body, _sig(tensors, opts.reduceOp))
+        return self._run("all_reduce_coalesced", body, _sig(tensors, opts.reduceOp), opts)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else c10d.ReduceOptions()
@@ -775,12 +772,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             plan = _Plan(opts.reduceOp, t.dtype, self._topo.size)
             # Only the root's tensor changes: everyone reduces a copy.
             work = plan.prepare(t, always_copy=True).contiguous()
-            self._all_reduce_work(work, plan)
+            self._reduce_work(work, plan, opts.rootRank)
             if self._topo.rank == opts.rootRank:
                 t.copy_(plan.finish(work))
             return tensors
 
-        return self._run("reduce", body, _sig(tensors, opts.reduceOp, opts.rootRank))
+        return self._run("reduce", body, _sig(tensors, opts.reduceOp, opts.rootRank), opts)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else c10d.BroadcastOptions()
@@ -791,7 +788,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._broadcast_into(tensors[0], opts.rootRank)
             return tensors
 
-        return self._run("broadcast", body, _sig(tensors, None, opts.rootRank))
+        return self._run("broadcast", body, _sig(tensors, None, opts.rootRank), opts)
 
     def allgather(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -807,7 +804,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._all_gather_into(inp, outs)
             return outs
 
-        return self._run("all_gather", body, _sig(inputs))
+        return self._run("all_gather", body, _sig(inputs), opts)
 
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -820,7 +817,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 self._all_gather_into(inp, outs)
             return [t for outs in output_lists for t in outs]
 
-        return self._run("all_gather_coalesced", body, _sig(inputs))
+        return self._run("all_gather_coalesced", body, _sig(inputs), opts)
 
     def _allgather_base(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Any:
         opts = opts if opts is not None else c10d.AllgatherOptions()
@@ -832,7 +829,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._all_gather_into_tensor(inp, output)
             return [output]
 
-        return self._run("all_gather_into_tensor", body, _sig([inp]))
+        return self._run("all_gather_into_tensor", body, _sig([inp]), opts)
 
     all_gather_single = _allgather_base
 
@@ -849,7 +846,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 self._all_gather_into_tensor(inp, out)
             return outputs
 
-        return self._run("all_gather_into_tensor_coalesced", body, _sig(inputs))
+        return self._run("all_gather_into_tensor_coalesced", body, _sig(inputs), opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -867,8 +864,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         n, nodes = flat_in.numel(), len(topo.nodes)
         block = n * flat_in.element_size()
         across = torch.empty(nodes * block, dtype=torch.uint8)
-        self._wait(
-            self._cross._allgather_base(across, _host_bytes(flat_in), c10d.AllgatherOptions())
+        self._gloo(
+            lambda: self._cross._allgather_base(
+                across, _host_bytes(flat_in), c10d.AllgatherOptions()
+            )
         )
         across_dev = torch.empty(nodes * n, dtype=flat_in.dtype, device=flat_in.device)
         _bytes_into(across_dev, across)
@@ -907,8 +906,27 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             k = topo.node
             out.copy_(plan.finish(mine[k * n : (k + 1) * n]).reshape(out.shape))
             return
+        plan = _Plan(op, flat.dtype, topo.size)
+        work_bytes = flat.numel() * torch.empty((), dtype=plan.work_dtype).element_size()
+        if self._flat_ok(work_bytes, plan):
+            # One gloo reduce_scatter over every rank: each rank receives only its block.
+            self.route_counts["flat"] += 1
+            if n == 0:
+                return
+            host_in = plan.prepare(flat, always_copy=False).detach().cpu()
+            host_out = torch.empty(n, dtype=plan.work_dtype)
+            view_in, flip = _gloo_view(host_in, plan.local_op)
+            view_out = torch.view_as_real(host_out) if host_out.is_complex() else host_out
+            if host_out.dtype == torch.uint64:
+                view_out = host_out.view(torch.int64)
+            rs = c10d.ReduceScatterOptions()
+            rs.reduceOp = plan.local_op
+            self._gloo(lambda: self._flat._reduce_scatter_base(view_out, view_in, rs))
+            if flip:
+                view_out.bitwise_xor_(_SIGN_BIT)
+            out.copy_(plan.finish(host_out).reshape(out.shape))
+            return
         self._all_reduce_into(flat, op)
-        n = out.numel()
         r = self._topo.rank
         out.copy_(flat[r * n : (r + 1) * n].reshape(out.shape))
 
@@ -927,7 +945,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._reduce_scatter_flat(flat, opts.reduceOp, out)
             return outputs
 
-        return self._run("reduce_scatter", body, _sig(outputs, opts.reduceOp))
+        return self._run("reduce_scatter", body, _sig(outputs, opts.reduceOp), opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
@@ -940,7 +958,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._reduce_scatter_flat(flat, opts.reduceOp, output)
             return [output]
 
-        return self._run("reduce_scatter_tensor", body, _sig([output], opts.reduceOp))
+        return self._run("reduce_scatter_tensor", body, _sig([output], opts.reduceOp), opts)
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -958,7 +976,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 self._reduce_scatter_flat(flat, opts.reduceOp, out)
             return outputs
 
-        return self._run("reduce_scatter_tensor_coalesced", body, _sig(outputs, opts.reduceOp))
+        return self._run(
+            "reduce_scatter_tensor_coalesced", body, _sig(outputs, opts.reduceOp), opts
+        )
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -970,18 +990,25 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return self._flat.gather(output_lists, inputs, opts)
 
         def body() -> list[torch.Tensor]:
+            # One gloo gather over every rank on host bytes: each block travels once, to the
+            # root (a hierarchical all-gather would send every block to every node).
             inp = inputs[0]
             is_root = self._topo.rank == opts.rootRank
             if is_root:
                 self._check_list("gather", "gather_list", output_lists[0], inp)
-            block = self._all_gather_blocks(inp)
+            host_in = _host_bytes(inp)
+            host_outs = [torch.empty_like(host_in) for _ in range(self._topo.size)]
+            gopts = c10d.GatherOptions()
+            gopts.rootRank = opts.rootRank
+            self.route_counts["flat"] += 1
+            self._gloo(lambda: self._flat.gather([host_outs] if is_root else [], [host_in], gopts))
             if not is_root:
                 return []
-            for r, out in enumerate(output_lists[0]):
-                out.copy_(block(r).reshape(out.shape))
+            for out, host in zip(output_lists[0], host_outs, strict=True):
+                _bytes_into(out, host)
             return output_lists[0]
 
-        return self._run("gather", body, _sig(inputs, None, opts.rootRank))
+        return self._run("gather", body, _sig(inputs, None, opts.rootRank), opts)
 
     def scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
@@ -991,18 +1018,23 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return self._flat.scatter(outputs, input_lists, opts)
 
         def body() -> list[torch.Tensor]:
+            # One gloo scatter over every rank on host bytes: each rank's block travels once,
+            # from the root (a broadcast of the whole list would send all of it everywhere).
             out = outputs[0]
-            n = out.numel()
-            full = torch.empty(self._topo.size * n, dtype=out.dtype, device=out.device)
-            if self._topo.rank == opts.rootRank:
+            is_root = self._topo.rank == opts.rootRank
+            host_ins: list[torch.Tensor] = []
+            if is_root:
                 self._check_list("scatter", "scatter_list", input_lists[0], out)
-                full.copy_(torch.cat([t.detach().reshape(-1) for t in input_lists[0]]))
-            self._broadcast_into(full, opts.rootRank)
-            r = self._topo.rank
-            out.copy_(full[r * n : (r + 1) * n].reshape(out.shape))
+                host_ins = [_host_bytes(t) for t in input_lists[0]]
+            host_out = torch.empty(out.numel() * out.element_size(), dtype=torch.uint8)
+            sopts = c10d.ScatterOptions()
+            sopts.rootRank = opts.rootRank
+            self.route_counts["flat"] += 1
+            self._gloo(lambda: self._flat.scatter([host_out], [host_ins] if is_root else [], sopts))
+            _bytes_into(out, host_out)
             return outputs
 
-        return self._run("scatter", body, _sig(outputs, None, opts.rootRank))
+        return self._run("scatter", body, _sig(outputs, None, opts.rootRank), opts)
 
     def alltoall_base(
         self,
@@ -1028,8 +1060,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
             host_in = _host_bytes(inp)
             host_out = torch.empty(output.numel() * output.element_size(), dtype=torch.uint8)
-            self._wait(
-                self._flat.alltoall_base(
+            self._gloo(
+                lambda: self._flat.alltoall_base(
                     host_out,
                     host_in,
                     byte_splits(output, list(output_split_sizes)),
@@ -1040,7 +1072,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             _bytes_into(output, host_out)
             return [output]
 
-        return self._run("all_to_all_single", body, _sig([], None, -1, inp.dtype))
+        return self._run("all_to_all_single", body, _sig([], None, -1, inp.dtype), opts)
 
     all_to_all_single = alltoall_base
 
@@ -1056,8 +1088,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             out_sizes = [t.numel() * t.element_size() for t in outputs]
             in_sizes = [t.numel() * t.element_size() for t in inputs]
             host_out = torch.empty(sum(out_sizes), dtype=torch.uint8)
-            self._wait(
-                self._flat.alltoall_base(
+            self._gloo(
+                lambda: self._flat.alltoall_base(
                     host_out, host_in, out_sizes, in_sizes, c10d.AllToAllOptions()
                 )
             )
@@ -1068,20 +1100,18 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return outputs
 
         return self._run(
-            "all_to_all", body, _sig([], None, -1, inputs[0].dtype if inputs else None)
+            "all_to_all", body, _sig([], None, -1, inputs[0].dtype if inputs else None), opts
         )
 
     def barrier(self, opts: Any = None) -> dist.Work:
         def body() -> list[torch.Tensor]:
-            # Everyone on the node has arrived, then every node (through its leader), then
-            # the leaders release their nodes.
-            self._wait(self._local.barrier(c10d.BarrierOptions()))
-            if self._topo.local_rank == 0 and self._cross is not None:
-                self._wait(self._cross.barrier(c10d.BarrierOptions()))
-            self._wait(self._local.barrier(c10d.BarrierOptions()))
+            # The control exchange over every rank is the barrier: a rank's all_reduce
+            # completes once every rank has posted its part.
+            pending, self._gate = self._exchange, None
+            self._checker.verify(pending)
             return []
 
-        return self._run("barrier", body, ())
+        return self._run("barrier", body, (), opts, exchange=True)
 
     # -- point to point --------------------------------------------------------------------
 
@@ -1092,17 +1122,47 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
         return describe
 
+    def _post(self, what: str, post: Callable[[], Any]) -> tuple[AsyncWork, Callable[[], list]]:
+        """Posts a point-to-point transfer through the executor, so that it reaches its
+        sub-group after every collective issued before it (the peer issues them in the same
+        order); posting does not wait for the transfer. Returns the posting's Work and a
+        getter for the posted Work."""
+        posted: list[Any] = []
+        work = AsyncWork(what, self._p2p_seq, self._timeout, self._timed_out)
+
+        def job() -> None:
+            try:
+                posted.append(post())
+            except Exception as error:
+                work.fail(error)
+                return
+            work.complete(None)
+
+        self._executor.submit(job, inline_ok=True)
+        return work, lambda: posted
+
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         if not self._on_spyre(tensors):
             return self._flat.send(tensors, dst, tag)
         self._p2p_seq += 1
+        keep: list[torch.Tensor] = []
         if self._is_local(dst):
-            work = self._local.send(tensors, self._topo.local_rank_of[dst], tag)
+            where = "on the node"
+
+            def post() -> Any:
+                return self._local.send(tensors, self._topo.local_rank_of[dst], tag)
         else:
-            host = _host_bytes(tensors[0])
-            gloo = self._flat.send([host], dst, tag)
-            what = f"send seq {self._p2p_seq} to rank {dst} (tag {tag}, between nodes)"
-            work = _ThenWork([gloo], None, tensors, keep=host, describe=self._p2p_error(what))
+            where = "between nodes"
+
+            def post() -> Any:
+                keep.append(_host_bytes(tensors[0]))  # gloo reads it until the send completes
+                return self._flat.send(keep[-1:], dst, tag)
+
+        what = f"send seq {self._p2p_seq} to rank {dst} (tag {tag}, {where})"
+        posting, posted = self._post(what, post)
+        work = ThenWork(
+            posted, None, tensors, keep=keep, describe=self._p2p_error(what), before=[posting]
+        )
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -1111,20 +1171,29 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if not self._on_spyre(tensors):
             return self._flat.recv(tensors, src, tag)
         self._p2p_seq += 1
+        t = tensors[0]
+        after: Callable[[], None] | None = None
+        host: torch.Tensor | None = None
         if self._is_local(src):
-            work = self._local.recv(tensors, self._topo.local_rank_of[src], tag)
+            where = "on the node"
+
+            def post() -> Any:
+                return self._local.recv(tensors, self._topo.local_rank_of[src], tag)
         else:
-            t = tensors[0]
+            where = "between nodes"
             host = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
-            gloo = self._flat.recv([host], src, tag)
-            what = f"recv seq {self._p2p_seq} from rank {src} (tag {tag}, between nodes)"
-            work = _ThenWork(
-                [gloo],
-                lambda: _bytes_into(t, host),
-                tensors,
-                keep=host,
-                describe=self._p2p_error(what),
-            )
+
+            def post() -> Any:
+                return self._flat.recv([host], src, tag)
+
+            def after() -> None:
+                _bytes_into(t, host)
+
+        what = f"recv seq {self._p2p_seq} from rank {src} (tag {tag}, {where})"
+        posting, posted = self._post(what, post)
+        work = ThenWork(
+            posted, after, tensors, keep=host, describe=self._p2p_error(what), before=[posting]
+        )
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -1135,8 +1204,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             f"{self._label()}, whose ranks span several nodes; name the sender"
         )
 
-    # -- coalescing: every operation above completes (or is posted) when issued, so a batch
-    # only has to collect the Works and wait for all of them at its end.
+    # -- coalescing: every operation above is queued (or posted) when issued, so a batch only
+    # has to collect the Works and wait for all of them at its end.
 
     def _start_coalescing(self, device: torch.device) -> None:
         if self._coalesced is not None:
@@ -1145,7 +1214,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     def _end_coalescing(self, device: torch.device) -> dist.Work:
         works, self._coalesced = self._coalesced or [], None
-        return _ThenWork(works)
+        return ThenWork(works)
 
     # -- what torch's Python code asks of a group's backend, and split_group ---------------
 
@@ -1203,11 +1272,28 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
     # -- lifecycle -------------------------------------------------------------------------
 
     def abort(self) -> None:
+        self._failed = self._failed or "aborted"
+        self._stop("the group was aborted")
         self._abort_children()
+        self._executor.close(0)
 
     def shutdown(self) -> None:
+        # Queued operations finish first (bounded: each stage has the group timeout).
+        self._executor.close(self._timeout.total_seconds())
         self._local.shutdown()
-        for child in (self._cross, self._flat):
+        gloo = [g for g in (self._cross, self._flat, self._check_group) if g is not None]
+        if self._stopped is not None:
+            # An abandoned gloo operation stays pending until gloo's timeout, and a gloo
+            # group's destructor waits for it: a thread of its own keeps the groups until
+            # then, so that destroy_process_group does not wait.
+            self._cross = self._flat = self._check_group = None
+            self._checker = None
+            linger = self._timeout.total_seconds() + 5.0
+            threading.Thread(
+                target=_release_later, args=(gloo, linger), name="spyreccl release", daemon=True
+            ).start()
+            return
+        for child in gloo:
             if child is not None:
                 try:
                     child.shutdown()
@@ -1216,7 +1302,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout = timeout
-        for child in (self._local, self._cross, self._flat):
+        for child in (self._local, self._cross, self._flat, self._check_group):
             if child is not None:
                 child.set_timeout(timeout)
 

@@ -1,0 +1,225 @@
+"""Detecting collectives that the ranks of a hierarchical group called differently.
+
+Every collective's fingerprint (operation, sequence number, element count, dtype, reduce op,
+root) is exchanged over a gloo group of its own (the control group), *posted when the
+operation starts*: the on-node stages run while it travels, and the operation's first gloo
+stage waits for it (HierarchicalProcessGroup._gloo), so a rank never posts a gloo operation
+that its peers called differently (gloo cannot cancel one). When the fingerprints
+disagree, the gloo callback that receives them aborts the node's spyreccl group at once (a
+stage that waits for a peer busy with another operation stops instead of waiting for the
+timeout), and the operation fails on every rank with a message that names each rank's
+call. An operation is only reported complete after its fingerprints were seen to agree,
+so a mismatch never returns data as if it were right. A barrier is the exchange alone.
+
+Why a separate gloo group: the data groups' operation order must not depend on whether
+checking is on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+
+_RedOp = dist.ReduceOp.RedOpType
+_NAMES: dict[int, str] = {}
+_ROW = 9  # op, seq, number of signature fields, up to 6 fields
+
+
+def code(text: str) -> int:
+    """A stable integer for a name (the same in every process, unlike hash())."""
+    value = zlib.crc32(text.encode())
+    _NAMES.setdefault(value, text)
+    return value
+
+
+# Names another rank may send that this one has not used yet (for describe_call).
+for _name in [
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
+    "gather",
+    "scatter",
+    "all_to_all_single",
+    "all_to_all",
+    "barrier",
+    "None",
+]:
+    code(_name)
+for _value in vars(torch).values():
+    if isinstance(_value, torch.dtype):
+        code(str(_value))
+for _kind in _RedOp.__members__.values():
+    code(str(_kind))
+
+
+def signature(
+    tensors: Sequence[torch.Tensor],
+    op: Any = None,
+    root: int = -1,
+    dtype: torch.dtype | None = None,
+) -> tuple[int, ...]:
+    """What every rank of a collective must agree on: element count, dtype, reduce op, root."""
+    if dtype is None and tensors:
+        dtype = tensors[0].dtype
+    kind = (op.op if hasattr(op, "op") else op) if op is not None else None
+    return (
+        sum(t.numel() for t in tensors),
+        code(str(dtype)),
+        code(str(kind)),
+        int(root),
+    )
+
+
+def describe_call(row: list[int]) -> str:
+    op, _seq, n = row[0], row[1], row[2]
+    name = _NAMES.get(op, f"operation #{op}")
+    if n < 4:
+        return f"{name}()"
+    numel, dtype, kind, root = row[3:7]
+    text = f"{name}(numel={numel}, {_NAMES.get(dtype, dtype)}"
+    if _NAMES.get(kind, "None") != "None":
+        text += f", {_NAMES.get(kind, kind)}"
+    return text + (f", root={root})" if root >= 0 else ")")
+
+
+def _differences(rows: list[list[int]]) -> str:
+    """Which fields differ, in words (the first thing a reader looks for)."""
+    fields = ["operation", "sequence number", "", "element count", "dtype", "reduce op", "root"]
+    names = [
+        name for i, name in enumerate(fields) if name and any(row[i] != rows[0][i] for row in rows)
+    ]
+    return ", ".join(names) or "call"
+
+
+class MismatchError(RuntimeError):
+    """The ranks of a group called different collectives (or the same one differently)."""
+
+
+class PendingCheck:
+    """One operation's exchange in flight (see CallChecker)."""
+
+    def __init__(self, work: Any, sums: torch.Tensor, mine: list[int], digest: int) -> None:
+        self.work = work
+        self.sums = sums  # after the exchange: [max digest, max -digest] over every rank
+        self.mine = mine
+        self.digest = digest
+        self.compare = True
+        self.mismatched = False  # set by the gloo callback or verify()
+        self.message: str | None = None  # once the fingerprints were gathered
+        self.done = threading.Event()
+
+
+def _digest(row: list[int]) -> int:
+    """62 bits of a hash of the fingerprint (so that its negation is exact in int64)."""
+    data = b"".join(int(v).to_bytes(8, "little", signed=True) for v in row)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 2
+
+
+class CallChecker:
+    """The control group's exchanges: one gloo all_reduce (MAX) of two int64 per operation,
+    [d, -d] where d is a 62-bit digest of the fingerprint. Every rank gets max(d) and
+    -min(d), so every rank sees whether all digests are equal (max = min = its own); only
+    then, on every rank alike, are the fingerprints themselves all-gathered, to name each
+    rank's call.
+
+    Two elements, an all_reduce: measured here, gloo's all_reduce of fewer elements than
+    ranks takes about a third of the time of its all-gather of the whole fingerprints
+    (docs/performance.md). Every exchange has the same shape whatever the operation, so
+    gloo matches the exchanges of ranks that called different operations."""
+
+    def __init__(
+        self,
+        group: Any,
+        size: int,
+        label: Callable[[], str],
+        on_mismatch: Callable[[PendingCheck], None],
+    ) -> None:
+        self._group = group
+        self._size = size
+        self._label = label
+        self._on_mismatch = on_mismatch
+
+    def post(self, op_name: str, seq: int, sig: Sequence[int], compare: bool = True) -> Any:
+        """Starts the exchange of this rank's fingerprint; `compare` False: only the
+        exchange (a barrier; checking is off)."""
+        row = [code(op_name), seq, len(sig), *sig, *([0] * (_ROW - 3 - len(sig)))]
+        digest = _digest(row) if compare else 0
+        sums = torch.tensor([digest, -digest], dtype=torch.int64)
+        opts = c10d.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        work = self._group.allreduce([sums], opts)
+        pending = PendingCheck(work, sums, row, digest)
+        pending.compare = compare
+        if not compare:
+            pending.done.set()
+            return pending
+
+        def received(future: Any) -> None:
+            try:
+                future.value()
+            except Exception:
+                pending.done.set()  # the exchange itself failed: verify() reports it
+                return
+            pending.mismatched = self._differs(pending)
+            pending.done.set()
+            if pending.mismatched:
+                self._on_mismatch(pending)
+
+        work.get_future().add_done_callback(received)
+        return pending
+
+    def verify(self, pending: PendingCheck) -> None:
+        """Waits for the exchange (gloo's timeout bounds it; a failed exchange raises gloo's
+        error) and raises MismatchError when the fingerprints disagreed (every rank does:
+        they all see it, and gather the fingerprints to name the calls)."""
+        pending.work.wait()
+        if not pending.compare or not self._differs(pending):
+            return
+        pending.mismatched = True
+        if pending.message is None:
+            pending.message = self._describe(pending)
+        raise MismatchError(pending.message)
+
+    @staticmethod
+    def _differs(pending: PendingCheck) -> bool:
+        top, neg_bottom = pending.sums.tolist()
+        return top != pending.digest or -neg_bottom != pending.digest
+
+    def _describe(self, pending: PendingCheck) -> str:
+        """Gathers every rank's fingerprint and names each rank's call."""
+        seq = pending.mine[1]
+        mine = torch.tensor(pending.mine, dtype=torch.int64)
+        everyone = torch.empty(self._size * _ROW, dtype=torch.int64)
+        try:
+            self._group._allgather_base(everyone, mine, c10d.AllgatherOptions()).wait()
+        except Exception as error:
+            return (
+                f"spyreccl: mismatched collectives on {self._label()} at seq {seq}: this rank "
+                f"called {describe_call(pending.mine)}; the others' calls could not be "
+                f"gathered ({error})"
+            )
+        rows = everyone.view(self._size, _ROW).tolist()
+        seqs_differ = any(row[1] != rows[0][1] for row in rows)
+        calls = "; ".join(
+            f"rank {r}: {describe_call(row)}" + (f" as seq {row[1]}" if seqs_differ else "")
+            for r, row in enumerate(rows)
+        )
+        return (
+            f"spyreccl: mismatched collectives on {self._label()} at seq {seq} "
+            f"({_differences(rows)} differ): {calls}"
+        )
