@@ -194,7 +194,6 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._flat_max_bytes = int(os.environ.get(FLAT_MAX_BYTES_ENV, DEFAULT_FLAT_MAX_BYTES))
         self._executor = OrderedExecutor(f"group '{group_name}'")
         self._mismatch: PendingCheck | None = None  # set by the checker's gloo callback
-        self._wake = threading.Condition()  # see _wait
         self._stopped: str | None = None
         self._gate: PendingCheck | None = None  # the running operation's unverified check
         self._exchange: PendingCheck | None = None  # the running operation's exchange
@@ -483,42 +482,21 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._wait_gloo(post())
 
     def _wait_gloo(self, work: Any) -> None:
-        """Waits for a gloo stage, or until the group is stopped (a mismatch seen by the
-        checker, an expired wait() on this group's Work): gloo's abort() does not stop a
-        pending gloo operation (it stays until gloo's timeout), so a stage that waits for
-        peers which will never come is abandoned here instead."""
-        if self._stopped is None and not work.is_completed():
-            # Completion is seen through the future's callback: gloo completes the future
-            # just before the Work's is_completed() turns true.
-            done = threading.Event()
-
-            def completed(_future: Any) -> None:
-                with self._wake:
-                    done.set()
-                    self._wake.notify_all()
-
-            try:
-                future = work.get_future()
-            except RuntimeError:  # gloo's reduce_scatter Works have none: plain wait
-                work.wait()
-                return
-            future.add_done_callback(completed)
-            deadline = time.monotonic() + self._timeout.total_seconds() + 5.0
-            with self._wake:
-                while self._stopped is None and not done.is_set():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._wake.wait(left)
-            if self._stopped is not None and not done.is_set():
-                raise RuntimeError(f"stopped while waiting for a stage: {self._stopped}")
+        """Waits for a gloo stage in gloo's own blocking wait (the GIL is released; gloo's
+        timeout, the group's, bounds it). A stage is never started once the group was
+        stopped (an expired wait() on this group's Work, abort()). One already running when
+        that happens is not interrupted: gloo's abort() does not stop a pending operation,
+        so the executor thread stays in it until gloo's timeout (shutdown() then hands the
+        gloo groups to a thread of its own). Waking through the Work's future instead, to be
+        interruptible, cost two GIL hand-offs and a condition wake-up per stage: an 8-byte
+        flat all_reduce took 618 us against gloo's 304 on an idle 16-core machine."""
+        if self._stopped is not None:
+            raise RuntimeError(f"stopped before a stage: {self._stopped}")
         work.wait()
 
     def _stop(self, why: str) -> None:
-        """Wakes the executor out of any stage it waits for (see _wait)."""
-        with self._wake:
-            self._stopped = self._stopped or why
-            self._wake.notify_all()
+        """Marks the group stopped: no further gloo stage starts (see _wait_gloo)."""
+        self._stopped = self._stopped or why
 
     def _is_local(self, peer: int) -> bool:
         return self._topo.node_of[peer] == self._topo.node
