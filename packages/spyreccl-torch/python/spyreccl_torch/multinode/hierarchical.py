@@ -76,7 +76,11 @@ DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
 # Reductions of at most this many bytes (after widening) skip the hierarchy: one gloo
 # all_reduce (or reduce) over every rank on host copies (the "flat" route). 0 turns it off.
 # The default comes from interleaved measurements (docs/performance.md, "Multiple nodes
-# (simulated)"): flat took less time than the leader route from 8 B to 64 KiB.
+# (simulated)"): flat took less time than the leader route from 8 B to 64 KiB with 4 ranks
+# on 2 CPUs. On an idle 16-core machine the leader route was faster from 256 B on, but it
+# is not the default: when a leader fails on one node, the leader of the other node waits
+# in the cross-node stage until gloo's timeout instead of failing within seconds (the flat
+# route's gloo operation includes every rank, so a death reaches every rank at once).
 FLAT_MAX_BYTES_ENV = "SPYRECCL_MULTINODE_FLAT_MAX_BYTES"
 DEFAULT_FLAT_MAX_BYTES = 64 * 1024
 
