@@ -11,7 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <spyreccl/spyreccl.h>
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -73,11 +73,16 @@ class Communicator {
   // The handle for thread-safe queries; throws InvalidUsageError once destroyed.
   spyrecclComm_t live_handle(const char* op) const;
 
-  mutable std::mutex mu_;
-  std::condition_variable idle_;
+  // The per-operation path takes no lock: Use claims `busy_` with one compare-exchange and
+  // releases it with a plain store. `closing_` and `busy_` form a Dekker pair (seq_cst):
+  // Use sets busy_ then reads closing_, destroy() sets closing_ then reads busy_, so at
+  // least one of them sees the other and either the operation refuses to start or
+  // destroy() waits for it to end (polling: destroy is rare, and a Use that ends must not
+  // pay for a notification nobody waits for).
+  std::atomic<bool> busy_{false};
+  std::atomic<bool> closing_{false};  // destroy() started: no new operation may begin
+  mutable std::mutex mu_;             // guards the fields below (never taken per operation)
   spyrecclComm_t comm_;
-  bool busy_ = false;
-  bool closing_ = false;  // destroy() started: no new operation may begin
   bool destroyed_ = false;
   int group_pending_ = 0;
   std::vector<BufferView> orphans_;  // declared after comm_: released after it is destroyed
