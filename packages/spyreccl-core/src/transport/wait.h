@@ -94,6 +94,22 @@ struct SpinPolicy {
   int64_t extendNs = kSpinMaxNs;
 };
 
+// The one-shot hook of spyrecclSetBlockingHook (thread-local): fired by the first wait of
+// the calling thread that outlasts its initial spin, right before it spins on (extended)
+// or yields. Lets a binding keep its interpreter lock over calls that end within the spin.
+struct BlockingHook {
+  void (*fn)(void*) = nullptr;
+  void* arg = nullptr;
+};
+BlockingHook& blockingHook();
+inline void fireBlockingHook() {
+  BlockingHook& hook = blockingHook();
+  if (hook.fn == nullptr) return;
+  void (*fn)(void*) = hook.fn;
+  hook.fn = nullptr;  // disarmed before it runs: it fires once
+  fn(hook.arg);
+}
+
 template <class Ready, class Check>
 void waitUntil(SpinPolicy policy, std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers,
                Ready&& ready, Check&& check) {
@@ -117,6 +133,7 @@ void waitUntil(SpinPolicy policy, std::atomic<uint32_t>* word, std::atomic<uint3
         if (i == 16) start = now;
         check(now - start, false);
         if (now - start >= budget) {
+          if (!extended) fireBlockingHook();  // from here on the wait may last
           if (extended || policy.extendNs <= kSpinNs || !SpinAdvisor::mine().extend()) break;
           extended = true;
           budget = policy.extendNs;
@@ -126,6 +143,7 @@ void waitUntil(SpinPolicy policy, std::atomic<uint32_t>* word, std::atomic<uint3
     if (extended) SpinAdvisor::mine().record(false);
   } else {
     start = nowNs();
+    fireBlockingHook();
   }
   int64_t lastFull = start;
   for (uint32_t i = 1;; ++i) {

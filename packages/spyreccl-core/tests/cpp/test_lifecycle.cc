@@ -265,6 +265,31 @@ void flightRecorderBody(RankContext& ctx) {
             "the mismatched call should be the last record, failed:\n%s", buf.data());
 }
 
+// spyrecclSetBlockingHook: fires once, on the calling thread, when a wait outlasts the
+// spin; a disarmed hook does not fire.
+void blockingHookBody(RankContext& ctx) {
+  static thread_local int fired = 0;
+  auto hook = [](void* arg) { ++*static_cast<int*>(arg); };
+  // Rank 0 waits ~100 ms for rank 1 in each barrier below.
+  auto lateBarrier = [&] {
+    if (ctx.rank != 0) sleepMs(100);
+    return spyrecclBarrier(ctx.comm);
+  };
+  SPY_CHECK_OK(spyrecclSetBlockingHook(hook, &fired), nullptr);
+  SPY_REQUIRE_OK(lateBarrier(), ctx.comm);
+  if (ctx.rank == 0) SPY_CHECK(fired == 1, "hook fired %d times in a long wait, expected 1", fired);
+  // One-shot: the next long wait does not fire it again.
+  SPY_REQUIRE_OK(lateBarrier(), ctx.comm);
+  if (ctx.rank == 0)
+    SPY_CHECK(fired == 1, "hook fired %d times after the first, expected 1", fired);
+  // Disarmed before the call: never fires.
+  SPY_CHECK_OK(spyrecclSetBlockingHook(hook, &fired), nullptr);
+  SPY_CHECK_OK(spyrecclSetBlockingHook(nullptr, nullptr), nullptr);
+  SPY_REQUIRE_OK(lateBarrier(), ctx.comm);
+  SPY_CHECK(fired <= 1, "a disarmed hook fired (%d)", fired);
+  expectUsable(ctx, "the blocking hook");
+}
+
 // ---------------------------------------------------------------------------------------
 // errors: mismatches
 // ---------------------------------------------------------------------------------------
@@ -508,6 +533,7 @@ void invalidArgumentsBody(RankContext& ctx) {
   }
   registerRanks("lifecycle.queries/ws3", 3, queryBody);
   registerRanks("lifecycle.flight_recorder/ws2", 2, flightRecorderBody);
+  registerRanks("lifecycle.blocking_hook/ws2", 2, blockingHookBody);
   registerRanks("lifecycle.flight_recorder/ws3", 3, flightRecorderBody);
 
   for (const char* variant : {"count", "op", "dtype", "root", "collective"}) {
