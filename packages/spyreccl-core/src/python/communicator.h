@@ -103,20 +103,20 @@ void call_without_gil(spyrecclComm_t comm, Fn&& fn) {
   check_result(fn(), comm);
 }
 
-// Collectives moving at most this many bytes per buffer keep the GIL while they complete
-// within the core's initial spin (call_collective): their copies and reductions take a few
-// microseconds at most, the time another thread would wait for the GIL anyway.
+// Collectives and send/recv moving at most this many bytes per buffer keep the GIL while
+// they complete within the core's initial spin (call_gil_until_wait): their copies and reductions
+// take a few microseconds at most, the time another thread would wait for the GIL anyway.
 constexpr size_t kKeepGilMaxBytes = 64 << 10;
 
-// Runs the C collective `fn` moving at most `max_bytes` per buffer and throws on failure
-// like call_without_gil. A small one keeps the GIL unless it has to wait: the core's
+// Runs the C collective or send/recv `fn` moving at most `max_bytes` per buffer and throws
+// on failure like call_without_gil. A small one keeps the GIL unless it has to wait: the core's
 // blocking hook (spyrecclSetBlockingHook) releases the GIL when a wait outlasts the initial
 // spin (~2 us), so other Python threads run while this one blocks, as with
 // call_without_gil, but a call that completes within the spin skips the release and
 // re-acquisition of the GIL (about 30-40 ns each way, a sizeable part of a small
 // collective). Larger messages release the GIL up front: their copies may take long.
 template <typename Fn>
-void call_collective(spyrecclComm_t comm, size_t max_bytes, Fn&& fn) {
+void call_gil_until_wait(spyrecclComm_t comm, size_t max_bytes, Fn&& fn) {
   if (max_bytes > kKeepGilMaxBytes) {
     call_without_gil(comm, std::forward<Fn>(fn));
     return;
