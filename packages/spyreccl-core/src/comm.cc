@@ -619,10 +619,19 @@ std::string Communicator::dumpState() const {
   for (int p = 0; p < nranks_; ++p) {
     const RankControl* pc = control(p);
     uint32_t step = pc->step.load(std::memory_order_acquire);
-    // The latest announced descriptor is the one with the larger sequence number.
-    const Descriptor& d0 = pc->desc[0];
-    const Descriptor& d1 = pc->desc[1];
-    const Descriptor& d = d0.seq >= d1.seq ? d0 : d1;
+    // The latest announced descriptor is the one with the larger sequence number. Our own
+    // is being written by the owner thread while another thread may dump: take it from
+    // the flight recorder (read consistently) instead of the shared words.
+    Descriptor d{};
+    FlightRecord last;
+    if (p == rank_) {
+      const uint64_t count = recordCount_.load(std::memory_order_acquire);
+      if (count > 0 && readSlot(count - 1, &last)) d = last.d;
+    } else {
+      const Descriptor& d0 = pc->desc[0];
+      const Descriptor& d1 = pc->desc[1];
+      d = d0.seq >= d1.seq ? d0 : d1;
+    }
     uint32_t status = pc->status.load(std::memory_order_relaxed);
     bool dead = p != rank_ && watches_[p].dead();
     out += format("    rank %-4d pid %-8d step %-8u %-8s last announced seq %llu %s%s\n", p,
