@@ -25,6 +25,7 @@
 #include "rendezvous/bootstrap.h"
 #include "rendezvous/unique_id.h"
 #include "spyreccl/spyreccl.h"
+#include "transport/wait.h"
 
 using spyreccl::Error;
 using spyreccl::format;
@@ -752,6 +753,13 @@ spyrecclResult_t spyrecclCommPoll(spyrecclComm_t comm, int64_t maxWaitUs, int* p
     }
     if (pending != nullptr) *pending = static_cast<int>(comm->pendingP2P().size());
   });
+}
+
+spyrecclResult_t spyrecclSetBlockingHook(spyrecclBlockingHook_t hook, void* arg) {
+  spyreccl::transport::BlockingHook& h = spyreccl::transport::blockingHook();
+  h.fn = hook;
+  h.arg = arg;
+  return spyrecclSuccess;
 }
 
 spyrecclResult_t spyrecclCommWakePoll(spyrecclComm_t comm) {

@@ -149,6 +149,7 @@ Communicator::Communicator(int rank, int nranks, CommConfig config,
       pids_(pids),
       peerArenas_(nranks),
       premul_(kMaxPreMulSum) {
+  startTickClock();  // the flight recorder's time base (common/clock.h)
   who_ = format("rank %d/%d", rank, nranks);
   if (!config_.name.empty()) who_ += " '" + config_.name + "'";
   watches_.resize(nranks);
@@ -391,32 +392,82 @@ std::string Communicator::opLabel() const {
                 static_cast<unsigned long long>(seq_));
 }
 
+void Communicator::openSlot(FlightSlot& slot) {
+  // Only the owner thread writes, so it can read the version without a RMW operation.
+  slot.version.store(slot.version.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  // Orders the odd version before the field stores below (pairs with readSlot's acquire
+  // fence): a reader that sees any new field value also sees the version change.
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void Communicator::closeSlot(FlightSlot& slot) {
+  slot.version.store(slot.version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+bool Communicator::readSlot(uint64_t index, FlightRecord* out) const {
+  const FlightSlot& slot = records_[index % kFlightRecords];
+  // The writer holds a slot odd for a few stores; a reader only spins long when the
+  // writer was preempted right then. Give up after a while rather than wait on it.
+  for (int attempt = 0; attempt < 10000; ++attempt) {
+    const uint32_t v1 = slot.version.load(std::memory_order_acquire);
+    if (v1 & 1) {
+      transport::cpuRelax();
+      continue;
+    }
+    const uint64_t held = slot.index.load(std::memory_order_relaxed);
+    uint64_t words[kDescWords];
+    for (int w = 0; w < kDescWords; ++w) words[w] = slot.desc[w].load(std::memory_order_relaxed);
+    out->startTicks = slot.startTicks.load(std::memory_order_relaxed);
+    out->endTicks = slot.endTicks.load(std::memory_order_relaxed);
+    out->firstStep = slot.firstStep.load(std::memory_order_relaxed);
+    out->state = slot.state.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (slot.version.load(std::memory_order_relaxed) != v1) continue;  // torn: again
+    if (held != index) return false;  // overwritten by a later record
+    std::memcpy(&out->d, words, sizeof out->d);
+    return true;
+  }
+  return false;
+}
+
 Descriptor Communicator::beginOp(Descriptor d) {
   d.seq = ++seq_;
   curKind_ = d.kind;
   customLabel_.clear();
   SPYRECCL_LOG(kTrace, who_.c_str(), "seq %llu %s: start at step %u",
                static_cast<unsigned long long>(d.seq), algorithms::describe(d).c_str(), step_ + 1);
-  std::lock_guard<std::mutex> lock(mu_);
-  FlightRecord& rec = records_[recordCount_ % kFlightRecords];
-  ++recordCount_;
-  rec.d = d;
-  rec.startNs = nowNs();
-  rec.endNs = 0;
-  rec.firstStep = step_ + 1;
-  rec.state = FlightRecord::kRunning;
+  const uint64_t index = recordCount_.load(std::memory_order_relaxed);  // we are its writer
+  FlightSlot& slot = records_[index % kFlightRecords];
+  uint64_t words[kDescWords];
+  std::memcpy(words, &d, sizeof d);
+  openSlot(slot);
+  slot.index.store(index, std::memory_order_relaxed);
+  for (int w = 0; w < kDescWords; ++w) slot.desc[w].store(words[w], std::memory_order_relaxed);
+  slot.startTicks.store(ticksNow(), std::memory_order_relaxed);
+  slot.endTicks.store(0, std::memory_order_relaxed);
+  slot.firstStep.store(step_ + 1, std::memory_order_relaxed);
+  slot.state.store(kRunning, std::memory_order_relaxed);
+  closeSlot(slot);
+  // Publishes the record: a dump that sees the new count finds it complete.
+  recordCount_.store(index + 1, std::memory_order_release);
   return d;
 }
 
 void Communicator::endOp(bool ok) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (recordCount_ == 0) return;
-  FlightRecord& rec = records_[(recordCount_ - 1) % kFlightRecords];
-  rec.endNs = nowNs();
-  rec.state = ok ? FlightRecord::kDone : FlightRecord::kFailed;
+  const uint64_t count = recordCount_.load(std::memory_order_relaxed);
+  if (count == 0) return;
+  FlightSlot& slot = records_[(count - 1) % kFlightRecords];
+  const uint64_t end = ticksNow();
+  openSlot(slot);
+  slot.endTicks.store(end, std::memory_order_relaxed);
+  slot.state.store(ok ? kDone : kFailed, std::memory_order_relaxed);
+  closeSlot(slot);
   SPYRECCL_LOG(kTrace, who_.c_str(), "seq %llu %s: %s after %.1f us at step %u",
-               static_cast<unsigned long long>(rec.d.seq), algorithms::kindName(rec.d.kind),
-               ok ? "done" : "failed", (rec.endNs - rec.startNs) / 1e3, step_);
+               static_cast<unsigned long long>(seq_), algorithms::kindName(curKind_),
+               ok ? "done" : "failed",
+               static_cast<double>(end - slot.startTicks.load(std::memory_order_relaxed)) *
+                   nsPerTick() / 1e3,
+               step_);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -531,23 +582,33 @@ const char* Communicator::lastError() const {
 
 std::string Communicator::dumpState() const {
   static const char* const kStates[] = {"running", "done", "failed"};
-  int64_t now = nowNs();
+  const double nsPerTick = spyreccl::nsPerTick();
+  const uint64_t nowTicks = ticksNow();
   // Any thread may dump: read our step from shared memory, not the owner's step_.
   std::string out = format("spyreccl state of %s (pid %d, segment %s): step %u, %s\n", who_.c_str(),
                            static_cast<int>(::getpid()), segment_->name().c_str(),
                            control(rank_)->step.load(std::memory_order_relaxed),
                            resultName(failCode_.load(std::memory_order_acquire)));
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    int first = std::max(0, recordCount_ - kFlightRecords);
-    out += format("  last %d collectives on this rank:\n", recordCount_ - first);
-    for (int i = first; i < recordCount_; ++i) {
-      const FlightRecord& r = records_[i % kFlightRecords];
-      int64_t end = r.state == FlightRecord::kRunning ? now : r.endNs;
-      out += format("    seq %-6llu %-44s from step %-8u %-7s %.1f us\n",
-                    static_cast<unsigned long long>(r.d.seq), algorithms::describe(r.d).c_str(),
-                    r.firstStep, kStates[r.state], (end - r.startNs) / 1e3);
+    // Lock-free read of the owner's flight recorder (readSlot); records that the owner
+    // overwrites while we read are left out (they are older than the ones shown).
+    const uint64_t count = recordCount_.load(std::memory_order_acquire);
+    const uint64_t first = count > kFlightRecords ? count - kFlightRecords : 0;
+    std::string lines;
+    int shown = 0;
+    for (uint64_t i = first; i < count; ++i) {
+      FlightRecord r;
+      if (!readSlot(i, &r)) continue;
+      ++shown;
+      // A collective that started after `nowTicks` was read counts as just started.
+      const uint64_t end = r.state == kRunning ? std::max(nowTicks, r.startTicks) : r.endTicks;
+      lines += format("    seq %-6llu %-44s from step %-8u %-7s %.1f us\n",
+                      static_cast<unsigned long long>(r.d.seq), algorithms::describe(r.d).c_str(),
+                      r.firstStep, r.state <= kFailed ? kStates[r.state] : "?",
+                      static_cast<double>(end - r.startTicks) * nsPerTick / 1e3);
     }
+    out += format("  last %d collectives on this rank:\n", shown);
+    out += lines;
   }
   out += format("  transfers: single-copy of ordinary memory (CMA) %s, %llu reads, %llu bytes\n",
                 cmaState_.c_str(),
@@ -558,10 +619,19 @@ std::string Communicator::dumpState() const {
   for (int p = 0; p < nranks_; ++p) {
     const RankControl* pc = control(p);
     uint32_t step = pc->step.load(std::memory_order_acquire);
-    // The latest announced descriptor is the one with the larger sequence number.
-    const Descriptor& d0 = pc->desc[0];
-    const Descriptor& d1 = pc->desc[1];
-    const Descriptor& d = d0.seq >= d1.seq ? d0 : d1;
+    // The latest announced descriptor is the one with the larger sequence number. Our own
+    // is being written by the owner thread while another thread may dump: take it from
+    // the flight recorder (read consistently) instead of the shared words.
+    Descriptor d{};
+    FlightRecord last;
+    if (p == rank_) {
+      const uint64_t count = recordCount_.load(std::memory_order_acquire);
+      if (count > 0 && readSlot(count - 1, &last)) d = last.d;
+    } else {
+      const Descriptor& d0 = pc->desc[0];
+      const Descriptor& d1 = pc->desc[1];
+      d = d0.seq >= d1.seq ? d0 : d1;
+    }
     uint32_t status = pc->status.load(std::memory_order_relaxed);
     bool dead = p != rank_ && watches_[p].dead();
     out += format("    rank %-4d pid %-8d step %-8u %-8s last announced seq %llu %s%s\n", p,

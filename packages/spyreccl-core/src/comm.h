@@ -206,13 +206,38 @@ class Communicator {
   pid_t peerPid(int peer) const { return pids_[peer]; }
 
  private:
+  // The flight recorder: the last kFlightRecords collectives of this communicator. Written
+  // only by the thread that runs the collective (one thread at a time per communicator),
+  // read by any thread (dumpState: error paths and spyrecclCommDumpState). No lock: each
+  // slot is a seqlock (version odd while its writer updates it; a reader retries until it
+  // copied the slot between two equal even versions), so the owner's two updates per call
+  // are plain stores, and a reader never sees half of a record. Every field is an atomic
+  // accessed relaxed, ordered by the version's fences: no data race in the C++ sense.
+  enum RecordState : uint32_t { kRunning, kDone, kFailed };
+  static constexpr int kDescWords = sizeof(transport::Descriptor) / sizeof(uint64_t);
+  static_assert(sizeof(transport::Descriptor) % sizeof(uint64_t) == 0, "descriptor in words");
+  struct FlightSlot {
+    std::atomic<uint32_t> version{0};
+    std::atomic<uint64_t> index{0};  // which record (0, 1, ...) the slot holds
+    std::atomic<uint64_t> desc[kDescWords] = {};
+    // ticksNow() at the start and the end (0 while running): cheaper than the clock.
+    std::atomic<uint64_t> startTicks{0}, endTicks{0};
+    std::atomic<uint32_t> firstStep{0}, state{kRunning};
+  };
+  // A consistent copy of one slot (readSlot).
   struct FlightRecord {
     transport::Descriptor d{};
-    int64_t startNs = 0, endNs = 0;
+    uint64_t startTicks = 0, endTicks = 0;
     uint32_t firstStep = 0;
-    enum State : uint8_t { kRunning, kDone, kFailed } state = kRunning;
+    uint32_t state = kRunning;
   };
   static constexpr int kFlightRecords = 16;
+  // Seqlock write side (owner thread only): openSlot makes the version odd, closeSlot even.
+  static void openSlot(FlightSlot& slot);
+  static void closeSlot(FlightSlot& slot);
+  // Copies record `index` into *out; false when the slot was overwritten by a later record
+  // (or stayed busy for too long, which only a writer preempted mid-update can cause).
+  bool readSlot(uint64_t index, FlightRecord* out) const;
   static constexpr int kMaxPreMulSum = 1024;
   struct PreMulSum {
     bool used = false;
@@ -262,11 +287,13 @@ class Communicator {
   std::atomic<bool> abortRequested_{false};
   std::atomic<int> failCode_{spyrecclSuccess};
 
-  mutable std::mutex mu_;  // guards the fields below (read by other threads)
+  FlightSlot records_[kFlightRecords];
+  // Records started so far: written by the owner thread, read by dumps (acquire).
+  std::atomic<uint64_t> recordCount_{0};
+
+  mutable std::mutex mu_;  // guards the fields below (read by other threads); not per call
   std::string failMessage_;
   std::string lastError_;
-  FlightRecord records_[kFlightRecords];
-  int recordCount_ = 0;
   std::vector<PreMulSum> premul_;
 };
 

@@ -569,6 +569,23 @@ SPYRECCL_API spyrecclResult_t spyrecclCommPoll(spyrecclComm_t comm, int64_t maxW
 SPYRECCL_API spyrecclResult_t spyrecclCommWakePoll(spyrecclComm_t comm);
 
 /*
+ * spyrecclSetBlockingHook: arms a one-shot hook on the calling thread. The next wait of a
+ * spyreccl call made by this thread that outlasts the initial spin (about 2 us; at once
+ * when the communicator's ranks oversubscribe the CPUs and waits do not spin) first calls
+ * hook(arg), from inside that call and on this thread, and disarms the hook. hook == NULL
+ * disarms it. Calls that never wait that long do not call it.
+ *
+ * Meant for language bindings that hold an interpreter lock (Python's GIL) while they call
+ * spyreccl: they may keep the lock over calls that complete within the spin, and release it
+ * in the hook, only when the call is about to block for longer (and take it back after the
+ * call returned). Work that is not waiting (copies, reductions) never fires the hook, so
+ * such a binding should arm it only for small messages. The hook must not call spyreccl
+ * functions, throw or longjmp. Thread-local state only: thread-safe; cannot fail.
+ */
+typedef void (*spyrecclBlockingHook_t)(void* arg);
+SPYRECCL_API spyrecclResult_t spyrecclSetBlockingHook(spyrecclBlockingHook_t hook, void* arg);
+
+/*
  * spyrecclGroupStart / spyrecclGroupEnd: between them, spyrecclSend and spyrecclRecv on
  * the calling thread only validate and enqueue; spyrecclGroupEnd progresses all enqueued
  * operations concurrently and returns when all are complete (or the first error; the

@@ -3,8 +3,9 @@
 // Each method checks its arguments here, before anything is communicated, so that a bad call
 // raises on the calling rank with a message naming the argument (the peers are not involved
 // and the communicator stays usable). Sizes are checked against what the C API will read or
-// write, because the C API only sees raw pointers. The GIL is released around the C call; the
-// BufferViews keep the memory exported until the call returned.
+// write, because the C API only sees raw pointers. The GIL is released for the C call (for
+// small messages only once the call has to wait: call_gil_until_wait); the BufferViews keep the
+// memory exported until the call returned.
 #include <pybind11/stl.h>
 
 #include <optional>
@@ -121,7 +122,7 @@ void all_reduce(Communicator& self, py::handle send, py::handle recv, py::handle
   }
   Reduction red(kOp, use.handle(), op, scalar, in.dtype());
   spyrecclComm_t comm = use.handle();
-  call_without_gil(comm, [&] {
+  call_gil_until_wait(comm, in.nbytes(), [&] {
     return spyrecclAllReduce(in.data(), out_ptr, in.count(), in.dtype(), red.value(), comm);
   });
 }
@@ -147,7 +148,7 @@ void reduce(Communicator& self, py::handle send, py::handle recv, int root, py::
   }
   Reduction red(kOp, use.handle(), op, scalar, in.dtype());
   spyrecclComm_t comm = use.handle();
-  call_without_gil(comm, [&] {
+  call_gil_until_wait(comm, in.nbytes(), [&] {
     return spyrecclReduce(in.data(), out_ptr, in.count(), in.dtype(), red.value(), root, comm);
   });
 }
@@ -160,7 +161,7 @@ void broadcast(Communicator& self, py::handle buf, int root, DType dtype) {
   const Access access = self.rank() == root ? Access::kRead : Access::kWrite;
   BufferView data = BufferView::acquire(buf, kOp, "buf", access, dtype);
   spyrecclComm_t comm = use.handle();
-  call_without_gil(comm, [&] {
+  call_gil_until_wait(comm, data.nbytes(), [&] {
     return spyrecclBroadcast(data.data(), data.data(), data.count(), data.dtype(), root, comm);
   });
 }
@@ -176,8 +177,9 @@ void all_gather(Communicator& self, py::handle send, py::handle recv, DType dtyp
     forbid_overlap(kOp, in, out, "send being block `rank` of recv (in place)");
   }
   spyrecclComm_t comm = use.handle();
-  call_without_gil(
-      comm, [&] { return spyrecclAllGather(in.data(), out.data(), in.count(), in.dtype(), comm); });
+  call_gil_until_wait(comm, out.nbytes(), [&] {
+    return spyrecclAllGather(in.data(), out.data(), in.count(), in.dtype(), comm);
+  });
 }
 
 void reduce_scatter(Communicator& self, py::handle send, py::handle recv, py::handle op_arg,
@@ -194,7 +196,7 @@ void reduce_scatter(Communicator& self, py::handle send, py::handle recv, py::ha
   }
   Reduction red(kOp, use.handle(), op, scalar, in.dtype());
   spyrecclComm_t comm = use.handle();
-  call_without_gil(comm, [&] {
+  call_gil_until_wait(comm, in.nbytes(), [&] {
     return spyrecclReduceScatter(in.data(), out.data(), out.count(), in.dtype(), red.value(), comm);
   });
 }
@@ -215,8 +217,9 @@ void all_to_all(Communicator& self, py::handle send, py::handle recv, DType dtyp
   forbid_overlap(kOp, in, out, nullptr);
   const size_t block = in.count() / size;
   spyrecclComm_t comm = use.handle();
-  call_without_gil(
-      comm, [&] { return spyrecclAllToAll(in.data(), out.data(), block, in.dtype(), comm); });
+  call_gil_until_wait(comm, in.nbytes(), [&] {
+    return spyrecclAllToAll(in.data(), out.data(), block, in.dtype(), comm);
+  });
 }
 
 // Checks one side of all_to_all_v: `counts` and optional `displs` (default: packed blocks in
@@ -324,7 +327,7 @@ void scatter(Communicator& self, py::handle send, py::handle recv, int root, DTy
 void barrier(Communicator& self) {
   Communicator::Use use(self, "barrier");
   spyrecclComm_t comm = use.handle();
-  call_without_gil(comm, [&] { return spyrecclBarrier(comm); });
+  call_gil_until_wait(comm, 0, [&] { return spyrecclBarrier(comm); });
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cmath>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "unique_id.h"
@@ -25,24 +27,26 @@ Communicator::~Communicator() {
 }
 
 Communicator::Use::Use(Communicator& comm, const char* op) : comm_(comm) {
-  std::lock_guard<std::mutex> lock(comm.mu_);
-  if (comm.destroyed_ || comm.closing_) throw_invalid_usage(op, "the communicator was destroyed");
-  if (comm.busy_) {
+  // The same checks as before, in the same order of precedence, without a lock (see
+  // communicator.h): a destroyed communicator is reported as such even while another
+  // thread is still inside an operation that destroy() is waiting for.
+  if (comm.closing_.load(std::memory_order_seq_cst)) {
+    throw_invalid_usage(op, "the communicator was destroyed");
+  }
+  bool idle = false;
+  if (!comm.busy_.compare_exchange_strong(idle, true, std::memory_order_seq_cst)) {
     throw_invalid_usage(op,
                         "the communicator is in use by another thread; a communicator may be "
                         "used by one thread at a time (use one communicator per thread)");
   }
-  comm.busy_ = true;
+  if (comm.closing_.load(std::memory_order_seq_cst)) {  // destroy() started meanwhile
+    comm.busy_.store(false, std::memory_order_release);
+    throw_invalid_usage(op, "the communicator was destroyed");
+  }
   handle_ = comm.comm_;
 }
 
-Communicator::Use::~Use() {
-  {
-    std::lock_guard<std::mutex> lock(comm_.mu_);
-    comm_.busy_ = false;
-  }
-  comm_.idle_.notify_all();
-}
+Communicator::Use::~Use() { comm_.busy_.store(false, std::memory_order_release); }
 
 bool Communicator::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -66,23 +70,26 @@ void Communicator::abort() {
 void Communicator::destroy() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (destroyed_ || closing_) return;
+    if (destroyed_ || closing_.load(std::memory_order_relaxed)) return;
     if (group_pending_ > 0) {
       throw_invalid_usage("destroy",
                           "send/recv on this communicator are pending in an open group; "
                           "end the group first");
     }
-    closing_ = true;  // from now on Use refuses new operations
+    closing_.store(true, std::memory_order_seq_cst);  // from now on Use refuses new operations
   }
   spyrecclComm_t handle = nullptr;
   {
     py::gil_scoped_release no_gil;  // a running operation needs the GIL to finish
-    std::unique_lock<std::mutex> lock(mu_);
-    if (busy_) {
-      // Another thread is inside an operation: abort to unblock it, then wait for it.
+    if (busy_.load(std::memory_order_seq_cst)) {
+      // Another thread is inside an operation: abort to unblock it, then wait for it. Its
+      // waits notice the abort within a futex slice (1 ms), so a short poll is enough.
       spyrecclCommAbort(comm_);
-      idle_.wait(lock, [this] { return !busy_; });
+      while (busy_.load(std::memory_order_acquire)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
     }
+    std::lock_guard<std::mutex> lock(mu_);
     destroyed_ = true;
     handle = comm_;
   }

@@ -11,7 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <spyreccl/spyreccl.h>
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -73,11 +73,16 @@ class Communicator {
   // The handle for thread-safe queries; throws InvalidUsageError once destroyed.
   spyrecclComm_t live_handle(const char* op) const;
 
-  mutable std::mutex mu_;
-  std::condition_variable idle_;
+  // The per-operation path takes no lock: Use claims `busy_` with one compare-exchange and
+  // releases it with a plain store. `closing_` and `busy_` form a Dekker pair (seq_cst):
+  // Use sets busy_ then reads closing_, destroy() sets closing_ then reads busy_, so at
+  // least one of them sees the other and either the operation refuses to start or
+  // destroy() waits for it to end (polling: destroy is rare, and a Use that ends must not
+  // pay for a notification nobody waits for).
+  std::atomic<bool> busy_{false};
+  std::atomic<bool> closing_{false};  // destroy() started: no new operation may begin
+  mutable std::mutex mu_;             // guards the fields below (never taken per operation)
   spyrecclComm_t comm_;
-  bool busy_ = false;
-  bool closing_ = false;  // destroy() started: no new operation may begin
   bool destroyed_ = false;
   int group_pending_ = 0;
   std::vector<BufferView> orphans_;  // declared after comm_: released after it is destroyed
@@ -96,6 +101,37 @@ template <typename Fn>
 void call_without_gil(spyrecclComm_t comm, Fn&& fn) {
   py::gil_scoped_release no_gil;
   check_result(fn(), comm);
+}
+
+// Collectives and send/recv moving at most this many bytes per buffer keep the GIL while
+// they complete within the core's initial spin (call_gil_until_wait): their copies and reductions
+// take a few microseconds at most, the time another thread would wait for the GIL anyway.
+constexpr size_t kKeepGilMaxBytes = 64 << 10;
+
+// Runs the C collective or send/recv `fn` moving at most `max_bytes` per buffer and throws
+// on failure like call_without_gil. A small one keeps the GIL unless it has to wait: the core's
+// blocking hook (spyrecclSetBlockingHook) releases the GIL when a wait outlasts the initial
+// spin (~2 us), so other Python threads run while this one blocks, as with
+// call_without_gil, but a call that completes within the spin skips the release and
+// re-acquisition of the GIL (about 30-40 ns each way, a sizeable part of a small
+// collective). Larger messages release the GIL up front: their copies may take long.
+template <typename Fn>
+void call_gil_until_wait(spyrecclComm_t comm, size_t max_bytes, Fn&& fn) {
+  if (max_bytes > kKeepGilMaxBytes) {
+    call_without_gil(comm, std::forward<Fn>(fn));
+    return;
+  }
+  struct Released {
+    PyThreadState* state = nullptr;
+    ~Released() {
+      if (state != nullptr) PyEval_RestoreThread(state);  // also when check_result throws
+    }
+  } released;
+  spyrecclSetBlockingHook(
+      [](void* arg) { static_cast<Released*>(arg)->state = PyEval_SaveThread(); }, &released);
+  const spyrecclResult_t result = fn();
+  spyrecclSetBlockingHook(nullptr, nullptr);  // disarm when no wait fired it
+  check_result(result, comm);
 }
 
 void bind_communicator(py::module_& m);

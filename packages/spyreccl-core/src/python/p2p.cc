@@ -65,8 +65,9 @@ void send(Communicator& self, py::handle buf, int peer, int tag, DType dtype) {
   require_tag(kOp, tag);
   BufferView data = BufferView::acquire(buf, kOp, "buf", Access::kRead, dtype);
   spyrecclComm_t comm = use.handle();
-  call_without_gil(
-      comm, [&] { return spyrecclSend(data.data(), data.count(), data.dtype(), peer, tag, comm); });
+  call_gil_until_wait(comm, data.nbytes(), [&] {
+    return spyrecclSend(data.data(), data.count(), data.dtype(), peer, tag, comm);
+  });
   if (in_group()) keep_for_group(self, std::move(data));
 }
 
@@ -77,8 +78,9 @@ void recv(Communicator& self, py::handle buf, int peer, int tag, DType dtype) {
   require_tag(kOp, tag);
   BufferView data = BufferView::acquire(buf, kOp, "buf", Access::kWrite, dtype);
   spyrecclComm_t comm = use.handle();
-  call_without_gil(
-      comm, [&] { return spyrecclRecv(data.data(), data.count(), data.dtype(), peer, tag, comm); });
+  call_gil_until_wait(comm, data.nbytes(), [&] {
+    return spyrecclRecv(data.data(), data.count(), data.dtype(), peer, tag, comm);
+  });
   if (in_group()) keep_for_group(self, std::move(data));
 }
 

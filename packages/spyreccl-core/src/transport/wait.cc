@@ -21,6 +21,11 @@ void futexWakeAll(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
+BlockingHook& blockingHook() {
+  thread_local BlockingHook hook;
+  return hook;
+}
+
 int usableCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -8,6 +8,9 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -129,6 +132,165 @@ void splitBody(RankContext& ctx) {
   }
   // The parent is still usable afterwards.
   expectUsable(ctx, "spyrecclCommSplit");
+}
+
+// ---------------------------------------------------------------------------------------
+// lifecycle: the flight recorder (lock-free: written by the owner, read by any thread)
+// ---------------------------------------------------------------------------------------
+
+struct DumpLine {
+  unsigned long long seq = 0;
+  size_t count = 0;
+  std::string state;
+};
+
+// The collectives listed in a state dump ("    seq 7  allreduce(count=3, float64, sum)
+// from step 9  done  1.2 us"), in order.
+std::vector<DumpLine> parseDump(const std::string& dump) {
+  std::vector<DumpLine> lines;
+  size_t pos = 0;
+  while ((pos = dump.find("\n    seq ", pos)) != std::string::npos) {
+    const size_t end = dump.find('\n', pos + 1);
+    const std::string line = dump.substr(pos + 1, end - pos - 1);
+    pos = end;
+    DumpLine l;
+    l.seq = std::strtoull(line.c_str() + 8, nullptr, 10);
+    const size_t c = line.find("count=");
+    if (c != std::string::npos) l.count = std::strtoull(line.c_str() + c + 6, nullptr, 10);
+    for (const char* state : {" running ", " done ", " failed "}) {
+      if (line.find(state) != std::string::npos)
+        l.state = std::string(state + 1, std::strlen(state) - 2);
+    }
+    lines.push_back(l);
+  }
+  return lines;
+}
+
+// The count of the k-th allreduce of flightRecorderBody: consecutive records must follow
+// this pattern, which a torn read (fields of two different records) would break.
+size_t recorderCount(int k) { return size_t(1) + size_t(k % 7); }
+
+// Many collectives while another thread dumps the state in a loop: every dump lists
+// consecutive, consistent records (never half of one), at most 16; afterwards exactly the
+// last 16 show as done; a failed collective shows as failed. Results are checked against a
+// float64 reference (random inputs, poisoned outputs) so the recorder cannot hide a
+// broken call.
+void flightRecorderBody(RankContext& ctx) {
+  constexpr int kCalls = 400;
+  const int n = ctx.nranks;
+  std::atomic<bool> stop{false};
+  std::atomic<int> dumps{0};
+  std::string readerError;  // written by the reader, read after join()
+  std::atomic<bool> readerFailed{false};
+  std::thread reader([&] {
+    std::vector<char> buf(1 << 16);
+    while (!stop.load(std::memory_order_relaxed)) {
+      if (spyrecclCommDumpState(ctx.comm, buf.data(), buf.size()) != spyrecclSuccess) {
+        readerError = "spyrecclCommDumpState failed";
+        readerFailed = true;
+        return;
+      }
+      const std::vector<DumpLine> lines = parseDump(buf.data());
+      if (lines.size() > 16) readerError = format("%zu records in one dump", lines.size());
+      for (size_t i = 1; i < lines.size() && readerError.empty(); ++i) {
+        const DumpLine& a = lines[i - 1];
+        const DumpLine& b = lines[i];
+        // Records the owner overwrote while this dump read them are left out (a slow reader,
+        // e.g. under ThreadSanitizer), so seqs may skip, but never go back, and the count of
+        // each record must still follow the loop's pattern from the previous one.
+        const unsigned long long skip = b.seq - a.seq;
+        if (b.seq <= a.seq || skip > 16) {
+          readerError = format("records seq %llu then %llu", a.seq, b.seq);
+        } else if (b.count != (a.count - 1 + skip) % 7 + 1) {
+          readerError = format("seq %llu count %zu followed by seq %llu count %zu", a.seq, a.count,
+                               b.seq, b.count);
+        } else if (a.state != "done") {
+          readerError = format("seq %llu is '%s' before the latest record", a.seq, a.state.c_str());
+        }
+      }
+      if (!readerError.empty()) {
+        readerError += ":\n" + std::string(buf.data());
+        readerFailed = true;
+        return;
+      }
+      dumps.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  std::vector<double> send(8), recv(8);
+  for (int k = 0; k < kCalls; ++k) {
+    const size_t count = recorderCount(k);
+    for (size_t i = 0; i < count; ++i) {
+      send[i] = double(randomBits(uint64_t(k), ctx.rank, i) >> 11) * 0x1p-53;
+    }
+    std::fill(recv.begin(), recv.end(), std::nan(""));
+    if (!SPY_CHECK_OK(spyrecclAllReduce(send.data(), recv.data(), count, spyrecclFloat64,
+                                        spyrecclSum, ctx.comm),
+                      ctx.comm)) {
+      break;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      double expected = 0.0;
+      for (int r = 0; r < n; ++r) expected += double(randomBits(uint64_t(k), r, i) >> 11) * 0x1p-53;
+      SPY_CHECK(std::fabs(recv[i] - expected) <= 1e-15 * n,
+                "call %d element %zu: got %.17g, "
+                "expected %.17g",
+                k, i, recv[i], expected);
+    }
+  }
+  // Let the reader see the final state at least once before stopping it.
+  const int seen = dumps.load();
+  while (dumps.load() < seen + 2 && !readerFailed.load()) std::this_thread::yield();
+  stop = true;
+  reader.join();
+  SPY_CHECK(readerError.empty(), "concurrent dump: %s", readerError.c_str());
+
+  std::vector<char> buf(1 << 16);
+  SPY_REQUIRE_OK(spyrecclCommDumpState(ctx.comm, buf.data(), buf.size()), ctx.comm);
+  std::vector<DumpLine> lines = parseDump(buf.data());
+  SPY_REQUIRE(lines.size() == 16, "%zu records after %d calls, expected 16:\n%s", lines.size(),
+              kCalls, buf.data());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const int k = kCalls - 16 + int(i);
+    SPY_CHECK(lines[i].state == "done" && lines[i].count == recorderCount(k),
+              "record %zu: '%s' count %zu, expected done count %zu:\n%s", i, lines[i].state.c_str(),
+              lines[i].count, recorderCount(k), buf.data());
+  }
+  // A failing collective (rank n-1 passes another count) is recorded as failed.
+  const size_t count = ctx.rank == n - 1 ? 5 : 6;
+  SPY_CHECK_RC(
+      spyrecclAllReduce(send.data(), recv.data(), count, spyrecclFloat64, spyrecclSum, ctx.comm),
+      spyrecclMismatch, ctx.comm);
+  SPY_REQUIRE_OK(spyrecclCommDumpState(ctx.comm, buf.data(), buf.size()), ctx.comm);
+  lines = parseDump(buf.data());
+  SPY_REQUIRE(lines.size() == 16, "%zu records after the failure:\n%s", lines.size(), buf.data());
+  SPY_CHECK(lines.back().state == "failed" && lines.back().count == count &&
+                lines.back().seq == lines[14].seq + 1,
+            "the mismatched call should be the last record, failed:\n%s", buf.data());
+}
+
+// spyrecclSetBlockingHook: fires once, on the calling thread, when a wait outlasts the
+// spin; a disarmed hook does not fire.
+void blockingHookBody(RankContext& ctx) {
+  static thread_local int fired = 0;
+  auto hook = [](void* arg) { ++*static_cast<int*>(arg); };
+  // Rank 0 waits ~100 ms for rank 1 in each barrier below.
+  auto lateBarrier = [&] {
+    if (ctx.rank != 0) sleepMs(100);
+    return spyrecclBarrier(ctx.comm);
+  };
+  SPY_CHECK_OK(spyrecclSetBlockingHook(hook, &fired), nullptr);
+  SPY_REQUIRE_OK(lateBarrier(), ctx.comm);
+  if (ctx.rank == 0) SPY_CHECK(fired == 1, "hook fired %d times in a long wait, expected 1", fired);
+  // One-shot: the next long wait does not fire it again.
+  SPY_REQUIRE_OK(lateBarrier(), ctx.comm);
+  if (ctx.rank == 0)
+    SPY_CHECK(fired == 1, "hook fired %d times after the first, expected 1", fired);
+  // Disarmed before the call: never fires.
+  SPY_CHECK_OK(spyrecclSetBlockingHook(hook, &fired), nullptr);
+  SPY_CHECK_OK(spyrecclSetBlockingHook(nullptr, nullptr), nullptr);
+  SPY_REQUIRE_OK(lateBarrier(), ctx.comm);
+  SPY_CHECK(fired <= 1, "a disarmed hook fired (%d)", fired);
+  expectUsable(ctx, "the blocking hook");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -373,6 +535,9 @@ void invalidArgumentsBody(RankContext& ctx) {
     registerRanks(format("lifecycle.split/ws%d", ws), ws, splitBody);
   }
   registerRanks("lifecycle.queries/ws3", 3, queryBody);
+  registerRanks("lifecycle.flight_recorder/ws2", 2, flightRecorderBody);
+  registerRanks("lifecycle.blocking_hook/ws2", 2, blockingHookBody);
+  registerRanks("lifecycle.flight_recorder/ws3", 3, flightRecorderBody);
 
   for (const char* variant : {"count", "op", "dtype", "root", "collective"}) {
     const std::string v = variant;

@@ -152,6 +152,107 @@ def test_second_thread_gets_invalid_usage(rank_pool):
     assert isinstance(outcome["blocked"], spyreccl_core.AbortedError)
 
 
+def rank_small_collective_waits_without_gil(comm, op):
+    """Rank 0 enters a small collective long before rank 1; a second Python thread of rank
+    0 must keep running meanwhile (the binding keeps the GIL only while the call spins)."""
+    rng = np.random.default_rng(100 + comm.rank)
+    send = rng.standard_normal(16)
+    recv = np.full(16 * comm.size if op == "all_gather" else 16, np.nan)
+    ticks = 0
+    stop = threading.Event()
+
+    def count():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+
+    comm.barrier()
+    if comm.rank != 0:
+        time.sleep(0.5)
+    thread = threading.Thread(target=count)
+    thread.start()
+    time.sleep(0.01)
+    before = ticks
+    start = time.monotonic()
+    if op == "all_reduce":
+        comm.all_reduce(send, recv)
+    elif op == "all_gather":
+        comm.all_gather(send, recv)
+    else:
+        comm.barrier()
+    elapsed = time.monotonic() - start
+    during = ticks - before
+    stop.set()
+    thread.join()
+    return comm.rank, send, recv, during, elapsed
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "barrier"])
+def test_small_collective_releases_gil_while_blocked(rank_pool, op):
+    results = rank_pool.run(rank_small_collective_waits_without_gil, op)
+    sends = [r[1] for r in results]
+    for rank, _, recv, during, elapsed in results:
+        if op == "all_reduce":
+            expected = np.sum(np.stack(sends).astype(np.float64), axis=0)
+            np.testing.assert_allclose(recv, expected, rtol=1e-12)
+        elif op == "all_gather":
+            np.testing.assert_array_equal(recv, np.concatenate(sends))
+        if rank == 0:
+            assert elapsed > 0.3, elapsed  # it did block for rank 1
+            # The counting thread ran through the wait (it gets no GIL if the wait holds it).
+            assert during > 1000, during
+
+
+def test_racing_threads_on_one_communicator_never_corrupt_it():
+    """Two threads hammering one (single-rank) communicator: the lock-free busy flag lets
+    every call either run alone, with the right result, or fail with the clear
+    InvalidUsageError; the communicator stays healthy and destroy() still works while a
+    thread may be inside a call."""
+    comm = spyreccl_core.Communicator(0, 1, spyreccl_core.UniqueId(), name="race")
+    rng = np.random.default_rng(15)
+    outcomes = {"ok": 0, "busy": 0, "other": []}
+    lock = threading.Lock()
+    start = threading.Barrier(2)
+
+    def hammer(seed):
+        send = rng.standard_normal(64) if seed else np.arange(64, dtype=np.float64)
+        expected = send.astype(np.float64)
+        start.wait()
+        for _ in range(3000):
+            recv = np.full(64, np.nan)
+            try:
+                comm.all_reduce(send, recv)
+            except spyreccl_core.InvalidUsageError as e:
+                key = "busy" if "another thread" in str(e) else None
+            except Exception as e:  # reported below
+                with lock:
+                    outcomes["other"].append(repr(e))
+                continue
+            else:
+                np.testing.assert_array_equal(recv, expected)
+                key = "ok"
+            with lock:
+                if key is None:
+                    outcomes["other"].append("unexpected InvalidUsageError")
+                else:
+                    outcomes[key] += 1
+
+    threads = [threading.Thread(target=hammer, args=(s,)) for s in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not outcomes["other"], outcomes["other"][:3]
+    assert outcomes["ok"] + outcomes["busy"] == 6000
+    assert outcomes["ok"] >= 1
+    assert comm.async_error() == spyreccl_core.Result.SUCCESS
+    comm.barrier()
+    comm.destroy()
+    error, _ = _catch(comm.barrier)
+    assert isinstance(error, spyreccl_core.InvalidUsageError)
+    assert "destroyed" in str(error)
+
+
 def rank_after_destroy(comm):
     sub = comm.split(0)
     sub.destroy()
