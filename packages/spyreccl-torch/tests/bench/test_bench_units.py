@@ -374,6 +374,7 @@ def test_mpi_level_command_and_rows_from_a_report():
 
     cmd = mpi_level.mpirun_command(3, "a.json", "o.json", as_root=True)
     assert cmd[:3] == ["mpirun", "-n", "3"] and "--allow-run-as-root" in cmd
+    assert cmd[cmd.index("--bind-to") + 1] == "none"
     assert "btl_vader_single_copy_mechanism" in cmd and cmd[cmd.index("btl") + 1] == "self,vader"
     assert "--allow-run-as-root" not in mpi_level.mpirun_command(2, "a", "o", as_root=False)
     cfg = SweepConfig(nranks=2, ops=["sendrecv", "all_reduce"], sizes=[1024], levels=("mpi",))

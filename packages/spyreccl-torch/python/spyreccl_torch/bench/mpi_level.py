@@ -47,7 +47,11 @@ def unavailable() -> str | None:
 
 
 def mpirun_command(nranks: int, args_path: str, out_path: str, *, as_root: bool) -> list[str]:
-    cmd = ["mpirun", "-n", str(nranks), "--oversubscribe"]
+    # --bind-to none: mpirun pins each rank to one core by default, and the processes it
+    # starts also run spyreccl_core, whose waits then see ranks sharing too few CPUs and
+    # never spin (and the sweep's other levels run unpinned): both libraries get the whole
+    # machine, as in the other levels.
+    cmd = ["mpirun", "-n", str(nranks), "--oversubscribe", "--bind-to", "none"]
     if as_root:
         cmd.append("--allow-run-as-root")
     for key, value in MCA:
