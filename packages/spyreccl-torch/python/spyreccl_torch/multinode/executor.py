@@ -57,12 +57,7 @@ class OrderedExecutor:
                     self._thread.start()
                 self._cv.notify_all()
         if inline:
-            try:
-                job()
-            finally:
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify_all()
+            self._run(job)
 
     def pending(self) -> int:
         """Jobs queued or running."""
@@ -90,9 +85,13 @@ class OrderedExecutor:
                         return
                 job = self._queue.popleft()
                 self._busy = True
-            try:
-                job()
-            finally:
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify_all()
+            self._run(job)
+
+    def _run(self, job: Callable[[], None]) -> None:
+        """Runs `job` (marked busy by the caller) and lets the next one start."""
+        try:
+            job()
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
