@@ -567,16 +567,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return
         if topo.uniform and local_size > 1 and nbytes >= self._sharded_min_bytes:
             self.route_counts["sharded"] += 1
-            flat = work.reshape(-1)
-            shard = -(-flat.numel() // local_size)
-            padded = flat
-            if shard * local_size != flat.numel():
-                padded = torch.zeros(shard * local_size, dtype=work.dtype, device=work.device)
-                padded[: flat.numel()].copy_(flat)
-            mine = torch.empty(shard, dtype=work.dtype, device=work.device)
-            rs = c10d.ReduceScatterOptions()
-            rs.reduceOp = plan.local_op
-            self._wait(self._local._reduce_scatter_base(mine, padded, rs))
+            flat, padded, mine = self._reduce_scatter_on_node(work, plan)
             self._cross_all_reduce(mine, plan.cross_op)
             self._wait(self._local._allgather_base(padded, mine, c10d.AllgatherOptions()))
             if padded is not flat:
@@ -587,6 +578,26 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if topo.local_rank == 0:
             self._cross_all_reduce(work, plan.cross_op)
         self._local_broadcast(work, 0)
+
+    def _reduce_scatter_on_node(
+        self, work: torch.Tensor, plan: _Plan
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The sharded routes' first stage: `work` (zero-padded to a multiple of the node's
+        size when needed) is reduce-scattered on the node. Returns `work` flattened, the
+        padded buffer (the same tensor when no padding was needed) and this rank's reduced
+        shard."""
+        local_size = len(self._topo.local_ranks)
+        flat = work.reshape(-1)
+        shard = -(-flat.numel() // local_size)
+        padded = flat
+        if shard * local_size != flat.numel():
+            padded = torch.zeros(shard * local_size, dtype=work.dtype, device=work.device)
+            padded[: flat.numel()].copy_(flat)
+        mine = torch.empty(shard, dtype=work.dtype, device=work.device)
+        rs = c10d.ReduceScatterOptions()
+        rs.reduceOp = plan.local_op
+        self._wait(self._local._reduce_scatter_base(mine, padded, rs))
+        return flat, padded, mine
 
     def _reduce_work(self, work: torch.Tensor, plan: _Plan, root: int) -> None:
         """Reduces `work` (contiguous, the plan's work dtype) to group rank `root`; only the
@@ -603,17 +614,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             # Reduce-scatter on each node; local index j's shards are reduced between nodes
             # to the root's node (all indexes at once); the root's node gathers them.
             self.route_counts["sharded"] += 1
-            local_size = len(topo.local_ranks)
-            flat = work.reshape(-1)
-            shard = -(-flat.numel() // local_size)
-            padded = flat
-            if shard * local_size != flat.numel():
-                padded = torch.zeros(shard * local_size, dtype=work.dtype, device=work.device)
-                padded[: flat.numel()].copy_(flat)
-            mine = torch.empty(shard, dtype=work.dtype, device=work.device)
-            rs = c10d.ReduceScatterOptions()
-            rs.reduceOp = plan.local_op
-            self._wait(self._local._reduce_scatter_base(mine, padded, rs))
+            flat, padded, mine = self._reduce_scatter_on_node(work, plan)
             self._host_reduce(self._cross, mine, plan.cross_op, root=root_node)
             if topo.node == root_node:
                 self._wait(self._local._allgather_base(padded, mine, c10d.AllgatherOptions()))
