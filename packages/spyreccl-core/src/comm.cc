@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <thread>
 
 #include "common/env.h"
 #include "common/log.h"
@@ -365,6 +367,14 @@ void Communicator::cmaRead(int peer, void* dst, uint64_t remote, size_t len, con
   }
   // A peer that failed or died while we copied its buffer: report it the usual way.
   const uint32_t status = control(peer)->status.load(std::memory_order_acquire);
+  if (err == ESRCH) {
+    // The kernel drops a killed process's memory before it marks the process exited, so
+    // ESRCH can come first: give the exit a moment (bounded) to finish, so that the report
+    // and its state dump show the peer as exited, as a death seen by the liveness watch does.
+    for (int i = 0; i < 200 && !watches_[peer].dead(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   if (status != transport::kStatusActive || watches_[peer].dead() || err == ESRCH) {
     throwPeerFailure(peer, format("%s (process_vm_readv: %s)", what, std::strerror(err)));
   }
