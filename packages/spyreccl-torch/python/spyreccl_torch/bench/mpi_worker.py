@@ -27,22 +27,6 @@ LEVEL_CORE = "core-host-vs-mpi"
 LEVEL_MPI = "mpi"
 
 
-def _load_sibling(name: str) -> Any:
-    import importlib.util
-
-    module_name = f"spyreccl_bench_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"mpi bench rank: cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def mpi_step(MPI: Any, comm: Any, op: str, send: Any, recv: Any, rank: int) -> Any:
     """The Open MPI call of one case (None: this rank idles, as in the core level)."""
     if op == "barrier":
@@ -77,13 +61,15 @@ def mpi_step(MPI: Any, comm: Any, op: str, send: Any, recv: Any, rank: int) -> A
 
 
 def main(args_path: str, out_path: str) -> None:
+    # Run as a script, so its own folder leads sys.path: core_worker imports as a top-level
+    # module, and its loader brings the other siblings.
+    import core_worker as worker
     import numpy as np
     from mpi4py import MPI
 
     import spyreccl_core as core
 
-    timing = _load_sibling("timing")
-    worker = _load_sibling("core_worker")
+    timing = worker._load_sibling("timing")
     with open(args_path) as f:
         args = json.load(f)
     world = MPI.COMM_WORLD
