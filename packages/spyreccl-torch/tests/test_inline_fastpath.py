@@ -393,3 +393,173 @@ def run_threads_share_a_group(ctx):
 
 def test_threads_sharing_a_group_never_use_the_communicator_together(rank_pool):
     rank_pool.run(run_threads_share_a_group, timeout=RUN_TIMEOUT)
+
+
+# --------------------------------------------------------------------------------------------
+# sends and receives that must wait: driven by the thread that waits for them
+# --------------------------------------------------------------------------------------------
+
+WAITER_REPS = 12
+
+
+def run_p2p_completed_by_the_waiter(seed, numel, ctx):
+    """Rank 1 irecvs (the message is not there yet: rank 0 sends PEER_DELAY_S / 10 later) and
+    waits at once; rank 0 then sends with a blocking send. Each completion is observed through
+    a callback on the Work's future, which runs on the thread that completes the operation.
+    Returns how many of the receives (rank 1) or sends (rank 0) completed on the calling
+    thread; every message is checked against what was sent."""
+    import threading
+
+    group = _group_with_inline_max(None)  # the default bound: both sizes are posted inline
+    on_caller = 0
+    for rep in range(WAITER_REPS):
+        message = random_tensor(numel, torch.float32, "cpu", rank_seed(seed + rep, 0))
+        dist.barrier(group=group)
+        completed_on: list[int] = []
+
+        def record(fut, where=completed_on):
+            where.append(threading.get_ident())
+            return fut.value()
+
+        if ctx.rank == 1:
+            got = poison_(torch.empty(numel, device=ctx.device))
+            work = dist.irecv(got, 0, group=group)
+            work.get_future().then(record)
+            work.wait()
+            assert torch.equal(got.cpu(), message), f"rep {rep}: message received wrong"
+        elif ctx.rank == 0:
+            time.sleep(PEER_DELAY_S / 10)
+            tensor = message.to(ctx.device)
+            work = dist.isend(tensor, 1, group=group)
+            work.get_future().then(record)
+            work.wait()
+        else:
+            continue
+        # The callback may run just after wait() returns on another thread: give it time.
+        deadline = time.monotonic() + 5.0
+        while not completed_on and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert completed_on, f"rank {ctx.rank} rep {rep}: the future's callback never ran"
+        on_caller += completed_on[0] == threading.get_ident()
+    dist.barrier(group=group)
+    dist.destroy_process_group(group)
+    return on_caller
+
+
+@pytest.mark.parametrize("numel", [1001, 256 * 1024])
+def test_send_and_receive_that_wait_are_driven_by_their_waiter(rank_pool, numel):
+    """A send or receive posted on the calling thread that cannot complete at once (the
+    receive's message has not come; a 1 MiB send exceeds the staging slots) is progressed by
+    the thread that waits for it, not handed to the progress thread and back. Scheduling may
+    let the progress thread take one over now and then (it adopts a send or receive nobody
+    claimed after a grace period), so the test asks for most, not all."""
+    results = rank_pool.run(
+        run_p2p_completed_by_the_waiter, fresh_seed(), numel, timeout=RUN_TIMEOUT
+    )
+    for rank in (0, 1):
+        if rank == 0 and numel * 4 <= 512 * 1024:
+            continue  # a send that fits the staging slots completes inside isend itself
+        assert results[rank] >= WAITER_REPS // 2, (
+            f"rank {rank}: only {results[rank]} of {WAITER_REPS} operations of {numel} float32 "
+            "completed on the thread that waited for them"
+        )
+
+
+def run_unclaimed_receive_progresses(seed, numel, ctx):
+    """Rank 1 posts an irecv and computes (sleeps) for PEER_DELAY_S before waiting; rank 0's
+    blocking send of a message larger than the staging slots can only complete when rank 1's
+    receive drains them. Returns, on rank 0, how long its send took."""
+    group = _group_with_inline_max(None)
+    message = random_tensor(numel, torch.float32, "cpu", rank_seed(seed, 0))
+    dist.barrier(group=group)
+    took = None
+    if ctx.rank == 1:
+        got = poison_(torch.empty(numel, device=ctx.device))
+        work = dist.irecv(got, 0, group=group)
+        time.sleep(PEER_DELAY_S)
+        work.wait()
+        assert torch.equal(got.cpu(), message), "message received wrong"
+    elif ctx.rank == 0:
+        tensor = message.to(ctx.device)
+        time.sleep(PEER_DELAY_S / 10)  # rank 1's irecv is posted and left alone by now
+        start = time.monotonic()
+        dist.send(tensor, 1, group=group)
+        took = time.monotonic() - start
+    dist.barrier(group=group)
+    dist.destroy_process_group(group)
+    return took
+
+
+def test_receive_left_unwaited_still_progresses(rank_pool):
+    """An irecv whose caller does not wait for it is adopted by the progress thread (after
+    ProgressThread::kParkGrace), so its sender is not held until the receiver waits."""
+    numel = 3 * 256 * 1024 + 5  # 3 MiB: several staging chunks
+    results = rank_pool.run(
+        run_unclaimed_receive_progresses, fresh_seed(), numel, timeout=RUN_TIMEOUT
+    )
+    assert results[0] is not None
+    assert results[0] < PEER_DELAY_S * 0.6, (
+        f"rank 0's send took {results[0]:.3f} s: it waited for rank 1's wait() "
+        f"({PEER_DELAY_S} s later) instead of being received by rank 1's progress thread"
+    )
+
+
+def run_threads_mix_p2p_and_collectives(seed, ctx):
+    """One thread exchanges messages with a peer (send/recv on its own tag, sizes from a few
+    bytes to beyond the staging slots) while another issues all_reduces on the same group:
+    sends and receives driven by their waiter must hand the communicator over to the queued
+    collectives and back, and nothing may be used by two threads at once. Every message and
+    every sum is checked."""
+    import threading
+
+    group = _group_with_inline_max(None)
+    errors: list[BaseException] = []
+    wrong: list[str] = []
+    peer = ctx.rank ^ 1
+
+    def p2p_worker() -> None:
+        try:
+            for i, numel in enumerate([3, 1001, 70_000, 300_001] * 6):
+                mine = random_tensor(numel, torch.float32, "cpu", rank_seed(seed + i, ctx.rank))
+                theirs = random_tensor(numel, torch.float32, "cpu", rank_seed(seed + i, peer))
+                got = poison_(torch.empty(numel, device=ctx.device))
+                if ctx.rank % 2 == 0:
+                    dist.send(mine.to(ctx.device), peer, group=group, tag=1)
+                    dist.recv(got, peer, group=group, tag=1)
+                else:
+                    dist.recv(got, peer, group=group, tag=1)
+                    dist.send(mine.to(ctx.device), peer, group=group, tag=1)
+                if not torch.equal(got.cpu(), theirs):
+                    wrong.append(f"message {i} ({numel} float32) received wrong")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def collective_worker() -> None:
+        try:
+            for call in range(60):
+                tensor = torch.full((5,), 0.5 + call, device=ctx.device)
+                if call % 3 == 0:
+                    dist.all_reduce(tensor, group=group, async_op=True).wait()
+                else:
+                    dist.all_reduce(tensor, group=group)
+                expected = torch.full((5,), (0.5 + call) * ctx.world_size)
+                if not torch.equal(tensor.cpu(), expected):
+                    wrong.append(f"all_reduce {call}: {tensor.cpu().tolist()}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=collective_worker)]
+    if peer < ctx.world_size:
+        workers.append(threading.Thread(target=p2p_worker))
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=RUN_TIMEOUT)
+    assert not any(t.is_alive() for t in workers), "a thread is stuck"
+    assert not errors, f"{len(errors)} call(s) raised; first: {errors[0]!r}"
+    assert not wrong, f"{len(wrong)} wrong result(s); first: {wrong[0]}"
+    dist.destroy_process_group(group)
+
+
+def test_threads_mixing_sends_receives_and_collectives(rank_pool):
+    rank_pool.run(run_threads_mix_p2p_and_collectives, fresh_seed(), timeout=RUN_TIMEOUT)

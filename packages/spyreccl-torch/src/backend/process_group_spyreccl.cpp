@@ -268,8 +268,8 @@ class OpJob : public ProgressThread::Job {
   // The inline start of a lone send or receive (see ProcessGroupSpyreccl::postsInline): posts
   // it on the calling thread and completes it there when the core already finished it (a
   // send that fit the staging slot, a receive whose message had arrived). Returns true when
-  // the job is finished; otherwise it must be handed to the progress thread, whose run()
-  // then only moves it in flight and poll() completes it.
+  // the job is finished; otherwise it is parked (ProgressThread::park) and poll(), on its
+  // waiter's thread or on the progress thread, completes it; run() is not called then.
   bool startInline() noexcept {
     if (postRequest()) {
       return true;
@@ -592,15 +592,18 @@ bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
 bool ProcessGroupSpyreccl::postsInline(const OpRecord& op) const {
   // A lone send or receive is posted without blocking (the core's requests), so posting it
   // on the calling thread can never deadlock, whatever the caller does next; it saves the
-  // hand-off to the progress thread, and when the core completes it at once (a small send,
-  // a receive whose message is there) the hand-off back as well. Same conditions as
-  // runsInline() otherwise: the progress thread idle (issue order, one thread on the
-  // communicator) and a small payload (kInlinePostMaxBytes).
+  // hand-off to the progress thread, and when the core completes it at once (a send that
+  // fits the staging slots, a receive whose message is there) the hand-off back as well;
+  // otherwise it is parked for its waiter (submit()). Same conditions as runsInline()
+  // otherwise: the progress thread idle (issue order, one thread on the communicator) and
+  // a payload within the inline bound. Posting copies at most what fits the two staging
+  // slots of the pair (2 x 256 KiB; a larger send from arena memory posts only its
+  // address), work that a synchronous send does anyway.
   if (inlineMaxBytes_ == 0 || op.steps.size() != 1 || !groupable(op.steps[0]) ||
       !progress_->idle()) {
     return false;
   }
-  return payloadBytes(op) <= std::min(inlineMaxBytes_, kInlinePostMaxBytes);
+  return payloadBytes(op) <= inlineMaxBytes_;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
@@ -651,7 +654,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
   const bool lone = lonePeerCall(op.steps);
   auto job = std::make_unique<OpJob>(work, std::move(op.steps), effectiveTimeout(op.timeout), comm_,
                                      std::move(op.sourceRank));
-  if (postInline && job->startInline()) {
+  if (postInline) {
+    if (job->startInline()) {
+      return work;
+    }
+    // In flight: its waiter drives it (dist.send / dist.recv wait right away), or the
+    // progress thread once the park's grace period has passed.
+    const uint64_t ticket = progress_->park(std::move(job));
+    work->setRunner([thread = std::weak_ptr<ProgressThread>(progress_), ticket] {
+      const auto alive = thread.lock();
+      return alive && alive->drive(ticket);
+    });
     return work;
   }
   post(work, std::move(job), lone);
@@ -661,12 +674,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
 void ProcessGroupSpyreccl::post(const c10::intrusive_ptr<WorkSpyreccl>& work,
                                 std::unique_ptr<ProgressThread::Job> job, bool lonePeerCall) {
   const uint64_t ticket = progress_->post(std::move(job));
-  if (!lonePeerCall) {
-    work->setRunner([thread = std::weak_ptr<ProgressThread>(progress_), ticket] {
-      const auto alive = thread.lock();
-      return alive && alive->runIfNext(ticket);
-    });
-  }
+  // A collective's waiter may run it; a lone send or receive's waiter may start it and
+  // drive it to completion; either only while the progress thread has not started it.
+  work->setRunner([thread = std::weak_ptr<ProgressThread>(progress_), ticket, lonePeerCall] {
+    const auto alive = thread.lock();
+    return alive && (lonePeerCall ? alive->drive(ticket) : alive->runIfNext(ticket));
+  });
 }
 
 void ProcessGroupSpyreccl::runSynchronously(const char* opName, std::chrono::milliseconds timeout,

@@ -61,11 +61,6 @@ constexpr size_t kDefaultInlineMaxBytes = size_t{4} << 20;
 // runs the operation itself when the progress thread has not started it yet.
 constexpr const char* kInlineFunctionalMaxBytesEnv = "SPYRECCL_INLINE_FUNCTIONAL_MAX_BYTES";
 constexpr size_t kDefaultInlineFunctionalMaxBytes = 64 * 1024;
-// Sends and receives are posted on the calling thread up to this size (and never above the
-// inline bound): posting copies what fits into the staging slot, which an isend meant to
-// overlap with computation should not pay on the caller's time.
-constexpr size_t kInlinePostMaxBytes = 64 * 1024;
-
 // A send or receive. The runner issues it itself (alone, or with its neighbours inside one
 // spyrecclGroupStart/End) so that a failure can name the operation's sequence number.
 struct PeerCall {
@@ -248,8 +243,10 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   // Queues the operation (or adds it to the open coalescing batch, or runs it inline) and
   // returns its Work.
   c10::intrusive_ptr<c10d::Work> submit(OpRecord op);
-  // Queues a job on the progress thread; unless it is a lone send or receive (whose run()
-  // leaves it in flight), `work`'s waiter may run it itself (WorkSpyreccl::setRunner).
+  // Queues a job on the progress thread; `work`'s waiter may run it itself while the
+  // thread has not started it (WorkSpyreccl::setRunner): a collective through
+  // ProgressThread::runIfNext, a lone send or receive (whose run() leaves it in flight)
+  // through ProgressThread::drive.
   void post(const c10::intrusive_ptr<WorkSpyreccl>& work, std::unique_ptr<ProgressThread::Job> job,
             bool lonePeerCall);
   // Runs `fn(comm)` on the progress thread after everything queued before it and waits.

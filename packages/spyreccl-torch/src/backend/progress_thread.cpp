@@ -39,6 +39,110 @@ uint64_t ProgressThread::post(std::unique_ptr<Job> job) {
   return ticket;
 }
 
+uint64_t ProgressThread::park(std::unique_ptr<Job> job) {
+  uint64_t ticket = 0;
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!accepting_) {
+      throw std::runtime_error("spyreccl: " + name_ +
+                               " has been shut down or aborted; it accepts no more operations");
+    }
+    outstanding_.fetch_add(1, std::memory_order_relaxed);
+    ticket = nextTicket_++;
+    parked_ = std::move(job);
+    parkedTicket_ = ticket;
+    parkedAt_ = std::chrono::steady_clock::now();
+    lastPark_ = parkedAt_;
+    // A thread that sleeps without a deadline must start ticking (once per burst of parks).
+    wake = !ticking_;
+    parkWake_ = parkWake_ || wake;
+  }
+  if (wake) {
+    cv_.notify_one();
+  }
+  return ticket;
+}
+
+bool ProgressThread::drive(uint64_t ticket) {
+  std::unique_ptr<Job> job;
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (busy_ || inFlightCount_ != 0 || stopping_) {
+      return false;
+    }
+    if (parked_ && parkedTicket_ == ticket) {
+      job = std::move(parked_);
+    } else if (!parked_ && !queue_.empty() && queue_.front().ticket == ticket) {
+      job = std::move(queue_.front().job);
+      queue_.pop_front();
+      start = true;
+    } else {
+      return false;
+    }
+    busy_ = true;
+  }
+  if (start && job->run()) {
+    // It finished when it started (it failed to post).
+    job.reset();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_ = false;
+      retire();
+    }
+    cv_.notify_one();
+    return true;
+  }
+  return driveClaimed(std::move(job));
+}
+
+bool ProgressThread::driveClaimed(std::unique_ptr<Job> job) {
+  for (;;) {
+    if (job->poll()) {
+      job.reset();
+      bool others = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        busy_ = false;
+        retire();
+        others = !queue_.empty() || stopping_;
+      }
+      if (others) {
+        cv_.notify_one();  // the thread waits for busy_ to clear
+      }
+      return true;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!queue_.empty() || stopping_) {
+        // Others need the communicator (or the thread must drain): the thread takes over.
+        inFlight_.push_back(std::move(job));
+        ++inFlightCount_;
+        busy_ = false;
+      } else {
+        waitingForPeers_ = true;  // post() and stop() end the sleep below
+      }
+    }
+    if (!job) {
+      cv_.notify_one();
+      return false;
+    }
+    if (waiter_.waitForPeers) {
+      waiter_.waitForPeers(kMaxPeersWait);
+    } else {
+      std::this_thread::yield();
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    waitingForPeers_ = false;
+  }
+}
+
+void ProgressThread::adoptParked() {
+  inFlight_.push_back(std::move(parked_));
+  ++inFlightCount_;
+}
+
 bool ProgressThread::runIfNext(uint64_t ticket) {
   std::unique_ptr<Job> job;
   {
@@ -115,18 +219,38 @@ size_t ProgressThread::pollInFlight() {
 }
 
 void ProgressThread::loop() {
-  // Longest sleep in waitForPeers: post() and stop() wake it earlier; the bound only
-  // limits the cost of a lost wake-up.
-  constexpr std::chrono::microseconds kMaxPeersWait{10000};
   for (;;) {
     std::unique_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (inFlight_.empty()) {
-        // A job a caller runs in runIfNext (busy_) must finish before the next one starts.
-        cv_.wait(lock, [this] { return (stopping_ || !queue_.empty()) && !busy_; });
-        if (queue_.empty()) {
-          return;  // stopping and drained
+        // A job a caller runs in runIfNext or drives (busy_) must finish, or be handed
+        // over, before the next one starts.
+        const auto work = [this] { return (stopping_ || !queue_.empty()) && !busy_; };
+        const auto now = std::chrono::steady_clock::now();
+        if (parked_ || now - lastPark_ < kParkWatch) {
+          // Parks are in use: sleep in ticks, so park() need not wake us (kParkTick).
+          ticking_ = true;
+          cv_.wait_for(lock, kParkTick, work);
+          ticking_ = false;
+        } else {
+          cv_.wait(lock,
+                   [this] { return ((stopping_ || !queue_.empty()) && !busy_) || parkWake_; });
+          parkWake_ = false;
+        }
+        if (busy_) {
+          continue;  // a caller runs or drives a job
+        }
+        if (parked_ && (stopping_ || !queue_.empty() ||
+                        std::chrono::steady_clock::now() - parkedAt_ >= kParkGrace)) {
+          // Unclaimed past the grace period, or others are queued behind it, or stopping.
+          adoptParked();
+        }
+        if (inFlight_.empty() && queue_.empty()) {
+          if (stopping_) {
+            return;  // stopping and drained
+          }
+          continue;
         }
       }
       // With jobs in flight nobody else runs jobs (runIfNext refuses), so busy_ is false.

@@ -46,6 +46,21 @@ class ProgressThread {
     std::function<void()> wake;
   };
 
+  // A parked job (park()) is left to its waiter for at least kParkGrace: a caller that
+  // waits right away (dist.send, dist.recv) claims it within microseconds. The thread does
+  // not wake for each park: after a park it sleeps in slices of kParkTick for as long as
+  // parks keep coming (kParkWatch after the last one), and adopts, at the first tick after
+  // kParkGrace, a parked job that nobody claimed; so a send or receive whose caller
+  // computes before waiting (or waits with a timeout, or polls) still moves within about a
+  // tick, at the cost of a few thousand idle wake-ups per second while sends and receives
+  // are in use (instead of two thread wake-ups per operation).
+  static constexpr std::chrono::microseconds kParkGrace{50};
+  static constexpr std::chrono::microseconds kParkTick{500};
+  static constexpr std::chrono::milliseconds kParkWatch{50};
+  // Longest sleep in waitForPeers: post() and stop() wake it earlier; the bound only limits
+  // the cost of a lost wake-up.
+  static constexpr std::chrono::microseconds kMaxPeersWait{10000};
+
   explicit ProgressThread(std::string name, InFlightWaiter waiter = {});
   ~ProgressThread();  // stops, draining the queue
   ProgressThread(const ProgressThread&) = delete;
@@ -65,6 +80,24 @@ class ProgressThread {
   // receive that run() leaves in flight.
   bool runIfNext(uint64_t ticket);
 
+  // Parks `job`, which the calling thread started itself and which left work in flight (a
+  // send or receive posted inline, OpJob::startInline), for the thread that will wait on
+  // it: drive(ticket) then progresses it on that waiter's thread, without the two thread
+  // wake-ups of a hand-off (the thread's to poll, the waiter's when it completes). One that
+  // no waiter claims is adopted by the thread (kParkGrace). Only while idle() and with no
+  // other thread posting (the caller holds its submission lock): at most one job is
+  // parked. Throws like post() once stopped. Returns the job's ticket.
+  uint64_t park(std::unique_ptr<Job> job);
+
+  // For the thread that waits on the job with `ticket`, a lone send or receive: when it is
+  // parked, or next in the queue and not started, and the thread is doing nothing else (no
+  // job running, none in flight), starts it if needed and polls it on the calling thread,
+  // sleeping in waitForPeers between polls, until it finished: returns true. Hands the job
+  // to the thread (and returns false) as soon as another job is posted or the thread is
+  // stopped, so that issue order and progress hold for everyone; returns false at once when
+  // it cannot claim the job. The caller then waits for the job's completion as usual.
+  bool drive(uint64_t ticket);
+
   // Stops accepting jobs and joins the thread. With drain, queued jobs run first; without,
   // they are cancelled with `reason`. Idempotent; must not be called from the thread itself.
   void stop(bool drain, std::exception_ptr reason = nullptr);
@@ -82,6 +115,10 @@ class ProgressThread {
   // Polls every in-flight job once, retiring the finished ones; returns how many finished.
   size_t pollInFlight();
   void retire();
+  // Moves the parked job in flight (on the thread). Under mutex_, with busy_ false.
+  void adoptParked();
+  // drive()'s loop over the claimed `job` (busy_ held by the caller).
+  bool driveClaimed(std::unique_ptr<Job> job);
 
   struct Queued {
     uint64_t ticket;
@@ -90,8 +127,9 @@ class ProgressThread {
 
   const std::string name_;
   const InFlightWaiter waiter_;
-  // Jobs whose run() left work in flight, in issue order. Touched by the thread only;
-  // inFlightCount_ (under mutex_) mirrors its size for runIfNext.
+  // Jobs whose run() left work in flight, in issue order. Touched by the thread, or by a
+  // caller in drive() that holds busy_ while the thread has none in flight; inFlightCount_
+  // (under mutex_) mirrors its size for runIfNext and drive.
   std::deque<std::unique_ptr<Job>> inFlight_;
   size_t inFlightCount_ = 0;
   // Set (under mutex_) while the thread is about to sleep in waiter_.waitForPeers: post()
@@ -101,9 +139,19 @@ class ProgressThread {
   std::condition_variable cv_;
   std::deque<Queued> queue_;
   uint64_t nextTicket_ = 0;
-  // A job taken from the queue is running (on the thread, or on a caller in runIfNext):
-  // nothing else may start until it finished or went in flight.
+  // A job taken from the queue is running (on the thread, or on a caller in runIfNext or
+  // drive): nothing else may start until it finished or went in flight.
   bool busy_ = false;
+  // The job park() left for its waiter (nullptr: none), its ticket and when it was parked.
+  std::unique_ptr<Job> parked_;
+  uint64_t parkedTicket_ = 0;
+  std::chrono::steady_clock::time_point parkedAt_;
+  // The thread sleeps in kParkTick slices (park() then need not wake it).
+  bool ticking_ = false;
+  // park() woke the thread to start ticking.
+  bool parkWake_ = false;
+  // When the latest park happened.
+  std::chrono::steady_clock::time_point lastPark_;
   bool stopping_ = false;
   bool accepting_ = true;
   // Jobs posted and not yet finished (run or cancelled).

@@ -55,7 +55,9 @@ class WorkSpyreccl : public c10d::Work {
   void addOutputs(const std::vector<at::Tensor>& outputs);
   void markSubmitted() { submitted_.store(true); }
   // For a queued collective: `runner` runs it on the calling thread if it is still next in
-  // line (ProgressThread::runIfNext) and says whether it did. wait() calls it once before
+  // line (ProgressThread::runIfNext) and says whether it did; for a lone send or receive,
+  // it drives the request on the calling thread until it completes, while nothing else
+  // needs the communicator (ProgressThread::drive). wait() calls it once before
   // blocking when it has no timeout of its own, so a caller that waits right away (wait_tensor
   // after a functional collective, Work.wait() after async_op=True) pays for no thread hand-off,
   // while a caller that computes first leaves the operation to the progress thread and overlaps
