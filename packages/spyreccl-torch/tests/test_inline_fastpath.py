@@ -380,15 +380,22 @@ def run_threads_share_a_group(ctx):
         except BaseException as exc:  # reported below, with the thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    _run_threads(
+        [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)], errors, wrong
+    )
+    dist.destroy_process_group(group)
+
+
+def _run_threads(threads, errors: list, wrong: list) -> None:
+    """Starts and joins `threads`, then fails on a stuck thread, a call that raised (collected in
+    `errors` by the threads) or a wrong result (described in `wrong`)."""
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=RUN_TIMEOUT)
-    assert not any(t.is_alive() for t in threads), "a thread is stuck in a collective"
+    assert not any(t.is_alive() for t in threads), "a thread is stuck in a call"
     assert not errors, f"{len(errors)} call(s) raised; first: {errors[0]!r}"
     assert not wrong, f"{len(wrong)} wrong result(s); first: {wrong[0]}"
-    dist.destroy_process_group(group)
 
 
 def test_threads_sharing_a_group_never_use_the_communicator_together(rank_pool):
@@ -551,13 +558,7 @@ def run_threads_mix_p2p_and_collectives(seed, ctx):
     workers = [threading.Thread(target=collective_worker)]
     if peer < ctx.world_size:
         workers.append(threading.Thread(target=p2p_worker))
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join(timeout=RUN_TIMEOUT)
-    assert not any(t.is_alive() for t in workers), "a thread is stuck"
-    assert not errors, f"{len(errors)} call(s) raised; first: {errors[0]!r}"
-    assert not wrong, f"{len(wrong)} wrong result(s); first: {wrong[0]}"
+    _run_threads(workers, errors, wrong)
     dist.destroy_process_group(group)
 
 

@@ -17,17 +17,21 @@ ProgressThread::ProgressThread(std::string name, InFlightWaiter waiter)
 
 ProgressThread::~ProgressThread() { stop(/*drain=*/true); }
 
+uint64_t ProgressThread::admit() {
+  if (!accepting_) {
+    throw std::runtime_error("spyreccl: " + name_ +
+                             " has been shut down or aborted; it accepts no more operations");
+  }
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  return nextTicket_++;
+}
+
 uint64_t ProgressThread::post(std::unique_ptr<Job> job) {
   bool wakePeersWait = false;
   uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!accepting_) {
-      throw std::runtime_error("spyreccl: " + name_ +
-                               " has been shut down or aborted; it accepts no more operations");
-    }
-    outstanding_.fetch_add(1, std::memory_order_relaxed);
-    ticket = nextTicket_++;
+    ticket = admit();
     queue_.push_back(Queued{ticket, std::move(job)});
     wakePeersWait = waitingForPeers_;
   }
@@ -44,12 +48,7 @@ uint64_t ProgressThread::park(std::unique_ptr<Job> job) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!accepting_) {
-      throw std::runtime_error("spyreccl: " + name_ +
-                               " has been shut down or aborted; it accepts no more operations");
-    }
-    outstanding_.fetch_add(1, std::memory_order_relaxed);
-    ticket = nextTicket_++;
+    ticket = admit();
     parked_ = std::move(job);
     parkedTicket_ = ticket;
     parkedAt_ = std::chrono::steady_clock::now();

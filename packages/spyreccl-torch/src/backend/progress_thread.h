@@ -115,6 +115,8 @@ class ProgressThread {
   // Polls every in-flight job once, retiring the finished ones; returns how many finished.
   size_t pollInFlight();
   void retire();
+  // Counts a new job in and returns its ticket; throws once stopped. Under mutex_.
+  uint64_t admit();
   // Moves the parked job in flight (on the thread). Under mutex_, with busy_ false.
   void adoptParked();
   // drive()'s loop over the claimed `job` (busy_ held by the caller).

@@ -17,7 +17,8 @@ from spyreccl_torch.bench.threshold import crossover
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4, 7])
 def test_bus_factors_match_nccl_tests(nranks):
     n = nranks
-    assert ops.OPS["all_reduce"].bus_factor(n) == pytest.approx(2 * (n - 1) / n)
+    for name in ("all_reduce", "all_reduce_inplace"):
+        assert ops.OPS[name].bus_factor(n) == pytest.approx(2 * (n - 1) / n)
     for name in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
         assert ops.OPS[name].bus_factor(n) == pytest.approx((n - 1) / n)
     assert ops.OPS["broadcast"].bus_factor(n) == 1.0
@@ -40,7 +41,7 @@ def test_layouts_are_consistent(nranks, itemsize):
             assert lay.nbytes <= max(
                 nbytes, itemsize * (1 if lay.unit == lay.send_elems == lay.recv_elems else nranks)
             )
-            if name in ("all_reduce", "broadcast", "sendrecv"):
+            if name in ("all_reduce", "all_reduce_inplace", "broadcast", "sendrecv"):
                 assert lay.send_elems == lay.recv_elems == lay.unit
                 assert lay.nbytes == lay.unit * itemsize
             elif name == "all_gather_into_tensor":
@@ -287,7 +288,7 @@ def test_launcher_reports_results_and_failures(tmp_path, behaviour):
 
 def _simulate(op, inputs, nranks, unit):
     """Reference semantics (float64 numpy) of each op given every rank's input buffer."""
-    if op in ("all_reduce",):
+    if op in ("all_reduce", "all_reduce_inplace"):
         return [np.sum(inputs, axis=0) for _ in range(nranks)]
     if op == "reduce_scatter_tensor":
         total = np.sum(inputs, axis=0)
@@ -313,7 +314,12 @@ def test_check_expectations_match_reference_semantics(op, nranks):
 
     unit = random.randint(1, 7)
     lay = ops.layout(
-        op, unit * 4 * (1 if op in ("all_reduce", "broadcast", "sendrecv") else nranks), 4, nranks
+        op,
+        unit
+        * 4
+        * (1 if op in ("all_reduce", "all_reduce_inplace", "broadcast", "sendrecv") else nranks),
+        4,
+        nranks,
     )
     inputs = []
     for r in range(nranks):

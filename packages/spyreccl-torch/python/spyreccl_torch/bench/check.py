@@ -31,7 +31,7 @@ def expected_blocks(op: str, rank: int, nranks: int) -> list[int] | None:
     Broadcast's root is rank 0; sendrecv is the ping-pong of ranks 0 and 1.
     """
     total = nranks * (nranks + 1) // 2
-    if op in ("all_reduce", "reduce_scatter_tensor"):
+    if op in ("all_reduce", "all_reduce_inplace", "reduce_scatter_tensor"):
         return [total]
     if op == "all_gather_into_tensor":
         return [r + 1 for r in range(nranks)]
@@ -46,4 +46,6 @@ def expected_blocks(op: str, rank: int, nranks: int) -> list[int] | None:
 
 def result_is_send(op: str, level: str) -> bool:
     """True when the operation writes its result into the input buffer (in place)."""
-    return op == "broadcast" or (op == "all_reduce" and not level.startswith("core"))
+    return op in ("broadcast", "all_reduce_inplace") or (
+        op == "all_reduce" and not level.startswith("core")
+    )

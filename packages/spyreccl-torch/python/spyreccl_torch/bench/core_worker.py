@@ -68,6 +68,8 @@ class _Case:
         op = self.op
         if op == "all_reduce":
             self.step = lambda: comm.all_reduce(send, recv, SUM, **kw)
+        elif op == "all_reduce_inplace":
+            self.step = lambda: comm.all_reduce(send, send, SUM, **kw)
         elif op == "all_gather_into_tensor":
             self.step = lambda: comm.all_gather(send, recv, **kw)
         elif op == "reduce_scatter_tensor":

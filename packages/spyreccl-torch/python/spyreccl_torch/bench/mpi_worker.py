@@ -33,6 +33,8 @@ def mpi_step(MPI: Any, comm: Any, op: str, send: Any, recv: Any, rank: int) -> A
         return comm.Barrier
     if op == "all_reduce":
         return lambda: comm.Allreduce(send, recv, op=MPI.SUM)
+    if op == "all_reduce_inplace":
+        return lambda: comm.Allreduce(MPI.IN_PLACE, send, op=MPI.SUM)
     if op == "all_gather_into_tensor":
         return lambda: comm.Allgather(send, recv)
     if op == "reduce_scatter_tensor":

@@ -60,7 +60,7 @@ class _Case:
         # costs microseconds); the *_single functions are the same c10d operations.
         all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        if op == "all_reduce":
+        if op in ("all_reduce", "all_reduce_inplace"):
             # In place, as torch's API is; zeros keep the values (and their speed) constant.
             def step() -> None:
                 dist.all_reduce(send)
