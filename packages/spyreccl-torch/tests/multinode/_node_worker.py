@@ -6,8 +6,9 @@
   outputs, float64 / exact references computed on this rank from every rank's inputs), then
   subgroups (node-aligned and node-crossing), a 2-d DeviceMesh and DDP across nodes. Failed
   checks are collected (the collectives go on on every rank), exceptions abort the batch.
-- ``kill``: rank $SPYRECCL_MN_VICTIM dies before a collective; everyone else records the
-  error it gets and how long after the death it came.
+- ``kill``: rank $SPYRECCL_MN_VICTIM dies while the others have collectives in flight on
+  three groups, one per route; everyone else records the error each group gives and how
+  long after the death it came.
 - ``nojoin``: (started without torchrun) the first node of a job whose second node never
   starts: init_process_group must fail within the timeout.
 """
@@ -965,34 +966,94 @@ def mode_ops(full: bool) -> None:
     _write(report)
 
 
+# The route each group of the kill mode is forced onto (the variables are read when a group
+# is created): 4096 float32 elements are 16 KiB.
+ROUTE_ENV = {
+    "flat": {"SPYRECCL_MULTINODE_FLAT_MAX_BYTES": str(1 << 20)},
+    "leader": {
+        "SPYRECCL_MULTINODE_FLAT_MAX_BYTES": "0",
+        "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": str(1 << 30),
+    },
+    "sharded": {
+        "SPYRECCL_MULTINODE_FLAT_MAX_BYTES": "0",
+        "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": "4096",
+    },
+}
+
+
+def _route_group(ctx: Ctx, route: str):
+    saved = {k: os.environ.get(k) for k in ROUTE_ENV[route]}
+    os.environ.update(ROUTE_ENV[route])
+    try:
+        return dist.new_group(list(range(ctx.world_size)))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
 def mode_kill() -> None:
+    """Rank $SPYRECCL_MN_VICTIM dies (exit code $SPYRECCL_MN_VICTIM_EXIT: 0 keeps torchrun's
+    agent from terminating the rest of its node) while every other rank has all_reduces in
+    flight on three groups at once, one per route (flat, leader, sharded): each group must
+    fail on every surviving rank. Even ranks queue async_op=True Works, odd ranks make
+    blocking calls (run on the caller's thread); a thread per group records when its error
+    came and what it said."""
+    import threading
+
     ctx = _init()
     victim = int(os.environ["SPYRECCL_MN_VICTIM"])
+    exit_code = int(os.environ.get("SPYRECCL_MN_VICTIM_EXIT", "17"))
     report = _base_report(ctx)
-    t = torch.ones(4096, device=_dev(ctx))
-    for _ in range(3):
-        dist.all_reduce(t)
+    groups = {route: _route_group(ctx, route) for route in ROUTE_ENV}
+    tensors = {route: torch.ones(4096, device=_dev(ctx)) for route in ROUTE_ENV}
+    failures = []
+    for route, group in groups.items():
+        for _ in range(3):
+            dist.all_reduce(tensors[route], group=group)
+        want = float(ctx.world_size**3)
+        got = tensors[route].cpu()
+        if not bool((got == want).all()) or group.route_counts[route] != 3:
+            failures.append(f"{route}: {got[:3].tolist()} != {want}, {group.route_counts}")
+        tensors[route].fill_(1.0)
     dist.barrier()
     stamp = OUT / "death_time"
     if ctx.rank == victim:
         stamp.write_text(repr(time.time()))
-        os._exit(17)
+        os._exit(exit_code)
     time.sleep(0.3)  # the victim is gone by now
-    error = None
-    try:
-        if ctx.rank % 2 == 0:
-            # Queued with async_op=True: the failure reaches every queued Work's wait().
-            works = [dist.all_reduce(t, async_op=True) for _ in range(50)]
-            for work in works:
-                work.wait()
-        else:
-            for _ in range(50):
-                dist.all_reduce(t)
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    report.update(error=error, error_time=time.time(), segments=_mapped_segments())
+    errors: dict[str, list] = {}
+
+    def run(route: str) -> None:
+        group, t = groups[route], tensors[route]
+        error = None
+        try:
+            if ctx.rank % 2 == 0:
+                works = [dist.all_reduce(t, group=group, async_op=True) for _ in range(50)]
+                for work in works:
+                    work.wait()
+            else:
+                for _ in range(50):
+                    dist.all_reduce(t, group=group)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        errors[route] = [error, time.time()]
+
+    threads = [threading.Thread(target=run, args=(route,)) for route in groups]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    report.update(
+        errors=errors,
+        failures=failures,
+        routes={route: dict(g.route_counts) for route, g in groups.items()},
+        segments=_mapped_segments(),
+    )
     _write(report)
-    os._exit(0)  # the group is broken: skip destroy (it would wait for the dead rank)
+    os._exit(0)  # the groups are broken: skip destroy (it would wait for the dead rank)
 
 
 def mode_nojoin() -> None:

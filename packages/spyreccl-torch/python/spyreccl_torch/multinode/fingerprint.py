@@ -113,8 +113,11 @@ class MismatchError(RuntimeError):
 class PendingCheck:
     """One operation's exchange in flight (see CallChecker)."""
 
-    def __init__(self, work: Any, sums: torch.Tensor, mine: list[int], digest: int) -> None:
+    def __init__(
+        self, work: Any, sums: torch.Tensor, mine: list[int], digest: int, op_name: str = ""
+    ) -> None:
         self.work = work
+        self.op_name = op_name
         self.sums = sums  # after the exchange: [max digest, max -digest] over every rank
         self.mine = mine
         self.digest = digest
@@ -148,11 +151,17 @@ class CallChecker:
         size: int,
         label: Callable[[], str],
         on_mismatch: Callable[[PendingCheck], None],
+        on_error: Callable[[PendingCheck, BaseException], None] | None = None,
+        wait: Callable[[Any], None] | None = None,
     ) -> None:
         self._group = group
         self._size = size
         self._label = label
         self._on_mismatch = on_mismatch
+        self._on_error = on_error
+        # How to wait for an exchange (the group's sliced gloo wait: it stops when another
+        # rank published a failure); a plain wait() by default.
+        self._wait = wait or (lambda work: work.wait())
 
     def post(self, op_name: str, seq: int, sig: Sequence[int], compare: bool = True) -> Any:
         """Starts the exchange of this rank's fingerprint; `compare` False: only the
@@ -163,7 +172,7 @@ class CallChecker:
         opts = c10d.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
         work = self._group.allreduce([sums], opts)
-        pending = PendingCheck(work, sums, row, digest)
+        pending = PendingCheck(work, sums, row, digest, op_name)
         pending.compare = compare
         if not compare:
             pending.done.set()
@@ -172,8 +181,10 @@ class CallChecker:
         def received(future: Any) -> None:
             try:
                 future.value()
-            except Exception:
+            except Exception as error:
                 pending.done.set()  # the exchange itself failed: verify() reports it
+                if self._on_error is not None:
+                    self._on_error(pending, error)
                 return
             pending.mismatched = self._differs(pending)
             pending.done.set()
@@ -187,7 +198,7 @@ class CallChecker:
         """Waits for the exchange (gloo's timeout bounds it; a failed exchange raises gloo's
         error) and raises MismatchError when the fingerprints disagreed (every rank does:
         they all see it, and gather the fingerprints to name the calls)."""
-        pending.work.wait()
+        self._wait(pending.work)
         if not pending.compare or not self._differs(pending):
             return
         pending.mismatched = True

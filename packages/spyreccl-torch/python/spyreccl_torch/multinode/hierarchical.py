@@ -59,6 +59,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from .executor import OrderedExecutor
+from .failures import FailureBoard, PeerFailure, wait_sliced
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
 from .reduction import Plan as _Plan
@@ -202,6 +203,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._gate: PendingCheck | None = None  # the running operation's unverified check
         self._exchange: PendingCheck | None = None  # the running operation's exchange
         self._failure_window_s = float(os.environ.get(FAILURE_WINDOW_ENV, "2"))
+        self._board = FailureBoard(store, topology.rank, topology.node_of)
+        # gloo Works this rank stopped waiting for (still pending: see shutdown).
+        self._abandoned: list[Any] = []
         self._sharded_min_bytes = int(
             os.environ.get(SHARDED_MIN_BYTES_ENV, DEFAULT_SHARDED_MIN_BYTES)
         )
@@ -245,7 +249,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._timeout,
         )
         self._checker = CallChecker(
-            self._check_group, topology.size, self._label, self._on_mismatch
+            self._check_group,
+            topology.size,
+            self._label,
+            self._on_mismatch,
+            self._on_exchange_error,
+            self._wait_gloo_work,
         )
 
     # -- identity ------------------------------------------------------------------------
@@ -347,6 +356,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 # moments: a short wait here, and again after _fail's wait for the other
                 # ranks' reports (so a dead peer costs no extra wait).
                 rejected = isinstance(error, ValueError)
+                if pending is not None:
+                    self._abandon(pending.work)
                 cause = self._mismatch_behind(pending, error, None if rejected else 0.2)
                 if isinstance(cause, ValueError):
                     work.fail(cause)  # rejected arguments: the group stays usable
@@ -409,7 +420,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._failed = f"{what} timed out"
         self._stop(f"{what} timed out")
         self._abort_children()
-        return RuntimeError(
+        return dist.DistBackendError(
             f"spyreccl: {what} did not complete within {limit:g} s on {self._label()} "
             f"(the group timeout, or the wait's); the group is aborted"
         )
@@ -418,38 +429,46 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         first = self._failed is None
         self._failed = self._failed or f"{op_name} seq {seq}"
         mismatch = self._mismatch
+        # This node's ranks that wait for this one in an on-node stage fail at once (the
+        # core reports the abort to them), the other nodes' through the published failure.
         self._abort_children()
         if isinstance(error, MismatchError):
-            return error
+            return error  # every rank sees a mismatch in the exchange: nothing to publish
         if mismatch is not None and mismatch.message is not None:
             # A stage stopped because the checker aborted it: the mismatch is the cause.
             return MismatchError(mismatch.message)
-        return RuntimeError(
-            f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}"
-            f"{self._who_failed(seq) if first else ''}"
+        if not first:
+            return dist.DistBackendError(
+                f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}"
+            )
+        if not isinstance(error, PeerFailure):
+            self._board.publish(op_name, seq, error)
+        silent = self._who_failed()
+        # The failure that started it all, when this rank's error is a consequence of it (a
+        # stage aborted by a peer, a gloo error because a peer gave up, or what this rank's
+        # exchange saw on gloo's thread): a store lookup, on the failure path only.
+        record = self._board.published()
+        origin = ""
+        if (
+            record is not None
+            and not isinstance(error, PeerFailure)  # that one names it already
+            and record["error"].removesuffix("...") not in " ".join(str(error).split())
+        ):
+            origin = f"; first failure reported: {FailureBoard.describe(record)}"
+        return dist.DistBackendError(
+            f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}{silent}{origin}"
         )
 
-    def _who_failed(self, seq: int) -> str:
-        """Which ranks did not fail along: every rank that sees operation `seq` fail says
-        so in the store and waits a moment for the others. The aborts in _fail make the
-        failure reach every live rank within a fraction of a second, so the ranks that stay
-        silent are the dead (or stuck) ones. gloo's errors name a socket address and the
-        node's spyreccl names local ranks; this names group ranks. Best effort: the store
-        may be gone with the failed process."""
+    def _who_failed(self) -> str:
+        """Which ranks did not fail along: every rank that sees the group fail says so in
+        the store and waits a moment for the others. The aborts and the published failure
+        (failures.py) make the failure reach every live rank within a fraction of a second,
+        so the ranks that stay silent are the dead (or stuck) ones. gloo's errors name a
+        socket address and the node's spyreccl names local ranks; this names group ranks.
+        Best effort: the store may be gone with the failed process."""
         topo = self._topo
-        prefix = f"spyreccl/failed/{seq}/"
         window = min(self._failure_window_s, self._timeout.total_seconds())
-        try:
-            self._store.set(f"{prefix}{topo.rank}", "1")
-            deadline = time.monotonic() + window
-            silent = [r for r in range(topo.size) if r != topo.rank]
-            while silent:
-                silent = [r for r in silent if not self._store.check([f"{prefix}{r}"])]
-                if not silent or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-        except Exception:
-            return ""
+        silent = self._board.silent_ranks(window)
         if not silent:
             return ""
         names = ", ".join(f"rank {r} (node {topo.node_of[r]})" for r in silent)
@@ -486,17 +505,56 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._wait_gloo(post())
 
     def _wait_gloo(self, work: Any) -> None:
-        """Waits for a gloo stage in gloo's own blocking wait (the GIL is released; gloo's
-        timeout, the group's, bounds it). A stage is never started once the group was
-        stopped (an expired wait() on this group's Work, abort()). One already running when
-        that happens is not interrupted: gloo's abort() does not stop a pending operation,
-        so the executor thread stays in it until gloo's timeout (shutdown() then hands the
-        gloo groups to a thread of its own). Waking through the Work's future instead, to be
-        interruptible, cost two GIL hand-offs and a condition wake-up per stage: an 8-byte
-        flat all_reduce took 618 us against gloo's 304 on an idle 16-core machine."""
+        """Waits for a gloo stage. A stage is never started once the group was stopped (an
+        expired wait() on this group's Work, abort())."""
         if self._stopped is not None:
             raise RuntimeError(f"stopped before a stage: {self._stopped}")
-        work.wait()
+        self._wait_gloo_work(work)
+
+    def _wait_gloo_work(self, work: Any) -> None:
+        """Waits for a gloo Work in gloo's own blocking wait (the GIL is released; gloo's
+        timeout, the group's, bounds it), in slices (failures.wait_sliced): between slices
+        it stops when another rank published a failure of the group or this group was
+        stopped, instead of waiting for gloo's timeout. The Work stays pending (gloo cannot
+        cancel it; see shutdown). Waking through the Work's future instead cost two GIL
+        hand-offs and a condition wake-up per stage: an 8-byte flat all_reduce took 618 us
+        against gloo's 304 on an idle 16-core machine; a sliced wait is gloo's wait."""
+
+        def between() -> None:
+            why = None
+            if self._stopped is not None:
+                why = RuntimeError(f"stopped while waiting for a gloo stage: {self._stopped}")
+            else:
+                record = self._board.published()
+                if record is not None:
+                    why = PeerFailure(
+                        f"stopped waiting for the other ranks: {FailureBoard.describe(record)}"
+                    )
+            if why is not None:
+                self._abandon(work)
+                raise why
+
+        wait_sliced(work, between)
+
+    def _abandon(self, work: Any) -> None:
+        """Notes a gloo Work that this rank no longer waits for (see shutdown)."""
+        self._abandoned = [w for w in self._abandoned if not w.is_completed()]
+        if not work.is_completed():
+            self._abandoned.append(work)
+
+    def _on_exchange_error(self, pending: PendingCheck, error: BaseException) -> None:
+        """The control exchange of an operation failed on this rank (on gloo's thread): a
+        peer died, or gave up on the exchange. This rank may be waiting in an on-node stage
+        for a rank of its node that waits in a gloo stage for this rank's exchange data:
+        publish the failure (the gloo stage's waiter stops on it) and stop this rank's
+        on-node stage."""
+        if self._failed is not None or self._stopped is not None:
+            return
+        self._board.publish(pending.op_name, pending.mine[1], error)
+        try:
+            self._local.abort()
+        except Exception:
+            pass
 
     def _stop(self, why: str) -> None:
         """Marks the group stopped: no further gloo stage starts (see _wait_gloo)."""
@@ -1265,7 +1323,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._executor.close(self._timeout.total_seconds())
         self._local.shutdown()
         gloo = [g for g in (self._cross, self._flat, self._check_group) if g is not None]
-        if self._stopped is not None:
+        abandoned = any(not w.is_completed() for w in self._abandoned)
+        self._abandoned = []
+        if self._stopped is not None or abandoned:
             # An abandoned gloo operation stays pending until gloo's timeout, and a gloo
             # group's destructor waits for it: a thread of its own keeps the groups until
             # then, so that destroy_process_group does not wait.
