@@ -730,6 +730,83 @@ def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
     return failures
 
 
+def failure_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """A stage that fails on one rank while every rank stays alive (no death for anybody's
+    transport to notice): on each route at once (flat, leader, sharded, a group each), one
+    rank of node 1 raises in its first stage between nodes. Node 0's ranks wait for it in a
+    gloo stage it never enters, its node peer in an on-node stage: every rank must fail
+    within seconds, naming the operation, its sequence number, the rank that failed and
+    its error (and no silent rank: all are alive), and the groups refuse later calls."""
+    import threading
+
+    r = ctx.rank
+    failures: list[str] = []
+    # node 1's leader for the routes where it alone crosses or where all do; for the
+    # sharded route node 1's second rank (its shard's stage between nodes).
+    injected = {"flat": 2, "leader": 2, "sharded": 3}
+    os.environ["SPYRECCL_MULTINODE_FAILURE_WINDOW_S"] = "0.5"
+    try:
+        groups = {route: _route_group(ctx, route) for route in ROUTE_ENV}
+    finally:
+        del os.environ["SPYRECCL_MULTINODE_FAILURE_WINDOW_S"]
+    tensors = {route: torch.full((4096,), float(r), device=_dev(ctx)) for route in groups}
+    for route, group in groups.items():
+        dist.all_reduce(tensors[route], group=group)
+        got = tensors[route].cpu()
+        if not bool((got == 6.0).all()) or group.route_counts[route] != 1:
+            failures.append(f"rank {r}: {route}: {got[:3].tolist()}, {group.route_counts}")
+        if r == injected[route]:
+
+            def boom(post, route=route):
+                raise RuntimeError(f"injected failure ({route})")
+
+            group._gloo = boom
+    results: dict[str, tuple] = {}
+
+    def run(route: str) -> None:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(tensors[route], group=groups[route])
+            results[route] = (None, time.monotonic() - start)
+        except Exception as exc:
+            results[route] = (exc, time.monotonic() - start)
+
+    threads = [threading.Thread(target=run, args=(route,)) for route in groups]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for route, (exc, seconds) in sorted(results.items()):
+        where = f"rank {r}, {route} route"
+        who = injected[route]
+        text = str(exc)
+        if exc is None:
+            failures.append(f"{where}: the all_reduce returned although rank {who} failed")
+            continue
+        wanted = [
+            "all_reduce seq 2 failed on process group",
+            f"injected failure ({route})",
+        ]
+        if r != who:
+            wanted.append(f"all_reduce seq 2 failed on rank {who} (node 1)")
+        missing = [w for w in wanted if w not in text]
+        if not isinstance(exc, dist.DistBackendError) or missing or "did not report" in text:
+            failures.append(f"{where}: {type(exc).__name__} lacks {missing}: {text[:600]}")
+        if seconds > 5.0:
+            failures.append(f"{where}: failed after {seconds:.1f} s: {text[:300]}")
+        try:
+            expect_rejection(
+                lambda route=route: dist.all_reduce(tensors[route], group=groups[route]),
+                "failed earlier",
+                f"{route}: a call on the failed group",
+            )
+        except AssertionError as err:
+            failures.append(f"{where}: {err}")
+    for group in groups.values():
+        dist.destroy_process_group(group)
+    return failures
+
+
 def ddp_check(ctx: Ctx, base_seed: int) -> list[str]:
     """DDP across nodes: after one step the gradients are the average of every rank's, which
     this rank computes itself from every rank's batch."""
@@ -934,7 +1011,7 @@ def mode_ops(full: bool) -> None:
     cases = op_cases(ctx.world_size, full)
     extras = (
         [group_checks, ddp_check, hsdp_check, funcol_check, async_check, mismatch_check]
-        + [timeout_check]
+        + [timeout_check, failure_check]
         if full
         else [split_check]
     )

@@ -103,6 +103,7 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
             "async_check",
             "mismatch_check",
             "timeout_check",
+            "failure_check",
         ],
     )
     for rank, report in result.reports.items():
