@@ -15,10 +15,11 @@ gloo moves host memory, so data crossing nodes is copied to the host first (as r
 data movement, so gloo's dtype coverage does not matter; widened to a dtype gloo reduces for
 reductions). Reductions take one of three routes, by size:
 
-- *flat* (up to SPYRECCL_MULTINODE_FLAT_MAX_BYTES): one gloo all_reduce over every rank.
-  Fewest stages: measured fastest for small messages.
-- *leader*: reduce on each node to local rank 0, all_reduce among the leaders, broadcast on
-  each node. Any layout, least traffic between nodes per call: uneven nodes, mid sizes.
+- *flat* (up to SPYRECCL_MULTINODE_FLAT_MAX_BYTES, off by default): one gloo all_reduce
+  over every rank. Fewest stages, but every rank's message crosses between nodes.
+- *leader* (the default below the sharded bound): reduce on each node to local rank 0,
+  all_reduce among the leaders, broadcast on each node. Any layout, one message per node
+  between nodes: small and mid sizes, uneven nodes.
 - *sharded*: reduce-scatter on each node, all_reduce of every shard between the ranks of the
   same local index (all nodes in parallel), all-gather on each node. Every rank moves 1/L of
   the data between nodes: large messages on nodes of equal size. all_gather and
@@ -75,15 +76,22 @@ SHARDED_MIN_BYTES_ENV = "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES"
 DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
 
 # Reductions of at most this many bytes (after widening) skip the hierarchy: one gloo
-# all_reduce (or reduce) over every rank on host copies (the "flat" route). 0 turns it off.
-# The default comes from interleaved measurements (docs/performance.md, "Multiple nodes
-# (simulated)"): flat took less time than the leader route from 8 B to 64 KiB with 4 ranks
-# on 2 CPUs. On an idle 16-core machine the leader route was faster from 256 B on, but it
-# is not the default: when a leader fails on one node, the leader of the other node waits
-# in the cross-node stage until gloo's timeout instead of failing within seconds (the flat
-# route's gloo operation includes every rank, so a death reaches every rank at once).
+# all_reduce (or reduce, reduce_scatter) over every rank on host copies (the "flat" route).
+# 0, the default, turns it off: reductions below the sharded bound take the leader route.
+# Measured (docs/performance.md, "Multiple nodes: small-message routes and the check"): on
+# an idle 16-core machine (a core per rank) the leader route took less time than the flat
+# one at every size from 8 B to 64 KiB, with the mismatch check and without it (8 B: 711
+# vs 830 us with it); with 4 ranks on this project's 2-CPU VM, spyreccl-bench --nodes 2
+# --nproc 2 gave the leader route 1.4-1.7 ms (once 3.8) against the flat one's 2.3-9.2 ms
+# from 8 B to 32 KiB (two interleaved runs each, load 4), and the interleaved latency
+# harness gave mixed results within its noise. On real servers the leader route sends one
+# message per node between nodes, the flat route one per rank. The flat route used to be
+# the default up to 64 KiB (from the 2-CPU latency runs, and) because the leader route
+# failed slowly: a leader that failed in an on-node stage left the other node's leader
+# waiting in the cross-node stage until gloo's timeout. Failures now reach every stage
+# within moments (failures.py), on every route.
 FLAT_MAX_BYTES_ENV = "SPYRECCL_MULTINODE_FLAT_MAX_BYTES"
-DEFAULT_FLAT_MAX_BYTES = 64 * 1024
+DEFAULT_FLAT_MAX_BYTES = 0
 
 # "0" turns off the check that all ranks called the same collective (fingerprint.py); on by
 # default. Read when a group is created.
