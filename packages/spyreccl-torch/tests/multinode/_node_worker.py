@@ -640,12 +640,14 @@ def timeout_check(ctx: Ctx, base_seed: int) -> list[str]:
     """wait(timeout) on a Work whose peers never call: rank 0's wait raises within the
     given time, naming the operation and its sequence number, the group refuses later
     calls, and the process still exits cleanly (the abandoned gloo exchange is released
-    by a thread of its own)."""
+    by a thread of its own). The other ranks, calling the same all_reduce afterwards, fail
+    within seconds (the group timeout is 60 s) on the failure rank 0 published: they wait
+    in a gloo stage rank 0 will never enter."""
     failures: list[str] = []
     r = ctx.rank
     group = dist.new_group(list(range(ctx.world_size)))
+    t = torch.ones(3, device=_dev(ctx))
     if r == 0:
-        t = torch.ones(3, device=_dev(ctx))
         work = dist.all_reduce(t, group=group, async_op=True)
         start = time.monotonic()
         try:
@@ -659,6 +661,20 @@ def timeout_check(ctx: Ctx, base_seed: int) -> list[str]:
             failures.append(f"rank {r}: {exc}")
         if time.monotonic() - start > 6:
             failures.append(f"rank {r}: wait(1 s) took {time.monotonic() - start:.1f} s")
+    dist.barrier()
+    if r != 0:
+        start = time.monotonic()
+        try:
+            expect_rejection(
+                lambda: dist.all_reduce(t, group=group),
+                r"all_reduce seq 1 failed on process group .*all_reduce seq 1 failed on rank 0 "
+                r"\(node 0\): a wait\(\) ran out after 1 s",
+                "an all_reduce whose rank 0 gave up on it",
+            )
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+        if time.monotonic() - start > 10:
+            failures.append(f"rank {r}: took {time.monotonic() - start:.1f} s to fail")
     dist.destroy_process_group(group)
     return failures
 

@@ -44,6 +44,7 @@ SLICE_S = 0.1
 _SLICE = datetime.timedelta(seconds=SLICE_S)
 
 _KEY = "spyreccl/failure"
+ABORT_OP = "abort"  # the operation name of a failure published by abort()
 _REPORT_PREFIX = "spyreccl/failed/"
 _MESSAGE_CHARS = 600  # a published error is cut to this (spyreccl's carry state dumps)
 
@@ -97,10 +98,22 @@ class FailureBoard:
 
     @staticmethod
     def describe(record: dict) -> str:
+        if record["op"] == ABORT_OP:
+            return (
+                f"the group was aborted on rank {record['rank']} (node {record['node']}) after "
+                f"its seq {record['seq']}: {record['error']}"
+            )
         return (
             f"{record['op']} seq {record['seq']} failed on rank {record['rank']} (node "
             f"{record['node']}): {record['error']}"
         )
+
+    def report(self) -> None:
+        """Records that this rank saw the group fail (see silent_ranks), without waiting."""
+        try:
+            self._store.set(f"{_REPORT_PREFIX}{self._rank}", "1")
+        except Exception:
+            pass
 
     def silent_ranks(self, window_s: float) -> list[int] | None:
         """Reports this rank's failure and waits up to `window_s` for every other rank's

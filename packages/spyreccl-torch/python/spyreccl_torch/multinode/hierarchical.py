@@ -60,7 +60,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from .executor import OrderedExecutor
-from .failures import FailureBoard, PeerFailure, wait_sliced
+from .failures import ABORT_OP, FailureBoard, PeerFailure, wait_sliced
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
 from .reduction import Plan as _Plan
@@ -428,6 +428,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._failed = f"{what} timed out"
         self._stop(f"{what} timed out")
         self._abort_children()
+        # The other ranks may wait for this one in a stage it will not finish: they stop on
+        # the published failure instead of waiting for their own timeout.
+        self._board.publish(
+            work.op_name, work.seq, f"a wait() ran out after {limit:g} s; the group was aborted"
+        )
+        self._board.report()  # not silent: the others need not wait for this rank's report
         return dist.DistBackendError(
             f"spyreccl: {what} did not complete within {limit:g} s on {self._label()} "
             f"(the group timeout, or the wait's); the group is aborted"
@@ -1321,6 +1327,11 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
     # -- lifecycle -------------------------------------------------------------------------
 
     def abort(self) -> None:
+        if self._failed is None:
+            # As a single-node group's abort fails its peers' operations: the other ranks'
+            # stages that wait for this one stop on the published failure.
+            self._board.publish(ABORT_OP, self._seq, "abort() was called on the group")
+            self._board.report()
         self._failed = self._failed or "aborted"
         self._stop("the group was aborted")
         self._abort_children()
