@@ -1074,9 +1074,10 @@ ROUTE_ENV = {
 }
 
 
-def _route_group(ctx: Ctx, route: str):
-    saved = {k: os.environ.get(k) for k in ROUTE_ENV[route]}
-    os.environ.update(ROUTE_ENV[route])
+def _route_group(ctx: Ctx, route: str, check: str = "1"):
+    env = {**ROUTE_ENV[route], "SPYRECCL_MULTINODE_CHECK": check}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         return dist.new_group(list(range(ctx.world_size)))
     finally:
@@ -1090,27 +1091,36 @@ def _route_group(ctx: Ctx, route: str):
 def mode_kill() -> None:
     """Rank $SPYRECCL_MN_VICTIM dies (exit code $SPYRECCL_MN_VICTIM_EXIT: 0 keeps torchrun's
     agent from terminating the rest of its node) while every other rank has all_reduces in
-    flight on three groups at once, one per route (flat, leader, sharded): each group must
-    fail on every surviving rank. Even ranks queue async_op=True Works, odd ranks make
-    blocking calls (run on the caller's thread); a thread per group records when its error
-    came and what it said."""
+    flight on several groups at once, one per route (flat, leader, sharded) and mismatch
+    check setting ($SPYRECCL_MN_CHECKS, e.g. "1,0"; named "<route>" with the check and
+    "<route>/nocheck" without): each group must fail on every surviving rank. Even ranks
+    queue async_op=True Works, odd ranks make blocking calls (run on the caller's thread);
+    a thread per group records when its error came and what it said."""
     import threading
 
     ctx = _init()
     victim = int(os.environ["SPYRECCL_MN_VICTIM"])
     exit_code = int(os.environ.get("SPYRECCL_MN_VICTIM_EXIT", "17"))
+    checks = os.environ.get("SPYRECCL_MN_CHECKS", "1").split(",")
     report = _base_report(ctx)
-    groups = {route: _route_group(ctx, route) for route in ROUTE_ENV}
-    tensors = {route: torch.ones(4096, device=_dev(ctx)) for route in ROUTE_ENV}
+    groups = {
+        route + ("" if check == "1" else "/nocheck"): _route_group(ctx, route, check)
+        for check in checks
+        for route in ROUTE_ENV
+    }
+    tensors = {name: torch.ones(4096, device=_dev(ctx)) for name in groups}
     failures = []
-    for route, group in groups.items():
+    for name, group in groups.items():
         for _ in range(3):
-            dist.all_reduce(tensors[route], group=group)
+            dist.all_reduce(tensors[name], group=group)
         want = float(ctx.world_size**3)
-        got = tensors[route].cpu()
+        got = tensors[name].cpu()
+        route = name.split("/")[0]
         if not bool((got == want).all()) or group.route_counts[route] != 3:
-            failures.append(f"{route}: {got[:3].tolist()} != {want}, {group.route_counts}")
-        tensors[route].fill_(1.0)
+            failures.append(f"{name}: {got[:3].tolist()} != {want}, {group.route_counts}")
+        if group._check_calls != (not name.endswith("/nocheck")):
+            failures.append(f"{name}: checking is {group._check_calls}")
+        tensors[name].fill_(1.0)
     dist.barrier()
     stamp = OUT / "death_time"
     if ctx.rank == victim:
@@ -1119,22 +1129,28 @@ def mode_kill() -> None:
     time.sleep(0.3)  # the victim is gone by now
     errors: dict[str, list] = {}
 
-    def run(route: str) -> None:
-        group, t = groups[route], tensors[route]
+    def run(name: str) -> None:
+        group, t = groups[name], tensors[name]
         error = None
         try:
             if ctx.rank % 2 == 0:
-                works = [dist.all_reduce(t, group=group, async_op=True) for _ in range(50)]
-                for work in works:
-                    work.wait()
+                works = []
+                try:
+                    for _ in range(50):
+                        works.append(dist.all_reduce(t, group=group, async_op=True))
+                finally:
+                    # The group may fail while the Works are issued (a later call then
+                    # raises "failed earlier"): the first Work's wait() names the cause.
+                    for work in works:
+                        work.wait()
             else:
                 for _ in range(50):
                     dist.all_reduce(t, group=group)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        errors[route] = [error, time.time()]
+        errors[name] = [error, time.time()]
 
-    threads = [threading.Thread(target=run, args=(route,)) for route in groups]
+    threads = [threading.Thread(target=run, args=(name,)) for name in groups]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -1142,7 +1158,7 @@ def mode_kill() -> None:
     report.update(
         errors=errors,
         failures=failures,
-        routes={route: dict(g.route_counts) for route, g in groups.items()},
+        routes={name: dict(g.route_counts) for name, g in groups.items()},
         segments=_mapped_segments(),
     )
     _write(report)

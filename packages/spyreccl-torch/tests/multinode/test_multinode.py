@@ -164,25 +164,26 @@ KILL_DELAY_LIMIT_S = 7.0
 
 
 @pytest.mark.parametrize(
-    ("victim", "victim_exit", "survivors", "check"),
+    ("victim", "victim_exit", "survivors", "checks"),
     [
         # Node 1's second rank dies with exit code 0, so torchrun's agent leaves rank 2 (node
         # 1's leader) alive: rank 2 fails in its on-node stage and never enters the stages
-        # between nodes, where node 0's ranks wait for it (the leader route's hazard).
-        pytest.param(3, 0, {0, 1, 2}, "1", id="non-leader-dies-node-mates-alive"),
-        # The same without the mismatch check: no control exchange either, whose error
-        # callback would otherwise publish the failure first; rank 2's failed stage does.
-        pytest.param(3, 0, {0, 1, 2}, "0", id="non-leader-dies-no-check"),
+        # between nodes, where node 0's ranks wait for it (the leader route's hazard). With
+        # the mismatch check and without it (no control exchange, whose error callback
+        # would otherwise publish the failure first: rank 2's failed stage does).
+        pytest.param(3, 0, {0, 1, 2}, "1,0", id="non-leader-dies-node-mates-alive"),
         # Node 1's leader dies and its agent terminates rank 3: node 1 is gone and nobody
         # there reports anything; the failure is seen only on node 0 (gloo errors, the
         # exchange, node 0's own on-node stages) and must still reach both of its ranks.
+        # (Three groups: every group a job creates costs ~1.5 s here.)
         pytest.param(2, 17, {0, 1}, "1", id="leader-dies-node-gone"),
     ],
 )
-def test_rank_killed_on_one_node_fails_every_rank(tmp_path, victim, victim_exit, survivors, check):
-    """Every surviving rank fails on each of three groups, one per route (flat, leader,
-    sharded), all in flight when the rank dies, quickly, naming the operation, its sequence
-    number and the dead rank; no shared-memory segment is left behind."""
+def test_rank_killed_on_one_node_fails_every_rank(tmp_path, victim, victim_exit, survivors, checks):
+    """Every surviving rank fails on each of the groups, one per route (flat, leader,
+    sharded) and mismatch-check setting, all in flight when the rank dies, quickly, naming
+    the operation, its sequence number and the dead rank; no shared-memory segment is left
+    behind."""
     pg_timeout = 20.0
     result = run_job(
         [2, 2],
@@ -193,7 +194,7 @@ def test_rank_killed_on_one_node_fails_every_rank(tmp_path, victim, victim_exit,
             "SPYRECCL_MN_VICTIM": str(victim),
             "SPYRECCL_MN_VICTIM_EXIT": str(victim_exit),
             "SPYRECCL_MN_PG_TIMEOUT": str(pg_timeout),
-            "SPYRECCL_MULTINODE_CHECK": check,
+            "SPYRECCL_MN_CHECKS": checks,
         },
         stop_after_reports=len(survivors),
     )
@@ -205,7 +206,12 @@ def test_rank_killed_on_one_node_fails_every_rank(tmp_path, victim, victim_exit,
     for rank in sorted(result.reports):
         report = result.reports[rank]
         assert not report["failures"], (rank, report["failures"])
-        assert sorted(report["errors"]) == ["flat", "leader", "sharded"], (rank, report)
+        names = [
+            route + ("" if check == "1" else "/nocheck")
+            for check in checks.split(",")
+            for route in ("flat", "leader", "sharded")
+        ]
+        assert sorted(report["errors"]) == sorted(names), (rank, report)
         for route, (error, when) in sorted(report["errors"].items()):
             where = f"rank {rank}, {route} route"
             assert error, f"{where}: no error after rank {victim} died; {context}"

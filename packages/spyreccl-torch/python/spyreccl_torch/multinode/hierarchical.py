@@ -326,7 +326,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         control exchange even with checking off (barriers: the exchange is the barrier);
         `body` finds it in self._exchange."""
         if self._failed is not None:
-            raise RuntimeError(
+            raise dist.DistBackendError(
                 f"spyreccl: {op_name} on {self._label()}: the group failed earlier "
                 f"({self._failed}); create a new one"
             )
@@ -338,7 +338,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         def job() -> None:
             if self._failed is not None:
                 work.fail(
-                    RuntimeError(
+                    dist.DistBackendError(
                         f"spyreccl: {op_name} seq {seq} on {self._label()}: the group failed "
                         f"earlier ({self._failed}); create a new one"
                     )
