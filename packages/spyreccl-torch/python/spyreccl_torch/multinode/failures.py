@@ -67,6 +67,18 @@ class FailureBoard:
         self._node_of = node_of
         self._seen: dict | None = None
 
+    def clear(self) -> None:
+        """Removes what an earlier group of the same name left in the same store (a group
+        re-created after a failure, whose store outlived it: torchrun's agent's store keeps
+        its keys). Called by every rank before it connects the group's gloo sub-groups:
+        that connection waits for every rank, so no rank of the new group publishes before
+        every rank has cleared."""
+        for key in (_KEY, f"{_REPORT_PREFIX}{self._rank}"):
+            try:
+                self._store.delete_key(key)
+            except Exception:
+                pass
+
     def publish(self, op_name: str, seq: int, error: BaseException | str) -> None:
         """Records that `op_name` seq `seq` failed on this rank, unless a failure is
         recorded already (the first one is the cause the others report). Best effort: the

@@ -212,6 +212,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._exchange: PendingCheck | None = None  # the running operation's exchange
         self._failure_window_s = float(os.environ.get(FAILURE_WINDOW_ENV, "2"))
         self._board = FailureBoard(store, topology.rank, topology.node_of)
+        self._board.clear()  # before the gloo groups connect (see clear)
         # gloo Works this rank stopped waiting for (still pending: see shutdown).
         self._abandoned: list[Any] = []
         self._sharded_min_bytes = int(
