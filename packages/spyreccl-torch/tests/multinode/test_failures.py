@@ -66,6 +66,24 @@ def _boards_over(boards: list[FailureBoard]) -> list[FailureBoard]:
     return [FailureBoard(store, r, [0, 0, 1]) for r in range(len(boards))]
 
 
+def test_a_store_that_fails_is_not_asked_again():
+    class Gone:
+        calls = 0
+
+        def check(self, keys):
+            Gone.calls += 1
+            raise RuntimeError("Connection reset by peer")
+
+        def __getattr__(self, name):
+            raise RuntimeError("Connection reset by peer")
+
+    board = FailureBoard(Gone(), 0, [0, 1])
+    board.publish("all_reduce", 1, "x")  # best effort: no exception
+    assert board.published() is None and board.published() is None
+    assert Gone.calls == 1  # each look could block up to the store's timeout: one only
+    assert board.silent_ranks(1.0) is None
+
+
 def test_silent_ranks_are_those_that_never_report():
     boards = _boards()
     boards[2].report()

@@ -66,6 +66,10 @@ class FailureBoard:
         self._rank = rank
         self._node_of = node_of
         self._seen: dict | None = None
+        # Set when a lookup failed: the store is gone (with the process that hosted it) or
+        # unreachable, and each further lookup could block up to the store's timeout;
+        # waiters then rely on gloo's own errors and timeout alone.
+        self._unusable = False
 
     def clear(self) -> None:
         """Removes what an earlier group of the same name left in the same store (a group
@@ -97,13 +101,14 @@ class FailureBoard:
 
     def published(self) -> dict | None:
         """The failure another rank published, or None (one store lookup)."""
-        if self._seen is not None:
+        if self._seen is not None or self._unusable:
             return self._seen
         try:
             if not self._store.check([_KEY]):
                 return None
             record = json.loads(self._store.get(_KEY))
         except Exception:
+            self._unusable = True
             return None
         self._seen = record
         return record
