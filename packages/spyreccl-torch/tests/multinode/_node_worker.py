@@ -6,8 +6,9 @@
   outputs, float64 / exact references computed on this rank from every rank's inputs), then
   subgroups (node-aligned and node-crossing), a 2-d DeviceMesh and DDP across nodes. Failed
   checks are collected (the collectives go on on every rank), exceptions abort the batch.
-- ``kill``: rank $SPYRECCL_MN_VICTIM dies before a collective; everyone else records the
-  error it gets and how long after the death it came.
+- ``kill``: rank $SPYRECCL_MN_VICTIM dies while the others have collectives in flight on
+  three groups, one per route; everyone else records the error each group gives and how
+  long after the death it came.
 - ``nojoin``: (started without torchrun) the first node of a job whose second node never
   starts: init_process_group must fail within the timeout.
 """
@@ -639,12 +640,14 @@ def timeout_check(ctx: Ctx, base_seed: int) -> list[str]:
     """wait(timeout) on a Work whose peers never call: rank 0's wait raises within the
     given time, naming the operation and its sequence number, the group refuses later
     calls, and the process still exits cleanly (the abandoned gloo exchange is released
-    by a thread of its own)."""
+    by a thread of its own). The other ranks, calling the same all_reduce afterwards, fail
+    within seconds (the group timeout is 60 s) on the failure rank 0 published: they wait
+    in a gloo stage rank 0 will never enter."""
     failures: list[str] = []
     r = ctx.rank
     group = dist.new_group(list(range(ctx.world_size)))
+    t = torch.ones(3, device=_dev(ctx))
     if r == 0:
-        t = torch.ones(3, device=_dev(ctx))
         work = dist.all_reduce(t, group=group, async_op=True)
         start = time.monotonic()
         try:
@@ -658,6 +661,20 @@ def timeout_check(ctx: Ctx, base_seed: int) -> list[str]:
             failures.append(f"rank {r}: {exc}")
         if time.monotonic() - start > 6:
             failures.append(f"rank {r}: wait(1 s) took {time.monotonic() - start:.1f} s")
+    dist.barrier()
+    if r != 0:
+        start = time.monotonic()
+        try:
+            expect_rejection(
+                lambda: dist.all_reduce(t, group=group),
+                r"all_reduce seq 1 failed on process group .*all_reduce seq 1 failed on rank 0 "
+                r"\(node 0\): a wait\(\) ran out after 1 s",
+                "an all_reduce whose rank 0 gave up on it",
+            )
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+        if time.monotonic() - start > 10:
+            failures.append(f"rank {r}: took {time.monotonic() - start:.1f} s to fail")
     dist.destroy_process_group(group)
     return failures
 
@@ -726,6 +743,83 @@ def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
     if time.monotonic() - start > 10:
         failures.append(f"rank {r}: the mismatch took {time.monotonic() - start:.1f} s to fail")
     dist.destroy_process_group(group)
+    return failures
+
+
+def failure_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """A stage that fails on one rank while every rank stays alive (no death for anybody's
+    transport to notice): on each route at once (flat, leader, sharded, a group each), one
+    rank of node 1 raises in its first stage between nodes. Node 0's ranks wait for it in a
+    gloo stage it never enters, its node peer in an on-node stage: every rank must fail
+    within seconds, naming the operation, its sequence number, the rank that failed and
+    its error (and no silent rank: all are alive), and the groups refuse later calls."""
+    import threading
+
+    r = ctx.rank
+    failures: list[str] = []
+    # node 1's leader for the routes where it alone crosses or where all do; for the
+    # sharded route node 1's second rank (its shard's stage between nodes).
+    injected = {"flat": 2, "leader": 2, "sharded": 3}
+    os.environ["SPYRECCL_MULTINODE_FAILURE_WINDOW_S"] = "0.5"
+    try:
+        groups = {route: _route_group(ctx, route) for route in ROUTE_ENV}
+    finally:
+        del os.environ["SPYRECCL_MULTINODE_FAILURE_WINDOW_S"]
+    tensors = {route: torch.full((4096,), float(r), device=_dev(ctx)) for route in groups}
+    for route, group in groups.items():
+        dist.all_reduce(tensors[route], group=group)
+        got = tensors[route].cpu()
+        if not bool((got == 6.0).all()) or group.route_counts[route] != 1:
+            failures.append(f"rank {r}: {route}: {got[:3].tolist()}, {group.route_counts}")
+        if r == injected[route]:
+
+            def boom(post, route=route):
+                raise RuntimeError(f"injected failure ({route})")
+
+            group._gloo = boom
+    results: dict[str, tuple] = {}
+
+    def run(route: str) -> None:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(tensors[route], group=groups[route])
+            results[route] = (None, time.monotonic() - start)
+        except Exception as exc:
+            results[route] = (exc, time.monotonic() - start)
+
+    threads = [threading.Thread(target=run, args=(route,)) for route in groups]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for route, (exc, seconds) in sorted(results.items()):
+        where = f"rank {r}, {route} route"
+        who = injected[route]
+        text = str(exc)
+        if exc is None:
+            failures.append(f"{where}: the all_reduce returned although rank {who} failed")
+            continue
+        wanted = [
+            "all_reduce seq 2 failed on process group",
+            f"injected failure ({route})",
+        ]
+        if r != who:
+            wanted.append(f"all_reduce seq 2 failed on rank {who} (node 1)")
+        missing = [w for w in wanted if w not in text]
+        if not isinstance(exc, dist.DistBackendError) or missing or "did not report" in text:
+            failures.append(f"{where}: {type(exc).__name__} lacks {missing}: {text[:600]}")
+        if seconds > 5.0:
+            failures.append(f"{where}: failed after {seconds:.1f} s: {text[:300]}")
+        try:
+            expect_rejection(
+                lambda route=route: dist.all_reduce(tensors[route], group=groups[route]),
+                "failed earlier",
+                f"{route}: a call on the failed group",
+            )
+        except AssertionError as err:
+            failures.append(f"{where}: {err}")
+    for group in groups.values():
+        dist.destroy_process_group(group)
     return failures
 
 
@@ -933,7 +1027,7 @@ def mode_ops(full: bool) -> None:
     cases = op_cases(ctx.world_size, full)
     extras = (
         [group_checks, ddp_check, hsdp_check, funcol_check, async_check, mismatch_check]
-        + [timeout_check]
+        + [timeout_check, failure_check]
         if full
         else [split_check]
     )
@@ -965,34 +1059,110 @@ def mode_ops(full: bool) -> None:
     _write(report)
 
 
+# The route each group of the kill mode is forced onto (the variables are read when a group
+# is created): 4096 float32 elements are 16 KiB.
+ROUTE_ENV = {
+    "flat": {"SPYRECCL_MULTINODE_FLAT_MAX_BYTES": str(1 << 20)},
+    "leader": {
+        "SPYRECCL_MULTINODE_FLAT_MAX_BYTES": "0",
+        "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": str(1 << 30),
+    },
+    "sharded": {
+        "SPYRECCL_MULTINODE_FLAT_MAX_BYTES": "0",
+        "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": "4096",
+    },
+}
+
+
+def _route_group(ctx: Ctx, route: str, check: str = "1"):
+    env = {**ROUTE_ENV[route], "SPYRECCL_MULTINODE_CHECK": check}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return dist.new_group(list(range(ctx.world_size)))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
 def mode_kill() -> None:
+    """Rank $SPYRECCL_MN_VICTIM dies (exit code $SPYRECCL_MN_VICTIM_EXIT: 0 keeps torchrun's
+    agent from terminating the rest of its node) while every other rank has all_reduces in
+    flight on several groups at once, one per route (flat, leader, sharded) and mismatch
+    check setting ($SPYRECCL_MN_CHECKS, e.g. "1,0"; named "<route>" with the check and
+    "<route>/nocheck" without): each group must fail on every surviving rank. Even ranks
+    queue async_op=True Works, odd ranks make blocking calls (run on the caller's thread);
+    a thread per group records when its error came and what it said."""
+    import threading
+
     ctx = _init()
     victim = int(os.environ["SPYRECCL_MN_VICTIM"])
+    exit_code = int(os.environ.get("SPYRECCL_MN_VICTIM_EXIT", "17"))
+    checks = os.environ.get("SPYRECCL_MN_CHECKS", "1").split(",")
     report = _base_report(ctx)
-    t = torch.ones(4096, device=_dev(ctx))
-    for _ in range(3):
-        dist.all_reduce(t)
+    groups = {
+        route + ("" if check == "1" else "/nocheck"): _route_group(ctx, route, check)
+        for check in checks
+        for route in ROUTE_ENV
+    }
+    tensors = {name: torch.ones(4096, device=_dev(ctx)) for name in groups}
+    failures = []
+    for name, group in groups.items():
+        for _ in range(3):
+            dist.all_reduce(tensors[name], group=group)
+        want = float(ctx.world_size**3)
+        got = tensors[name].cpu()
+        route = name.split("/")[0]
+        if not bool((got == want).all()) or group.route_counts[route] != 3:
+            failures.append(f"{name}: {got[:3].tolist()} != {want}, {group.route_counts}")
+        if group._check_calls != (not name.endswith("/nocheck")):
+            failures.append(f"{name}: checking is {group._check_calls}")
+        tensors[name].fill_(1.0)
     dist.barrier()
     stamp = OUT / "death_time"
     if ctx.rank == victim:
         stamp.write_text(repr(time.time()))
-        os._exit(17)
+        os._exit(exit_code)
     time.sleep(0.3)  # the victim is gone by now
-    error = None
-    try:
-        if ctx.rank % 2 == 0:
-            # Queued with async_op=True: the failure reaches every queued Work's wait().
-            works = [dist.all_reduce(t, async_op=True) for _ in range(50)]
-            for work in works:
-                work.wait()
-        else:
-            for _ in range(50):
-                dist.all_reduce(t)
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    report.update(error=error, error_time=time.time(), segments=_mapped_segments())
+    errors: dict[str, list] = {}
+
+    def run(name: str) -> None:
+        group, t = groups[name], tensors[name]
+        error = None
+        try:
+            if ctx.rank % 2 == 0:
+                works = []
+                try:
+                    for _ in range(50):
+                        works.append(dist.all_reduce(t, group=group, async_op=True))
+                finally:
+                    # The group may fail while the Works are issued (a later call then
+                    # raises "failed earlier"): the first Work's wait() names the cause.
+                    for work in works:
+                        work.wait()
+            else:
+                for _ in range(50):
+                    dist.all_reduce(t, group=group)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        errors[name] = [error, time.time()]
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in groups]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    report.update(
+        errors=errors,
+        failures=failures,
+        routes={name: dict(g.route_counts) for name, g in groups.items()},
+        segments=_mapped_segments(),
+    )
     _write(report)
-    os._exit(0)  # the group is broken: skip destroy (it would wait for the dead rank)
+    os._exit(0)  # the groups are broken: skip destroy (it would wait for the dead rank)
 
 
 def mode_nojoin() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -102,6 +103,7 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
             "async_check",
             "mismatch_check",
             "timeout_check",
+            "failure_check",
         ],
     )
     for rank, report in result.reports.items():
@@ -155,33 +157,79 @@ def test_nodes_with_own_network_over_a_veth_pair(tmp_path):
     _check_job(result, [2, 2], seed, ["split_check"])
 
 
-def test_rank_killed_on_one_node_fails_every_rank(tmp_path):
-    victim = 3  # node 1's second rank: not a leader, so the error has to travel
+# The issue's target: every rank on every node raises within 5 s of a death. Measured here
+# (2 CPUs for 4 ranks and their agents): 2.3-3 s, most of it the 2 s in which the ranks wait
+# for each other's reports to name the silent ones; the margin is for a loaded machine.
+KILL_DELAY_LIMIT_S = 7.0
+
+
+@pytest.mark.parametrize(
+    ("victim", "victim_exit", "survivors", "checks"),
+    [
+        # Node 1's second rank dies with exit code 0, so torchrun's agent leaves rank 2 (node
+        # 1's leader) alive: rank 2 fails in its on-node stage and never enters the stages
+        # between nodes, where node 0's ranks wait for it (the leader route's hazard). With
+        # the mismatch check and without it (no control exchange, whose error callback
+        # would otherwise publish the failure first: rank 2's failed stage does).
+        pytest.param(3, 0, {0, 1, 2}, "1,0", id="non-leader-dies-node-mates-alive"),
+        # Node 1's leader dies and its agent terminates rank 3: node 1 is gone and nobody
+        # there reports anything; the failure is seen only on node 0 (gloo errors, the
+        # exchange, node 0's own on-node stages) and must still reach both of its ranks.
+        # (Three groups: every group a job creates costs ~1.5 s here.)
+        pytest.param(2, 17, {0, 1}, "1", id="leader-dies-node-gone"),
+    ],
+)
+def test_rank_killed_on_one_node_fails_every_rank(tmp_path, victim, victim_exit, survivors, checks):
+    """Every surviving rank fails on each of the groups, one per route (flat, leader,
+    sharded) and mismatch-check setting, all in flight when the rank dies, quickly, naming
+    the operation, its sequence number and the dead rank; no shared-memory segment is left
+    behind."""
     pg_timeout = 20.0
     result = run_job(
         [2, 2],
         "kill",
         tmp_path,
         timeout=JOB_TIMEOUT,
-        env={"SPYRECCL_MN_VICTIM": str(victim), "SPYRECCL_MN_PG_TIMEOUT": str(pg_timeout)},
-        stop_after_reports=2,
+        env={
+            "SPYRECCL_MN_VICTIM": str(victim),
+            "SPYRECCL_MN_VICTIM_EXIT": str(victim_exit),
+            "SPYRECCL_MN_PG_TIMEOUT": str(pg_timeout),
+            "SPYRECCL_MN_CHECKS": checks,
+        },
+        stop_after_reports=len(survivors),
     )
     context = f"{_mode_note(result)}\n{result.describe()}"
     death = float((tmp_path / "death_time").read_text())
-    # torchrun's agent on the victim's node terminates its other rank (rank 2) when rank 3
-    # dies, so only rank 2's report is optional; the other node's ranks must report.
-    assert {0, 1} <= set(result.reports) <= {0, 1, 2}, context
+    others = set(range(4)) - {victim}
+    assert survivors <= set(result.reports) <= others, context
     _check_segments(result)
     for rank in sorted(result.reports):
         report = result.reports[rank]
-        error = report["error"]
-        assert error, f"rank {rank} saw no error after rank {victim} died; {context}"
-        assert "all_reduce" in error and "seq" in error, f"rank {rank}: {error}"
-        assert f"rank {victim}" in error, f"rank {rank} does not name the dead rank: {error}"
-        delay = report["error_time"] - death
-        # Well inside the group timeout (20 s): the failure travels, it is not waited out
-        # (about 2.5 s here: detection plus the attribution window; 10 s leaves room for load).
-        assert delay <= 10.0, f"rank {rank} failed {delay:.1f} s after the death: {error}"
+        assert not report["failures"], (rank, report["failures"])
+        names = [
+            route + ("" if check == "1" else "/nocheck")
+            for check in checks.split(",")
+            for route in ("flat", "leader", "sharded")
+        ]
+        assert sorted(report["errors"]) == sorted(names), (rank, report)
+        for route, (error, when) in sorted(report["errors"].items()):
+            where = f"rank {rank}, {route} route"
+            assert error, f"{where}: no error after rank {victim} died; {context}"
+            assert "DistBackendError" in error, f"{where}: {error}"
+            assert re.search(r"all_reduce seq \d+ failed on process group", error), (where, error)
+            assert f"rank {victim} (node 1)" in error, (
+                f"{where}: does not name rank {victim}: {error}"
+            )
+            delay = when - death
+            # Well inside the group timeout (20 s): the failure travels, it is not waited out.
+            assert delay <= KILL_DELAY_LIMIT_S, f"{where}: failed {delay:.1f} s after: {error}"
+        print(
+            f"rank {rank}: "
+            + ", ".join(
+                f"{route} {when - death:.2f} s"
+                for route, (_, when) in sorted(report["errors"].items())
+            )
+        )
 
 
 def test_node_that_never_joins_fails_init_everywhere(tmp_path):

@@ -15,10 +15,11 @@ gloo moves host memory, so data crossing nodes is copied to the host first (as r
 data movement, so gloo's dtype coverage does not matter; widened to a dtype gloo reduces for
 reductions). Reductions take one of three routes, by size:
 
-- *flat* (up to SPYRECCL_MULTINODE_FLAT_MAX_BYTES): one gloo all_reduce over every rank.
-  Fewest stages: measured fastest for small messages.
-- *leader*: reduce on each node to local rank 0, all_reduce among the leaders, broadcast on
-  each node. Any layout, least traffic between nodes per call: uneven nodes, mid sizes.
+- *flat* (up to SPYRECCL_MULTINODE_FLAT_MAX_BYTES, off by default): one gloo all_reduce
+  over every rank. Fewest stages, but every rank's message crosses between nodes.
+- *leader* (the default below the sharded bound): reduce on each node to local rank 0,
+  all_reduce among the leaders, broadcast on each node. Any layout, one message per node
+  between nodes: small and mid sizes, uneven nodes.
 - *sharded*: reduce-scatter on each node, all_reduce of every shard between the ranks of the
   same local index (all nodes in parallel), all-gather on each node. Every rank moves 1/L of
   the data between nodes: large messages on nodes of equal size. all_gather and
@@ -59,6 +60,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from .executor import OrderedExecutor
+from .failures import ABORT_OP, FailureBoard, PeerFailure, wait_sliced
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
 from .reduction import Plan as _Plan
@@ -74,15 +76,22 @@ SHARDED_MIN_BYTES_ENV = "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES"
 DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
 
 # Reductions of at most this many bytes (after widening) skip the hierarchy: one gloo
-# all_reduce (or reduce) over every rank on host copies (the "flat" route). 0 turns it off.
-# The default comes from interleaved measurements (docs/performance.md, "Multiple nodes
-# (simulated)"): flat took less time than the leader route from 8 B to 64 KiB with 4 ranks
-# on 2 CPUs. On an idle 16-core machine the leader route was faster from 256 B on, but it
-# is not the default: when a leader fails on one node, the leader of the other node waits
-# in the cross-node stage until gloo's timeout instead of failing within seconds (the flat
-# route's gloo operation includes every rank, so a death reaches every rank at once).
+# all_reduce (or reduce, reduce_scatter) over every rank on host copies (the "flat" route).
+# 0, the default, turns it off: reductions below the sharded bound take the leader route.
+# Measured (docs/performance.md, "Multiple nodes: small-message routes and the check"): on
+# an idle 16-core machine (a core per rank) the leader route took less time than the flat
+# one at every size from 8 B to 64 KiB, with the mismatch check and without it (8 B: 711
+# vs 830 us with it); with 4 ranks on this project's 2-CPU VM, spyreccl-bench --nodes 2
+# --nproc 2 gave the leader route 1.4-1.7 ms (once 3.8) against the flat one's 2.3-9.2 ms
+# from 8 B to 32 KiB (two interleaved runs each, load 4), and the interleaved latency
+# harness gave mixed results within its noise. On real servers the leader route sends one
+# message per node between nodes, the flat route one per rank. The flat route used to be
+# the default up to 64 KiB (from the 2-CPU latency runs, and) because the leader route
+# failed slowly: a leader that failed in an on-node stage left the other node's leader
+# waiting in the cross-node stage until gloo's timeout. Failures now reach every stage
+# within moments (failures.py), on every route.
 FLAT_MAX_BYTES_ENV = "SPYRECCL_MULTINODE_FLAT_MAX_BYTES"
-DEFAULT_FLAT_MAX_BYTES = 64 * 1024
+DEFAULT_FLAT_MAX_BYTES = 0
 
 # "0" turns off the check that all ranks called the same collective (fingerprint.py); on by
 # default. Read when a group is created.
@@ -202,6 +211,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._gate: PendingCheck | None = None  # the running operation's unverified check
         self._exchange: PendingCheck | None = None  # the running operation's exchange
         self._failure_window_s = float(os.environ.get(FAILURE_WINDOW_ENV, "2"))
+        self._board = FailureBoard(store, topology.rank, topology.node_of)
+        self._board.clear()  # before the gloo groups connect (see clear)
+        # gloo Works this rank stopped waiting for (still pending: see shutdown).
+        self._abandoned: list[Any] = []
         self._sharded_min_bytes = int(
             os.environ.get(SHARDED_MIN_BYTES_ENV, DEFAULT_SHARDED_MIN_BYTES)
         )
@@ -245,7 +258,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._timeout,
         )
         self._checker = CallChecker(
-            self._check_group, topology.size, self._label, self._on_mismatch
+            self._check_group,
+            topology.size,
+            self._label,
+            self._on_mismatch,
+            self._on_exchange_error,
+            self._wait_gloo_work,
         )
 
     # -- identity ------------------------------------------------------------------------
@@ -309,7 +327,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         control exchange even with checking off (barriers: the exchange is the barrier);
         `body` finds it in self._exchange."""
         if self._failed is not None:
-            raise RuntimeError(
+            raise dist.DistBackendError(
                 f"spyreccl: {op_name} on {self._label()}: the group failed earlier "
                 f"({self._failed}); create a new one"
             )
@@ -321,7 +339,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         def job() -> None:
             if self._failed is not None:
                 work.fail(
-                    RuntimeError(
+                    dist.DistBackendError(
                         f"spyreccl: {op_name} seq {seq} on {self._label()}: the group failed "
                         f"earlier ({self._failed}); create a new one"
                     )
@@ -347,6 +365,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 # moments: a short wait here, and again after _fail's wait for the other
                 # ranks' reports (so a dead peer costs no extra wait).
                 rejected = isinstance(error, ValueError)
+                if pending is not None:
+                    self._abandon(pending.work)
                 cause = self._mismatch_behind(pending, error, None if rejected else 0.2)
                 if isinstance(cause, ValueError):
                     work.fail(cause)  # rejected arguments: the group stays usable
@@ -409,7 +429,13 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._failed = f"{what} timed out"
         self._stop(f"{what} timed out")
         self._abort_children()
-        return RuntimeError(
+        # The other ranks may wait for this one in a stage it will not finish: they stop on
+        # the published failure instead of waiting for their own timeout.
+        self._board.publish(
+            work.op_name, work.seq, f"a wait() ran out after {limit:g} s; the group was aborted"
+        )
+        self._board.report()  # not silent: the others need not wait for this rank's report
+        return dist.DistBackendError(
             f"spyreccl: {what} did not complete within {limit:g} s on {self._label()} "
             f"(the group timeout, or the wait's); the group is aborted"
         )
@@ -418,38 +444,46 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         first = self._failed is None
         self._failed = self._failed or f"{op_name} seq {seq}"
         mismatch = self._mismatch
+        # This node's ranks that wait for this one in an on-node stage fail at once (the
+        # core reports the abort to them), the other nodes' through the published failure.
         self._abort_children()
         if isinstance(error, MismatchError):
-            return error
+            return error  # every rank sees a mismatch in the exchange: nothing to publish
         if mismatch is not None and mismatch.message is not None:
             # A stage stopped because the checker aborted it: the mismatch is the cause.
             return MismatchError(mismatch.message)
-        return RuntimeError(
-            f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}"
-            f"{self._who_failed(seq) if first else ''}"
+        if not first:
+            return dist.DistBackendError(
+                f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}"
+            )
+        if not isinstance(error, PeerFailure):
+            self._board.publish(op_name, seq, error)
+        silent = self._who_failed()
+        # The failure that started it all, when this rank's error is a consequence of it (a
+        # stage aborted by a peer, a gloo error because a peer gave up, or what this rank's
+        # exchange saw on gloo's thread): a store lookup, on the failure path only.
+        record = self._board.published()
+        origin = ""
+        if (
+            record is not None
+            and not isinstance(error, PeerFailure)  # that one names it already
+            and record["error"].removesuffix("...") not in " ".join(str(error).split())
+        ):
+            origin = f"; first failure reported: {FailureBoard.describe(record)}"
+        return dist.DistBackendError(
+            f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}{silent}{origin}"
         )
 
-    def _who_failed(self, seq: int) -> str:
-        """Which ranks did not fail along: every rank that sees operation `seq` fail says
-        so in the store and waits a moment for the others. The aborts in _fail make the
-        failure reach every live rank within a fraction of a second, so the ranks that stay
-        silent are the dead (or stuck) ones. gloo's errors name a socket address and the
-        node's spyreccl names local ranks; this names group ranks. Best effort: the store
-        may be gone with the failed process."""
+    def _who_failed(self) -> str:
+        """Which ranks did not fail along: every rank that sees the group fail says so in
+        the store and waits a moment for the others. The aborts and the published failure
+        (failures.py) make the failure reach every live rank within a fraction of a second,
+        so the ranks that stay silent are the dead (or stuck) ones. gloo's errors name a
+        socket address and the node's spyreccl names local ranks; this names group ranks.
+        Best effort: the store may be gone with the failed process."""
         topo = self._topo
-        prefix = f"spyreccl/failed/{seq}/"
         window = min(self._failure_window_s, self._timeout.total_seconds())
-        try:
-            self._store.set(f"{prefix}{topo.rank}", "1")
-            deadline = time.monotonic() + window
-            silent = [r for r in range(topo.size) if r != topo.rank]
-            while silent:
-                silent = [r for r in silent if not self._store.check([f"{prefix}{r}"])]
-                if not silent or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-        except Exception:
-            return ""
+        silent = self._board.silent_ranks(window)
         if not silent:
             return ""
         names = ", ".join(f"rank {r} (node {topo.node_of[r]})" for r in silent)
@@ -486,17 +520,56 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._wait_gloo(post())
 
     def _wait_gloo(self, work: Any) -> None:
-        """Waits for a gloo stage in gloo's own blocking wait (the GIL is released; gloo's
-        timeout, the group's, bounds it). A stage is never started once the group was
-        stopped (an expired wait() on this group's Work, abort()). One already running when
-        that happens is not interrupted: gloo's abort() does not stop a pending operation,
-        so the executor thread stays in it until gloo's timeout (shutdown() then hands the
-        gloo groups to a thread of its own). Waking through the Work's future instead, to be
-        interruptible, cost two GIL hand-offs and a condition wake-up per stage: an 8-byte
-        flat all_reduce took 618 us against gloo's 304 on an idle 16-core machine."""
+        """Waits for a gloo stage. A stage is never started once the group was stopped (an
+        expired wait() on this group's Work, abort())."""
         if self._stopped is not None:
             raise RuntimeError(f"stopped before a stage: {self._stopped}")
-        work.wait()
+        self._wait_gloo_work(work)
+
+    def _wait_gloo_work(self, work: Any) -> None:
+        """Waits for a gloo Work in gloo's own blocking wait (the GIL is released; gloo's
+        timeout, the group's, bounds it), in slices (failures.wait_sliced): between slices
+        it stops when another rank published a failure of the group or this group was
+        stopped, instead of waiting for gloo's timeout. The Work stays pending (gloo cannot
+        cancel it; see shutdown). Waking through the Work's future instead cost two GIL
+        hand-offs and a condition wake-up per stage: an 8-byte flat all_reduce took 618 us
+        against gloo's 304 on an idle 16-core machine; a sliced wait is gloo's wait."""
+
+        def between() -> None:
+            why = None
+            if self._stopped is not None:
+                why = RuntimeError(f"stopped while waiting for a gloo stage: {self._stopped}")
+            else:
+                record = self._board.published()
+                if record is not None:
+                    why = PeerFailure(
+                        f"stopped waiting for the other ranks: {FailureBoard.describe(record)}"
+                    )
+            if why is not None:
+                self._abandon(work)
+                raise why
+
+        wait_sliced(work, between)
+
+    def _abandon(self, work: Any) -> None:
+        """Notes a gloo Work that this rank no longer waits for (see shutdown)."""
+        self._abandoned = [w for w in self._abandoned if not w.is_completed()]
+        if not work.is_completed():
+            self._abandoned.append(work)
+
+    def _on_exchange_error(self, pending: PendingCheck, error: BaseException) -> None:
+        """The control exchange of an operation failed on this rank (on gloo's thread): a
+        peer died, or gave up on the exchange. This rank may be waiting in an on-node stage
+        for a rank of its node that waits in a gloo stage for this rank's exchange data:
+        publish the failure (the gloo stage's waiter stops on it) and stop this rank's
+        on-node stage."""
+        if self._failed is not None or self._stopped is not None:
+            return
+        self._board.publish(pending.op_name, pending.mine[1], error)
+        try:
+            self._local.abort()
+        except Exception:
+            pass
 
     def _stop(self, why: str) -> None:
         """Marks the group stopped: no further gloo stage starts (see _wait_gloo)."""
@@ -1255,6 +1328,11 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
     # -- lifecycle -------------------------------------------------------------------------
 
     def abort(self) -> None:
+        if self._failed is None:
+            # As a single-node group's abort fails its peers' operations: the other ranks'
+            # stages that wait for this one stop on the published failure.
+            self._board.publish(ABORT_OP, self._seq, "abort() was called on the group")
+            self._board.report()
         self._failed = self._failed or "aborted"
         self._stop("the group was aborted")
         self._abort_children()
@@ -1265,7 +1343,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._executor.close(self._timeout.total_seconds())
         self._local.shutdown()
         gloo = [g for g in (self._cross, self._flat, self._check_group) if g is not None]
-        if self._stopped is not None:
+        abandoned = any(not w.is_completed() for w in self._abandoned)
+        self._abandoned = []
+        if self._stopped is not None or abandoned:
             # An abandoned gloo operation stays pending until gloo's timeout, and a gloo
             # group's destructor waits for it: a thread of its own keeps the groups until
             # then, so that destroy_process_group does not wait.
