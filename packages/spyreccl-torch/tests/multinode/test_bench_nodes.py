@@ -29,9 +29,8 @@ def test_sweep_two_nodes_two_ranks(tmp_path):
     assert sizes == [4, 512, 65536]
     spy = [r for r in doc["results"] if r["level"] == "spyreccl" and r["bytes"]]
     assert spy and all(r["speedup_vs_gloo"] > 0 for r in spy)
-    # The route each case took on the multi-node group (default: up to 128 elements the
-    # data rides in the check's exchange, "fused"; leader below 256 KiB); gloo's rows have
-    # none.
+    # The route each case took on the multi-node group (default: leader below 256 KiB);
+    # gloo's rows have none.
     routes = {r["bytes"]: r.get("route") for r in spy if r["op"] == "all_reduce"}
-    assert routes == {4: "fused", 512: "fused", 65536: "leader"}, routes
+    assert routes == {4: "leader", 512: "leader", 65536: "leader"}, routes
     assert not any("route" in r for r in doc["results"] if r["level"] == "gloo")

@@ -129,13 +129,13 @@ class PendingCheck:
     """One operation's exchange in flight (see CallChecker)."""
 
     def __init__(
-        self, work: Any, frame: torch.Tensor, mine: list[int], chunks: list[int], op_name: str = ""
+        self, work: Any, sums: torch.Tensor, mine: list[int], digest: int, op_name: str = ""
     ) -> None:
         self.work = work
         self.op_name = op_name
-        self.frame = frame  # after the exchange: the sum of every rank's frame
+        self.sums = sums  # after the exchange: [max digest, max -digest] over every rank
         self.mine = mine
-        self.chunks = chunks  # this rank's digest, in the frame's chunks
+        self.digest = digest
         self.compare = True
         self.mismatched = False  # set by the gloo callback or verify()
         self.message: str | None = None  # once the fingerprints were gathered
@@ -148,31 +148,17 @@ def _digest(row: list[int]) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 2
 
 
-# Elements of a reduction's data that can ride in the exchange itself (CallChecker): a
-# frame of this many float64 after the digest. 128 keeps the frame at about 1 KiB, which
-# gloo exchanges in the time of a few bytes; every exchange carries it, whatever the call.
-PAYLOAD_SLOTS = 128
-
-
 class CallChecker:
-    """The control group's exchanges: one gloo all_reduce (SUM) of a fixed float64 frame per
-    operation: [c_1 .. c_k, c_1^2 .. c_k^2, payload]. The c_i are the chunks of a 60-bit
-    digest of the fingerprint, small enough that n * c_i^2 is exact in float64; after the
-    sum, every rank has sum(c_i) and sum(c_i^2) over the ranks, which equal n c_i and
-    n c_i^2 for its own c_i exactly when every rank's c_i is the same (their variance is
-    zero). So every rank sees whether all digests are equal; only then, on every rank
-    alike, are the fingerprints themselves all-gathered, to name each rank's call.
+    """The control group's exchanges: one gloo all_reduce (MAX) of two int64 per operation,
+    [d, -d] where d is a 62-bit digest of the fingerprint. Every rank gets max(d) and
+    -min(d), so every rank sees whether all digests are equal (max = min = its own); only
+    then, on every rank alike, are the fingerprints themselves all-gathered, to name each
+    rank's call.
 
-    The payload: a small SUM or AVG all_reduce sends its values (widened to float64, in
-    which they add exactly or, for floats, more precisely than the single-node path) in the
-    exchange and takes the total from it: one gloo round trip for the check and the data
-    (HierarchicalProcessGroup, the "fused" route). Other calls leave it zero.
-
-    One fixed-size all_reduce: measured here, gloo's all_reduce of a small buffer takes
-    about a third of the time of its all-gather of the whole fingerprints
-    (docs/performance.md). Every exchange has the same shape and op whatever the operation,
-    so gloo matches the exchanges of ranks that called different operations (with different
-    shapes it would abort the process, see above)."""
+    Two elements, an all_reduce: measured here, gloo's all_reduce of fewer elements than
+    ranks takes about a third of the time of its all-gather of the whole fingerprints
+    (docs/performance.md). Every exchange has the same shape whatever the operation, so
+    gloo matches the exchanges of ranks that called different operations."""
 
     def __init__(
         self,
@@ -185,10 +171,6 @@ class CallChecker:
     ) -> None:
         self._group = group
         self._size = size
-        # Digest chunks: n * c^2 must stay below 2^53 (exact in float64).
-        self._chunk_bits = 20 if size < (1 << 13) else 13
-        self._chunks = -(-60 // self._chunk_bits)
-        self.payload_offset = 2 * self._chunks
         self._label = label
         self._on_mismatch = on_mismatch
         self._on_error = on_error
@@ -196,36 +178,16 @@ class CallChecker:
         # rank published a failure); a plain wait() by default.
         self._wait = wait or (lambda work: work.wait())
 
-    def post(
-        self,
-        op_name: str,
-        seq: int,
-        sig: Sequence[int],
-        compare: bool = True,
-        payload: torch.Tensor | None = None,
-    ) -> Any:
+    def post(self, op_name: str, seq: int, sig: Sequence[int], compare: bool = True) -> Any:
         """Starts the exchange of this rank's fingerprint; `compare` False: only the
-        exchange (a barrier; checking is off). `payload`: at most PAYLOAD_SLOTS values (any
-        dtype, converted to float64) to be summed over the ranks in the exchange; read the
-        total with payload() once verify() passed."""
+        exchange (a barrier; checking is off)."""
         row = [code(op_name), seq, len(sig), *sig, *([0] * (_ROW - 3 - len(sig)))]
         digest = _digest(row) if compare else 0
-        mask = (1 << self._chunk_bits) - 1
-        chunks = [(digest >> (i * self._chunk_bits)) & mask for i in range(self._chunks)]
-        frame = torch.zeros(self.payload_offset + PAYLOAD_SLOTS, dtype=torch.float64)
-        frame[: self._chunks] = torch.tensor(chunks, dtype=torch.float64)
-        frame[self._chunks : self.payload_offset] = torch.tensor(
-            [c * c for c in chunks], dtype=torch.float64
-        )
-        if payload is not None:
-            values = payload.detach().reshape(-1)
-            frame[self.payload_offset : self.payload_offset + values.numel()] = values.to(
-                "cpu", torch.float64
-            )
+        sums = torch.tensor([digest, -digest], dtype=torch.int64)
         opts = c10d.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM
-        work = self._group.allreduce([frame], opts)
-        pending = PendingCheck(work, frame, row, chunks, op_name)
+        opts.reduceOp = dist.ReduceOp.MAX
+        work = self._group.allreduce([sums], opts)
+        pending = PendingCheck(work, sums, row, digest, op_name)
         pending.compare = compare
         if not compare:
             pending.done.set()
@@ -259,16 +221,10 @@ class CallChecker:
             pending.message = self._describe(pending)
         raise MismatchError(pending.message)
 
-    def payload(self, pending: PendingCheck, count: int) -> torch.Tensor:
-        """The sum over the ranks of the first `count` payload values (after verify())."""
-        return pending.frame[self.payload_offset : self.payload_offset + count]
-
-    def _differs(self, pending: PendingCheck) -> bool:
-        n, k = self._size, self._chunks
-        sums = pending.frame[: 2 * k].tolist()
-        return any(
-            sums[i] != n * c or sums[k + i] != n * c * c for i, c in enumerate(pending.chunks)
-        )
+    @staticmethod
+    def _differs(pending: PendingCheck) -> bool:
+        top, neg_bottom = pending.sums.tolist()
+        return top != pending.digest or -neg_bottom != pending.digest
 
     def _describe(self, pending: PendingCheck) -> str:
         """Gathers every rank's fingerprint and names each rank's call."""

@@ -13,11 +13,8 @@ A group whose ranks are on several nodes is therefore built from:
 
 gloo moves host memory, so data crossing nodes is copied to the host first (as raw bytes for
 data movement, so gloo's dtype coverage does not matter; widened to a dtype gloo reduces for
-reductions). Reductions take one of four routes, by size:
+reductions). Reductions take one of three routes, by size:
 
-- *fused* (SUM or AVG of one tensor of at most PAYLOAD_SLOTS elements, checking on): the
-  values ride in the mismatch check's exchange, which adds them up (fingerprint.py): one
-  gloo round trip for the check and the data, no on-node stage.
 - *flat* (up to SPYRECCL_MULTINODE_FLAT_MAX_BYTES, off by default): one gloo all_reduce
   over every rank. Fewest stages, but every rank's message crosses between nodes.
 - *leader* (the default below the sharded bound): reduce on each node to local rank 0,
@@ -64,7 +61,7 @@ from torch._C import _distributed_c10d as c10d
 
 from .executor import OrderedExecutor
 from .failures import ABORT_OP, FailureBoard, PeerFailure, wait_sliced
-from .fingerprint import PAYLOAD_SLOTS, CallChecker, MismatchError, PendingCheck
+from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
 from .reduction import Plan as _Plan
 from .reduction import bytes_into as _bytes_into
@@ -96,10 +93,6 @@ DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
 FLAT_MAX_BYTES_ENV = "SPYRECCL_MULTINODE_FLAT_MAX_BYTES"
 DEFAULT_FLAT_MAX_BYTES = 0
 
-# "0" sends small SUM/AVG all_reduces the ordinary way instead of in the mismatch check's
-# exchange (the "fused" route, on by default with checking on). Read when a group is created.
-FUSED_ENV = "SPYRECCL_MULTINODE_FUSED"
-
 # "0" turns off the check that all ranks called the same collective (fingerprint.py); on by
 # default. Read when a group is created.
 CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
@@ -109,22 +102,6 @@ CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
 FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
 
 _SPYRE = "spyre"
-# dtypes whose values, and the totals of up to 8191 ranks' values, float64 holds exactly
-# (or, for floats, rounds once more precisely than the single-node path): the fused route.
-_FUSED_DTYPES = frozenset(
-    {
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.float8_e4m3fn,
-        torch.float8_e5m2,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-    }
-)
 _RedOp = dist.ReduceOp.RedOpType
 _SIGN_BIT = -(2**63)  # int64 with only the sign bit set
 
@@ -225,9 +202,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._coalesced: list[Any] | None = None
         self._store = store
         self._check_calls = os.environ.get(CHECK_ENV, "1").strip() not in ("0", "false", "no")
-        self._fuse = os.environ.get(FUSED_ENV, "1").strip() not in ("0", "false", "no")
         # How many operations took each route (tests and the benchmark read it).
-        self.route_counts = {"leader": 0, "sharded": 0, "flat": 0, "fused": 0}
+        self.route_counts = {"leader": 0, "sharded": 0, "flat": 0}
         self._flat_max_bytes = int(os.environ.get(FLAT_MAX_BYTES_ENV, DEFAULT_FLAT_MAX_BYTES))
         self._executor = OrderedExecutor(f"group '{group_name}'")
         self._mismatch: PendingCheck | None = None  # set by the checker's gloo callback
@@ -338,7 +314,6 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         signature: Sequence[int] = (),
         opts: Any = None,
         exchange: bool = False,
-        payload: Callable[[], torch.Tensor] | None = None,
     ) -> dist.Work:
         """Queues one operation with its sequence number on the group's executor and returns
         its Work. A failure names both and leaves the group unusable (its sub-groups are
@@ -350,8 +325,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         group stays usable. With checking on, `signature` (sizes, dtype, root, op: what every
         rank must agree on) travels to every rank alongside the operation. `exchange`: post the
         control exchange even with checking off (barriers: the exchange is the barrier);
-        `body` finds it in self._exchange. `payload`: the values this rank sends in the
-        exchange (read when the operation runs; see CallChecker.post)."""
+        `body` finds it in self._exchange."""
         if self._failed is not None:
             raise dist.DistBackendError(
                 f"spyreccl: {op_name} on {self._label()}: the group failed earlier "
@@ -374,8 +348,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             pending = None
             try:
                 if self._check_calls or exchange:
-                    values = payload() if payload is not None else None
-                    pending = checker.post(op_name, seq, signature, self._check_calls, values)
+                    pending = checker.post(op_name, seq, signature, self._check_calls)
                 self._gate = self._exchange = pending  # _gate: see _gloo
                 with torch.no_grad():  # grad mode is per thread: the caller's does not apply
                     result = body()
@@ -812,57 +785,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     # -- collectives ---------------------------------------------------------------------
 
-    def _fusable(self, tensors: list[torch.Tensor], op: Any) -> bool:
-        """Whether an all_reduce takes the fused route: its values ride in the mismatch
-        check's exchange (CallChecker), one gloo round trip for both. One tensor of at most
-        PAYLOAD_SLOTS elements, SUM or AVG, of a dtype whose values and totals float64
-        holds exactly (integers up to 32 bits, floats up to 64), with checking on (and
-        SPYRECCL_MULTINODE_FUSED not "0")."""
-        if (
-            not (self._check_calls and self._fuse)
-            or len(tensors) != 1
-            or tensors[0].numel() > PAYLOAD_SLOTS
-        ):
-            return False
-        kind = op.op if hasattr(op, "op") else op
-        dtype = tensors[0].dtype
-        if kind == _RedOp.SUM:
-            return dtype in _FUSED_DTYPES or dtype == torch.bool
-        return kind == _RedOp.AVG and dtype in _FUSED_DTYPES
-
-    def _fused_all_reduce(self, t: torch.Tensor, op: Any) -> list[torch.Tensor]:
-        """The fused route's body: waits for the exchange (which carried `t`'s values, see
-        _fusable) and writes the total, rounded once into `t`'s dtype."""
-        pending, self._gate = self._gate, None
-        self._checker.verify(pending)
-        self.route_counts["fused"] += 1
-        total = self._checker.payload(pending, t.numel())
-        kind = op.op if hasattr(op, "op") else op
-        if t.dtype == torch.bool:
-            result = total != 0
-        elif t.dtype.is_floating_point:
-            result = (total / self._topo.size if kind == _RedOp.AVG else total).to(t.dtype)
-        else:
-            exact = total.to(torch.int64)
-            if kind == _RedOp.AVG:
-                exact = torch.div(exact, self._topo.size, rounding_mode="trunc")
-            result = exact.to(t.dtype)  # wraps like the single-node path's integer sums
-        t.copy_(result.reshape(t.shape))
-        return [t]
-
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else c10d.AllreduceOptions()
         if not self._on_spyre(tensors):
             return self._flat.allreduce(tensors, opts)
-        if self._fusable(tensors, opts.reduceOp):
-            t, op = tensors[0], opts.reduceOp
-            return self._run(
-                "all_reduce",
-                lambda: self._fused_all_reduce(t, op),
-                _sig(tensors, op),
-                opts,
-                payload=lambda: t,
-            )
 
         def body() -> list[torch.Tensor]:
             for t in tensors:
