@@ -517,14 +517,17 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if self._gate is not None:
             pending, self._gate = self._gate, None
             self._checker.verify(pending)
-        self._wait_gloo(post())
+        self._wait_gloo(post)
 
-    def _wait_gloo(self, work: Any) -> None:
-        """Waits for a gloo stage. A stage is never started once the group was stopped (an
-        expired wait() on this group's Work, abort())."""
+    def _wait_gloo(self, post: Callable[[], Any]) -> None:
+        """Posts a gloo stage and waits for it. A stage is never started once the group was
+        stopped (an expired wait() on this group's Work, abort()): the check comes before
+        post(), since the peers would complete a posted stage with this rank's data (the
+        check exchange may complete after the group stopped, within one slice of its
+        wait)."""
         if self._stopped is not None:
             raise RuntimeError(f"stopped before a stage: {self._stopped}")
-        self._wait_gloo_work(work)
+        self._wait_gloo_work(post())
 
     def _wait_gloo_work(self, work: Any) -> None:
         """Waits for a gloo Work in gloo's own blocking wait (the GIL is released; gloo's
