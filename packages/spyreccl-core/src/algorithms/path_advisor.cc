@@ -1,0 +1,84 @@
+#include "algorithms/path_advisor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace spyreccl::algorithms {
+
+PathAdvisor::Mode PathAdvisor::envMode() {
+  static const Mode mode = [] {
+    const char* v = std::getenv("SPYRECCL_CMA_ADAPTIVE");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0 || std::strcmp(v, "auto") == 0) {
+      return kAuto;
+    }
+    if (std::strcmp(v, "cma") == 0) return kPreferCmaAlways;
+    if (std::strcmp(v, "staged") == 0) return kPreferStagedAlways;
+    return kOff;
+  }();
+  return mode;
+}
+
+int PathAdvisor::sizeClass(size_t bytes) {
+  // Factors of 4 from 32 KiB: [0, 128K) -> 0, [128K, 512K) -> 1, ... , >= 512 MiB -> 7.
+  int cls = 0;
+  for (size_t b = bytes >> 17; b != 0 && cls < kClasses - 1; b >>= 2) ++cls;
+  return cls;
+}
+
+bool PathAdvisor::Estimate::stale(int64_t nowNs) const {
+  const int64_t at = atNs.load(std::memory_order_relaxed);
+  if (at == 0) return true;
+  const uint32_t n = samples.load(std::memory_order_relaxed);
+  const int64_t after = n >= 8 ? kStaleNs : std::min(kStaleNs, kFirstProbeNs << n);
+  return nowNs - at > after;
+}
+
+uint64_t PathAdvisor::vote(uint32_t kind, size_t bytes, int64_t nowNs) const {
+  switch (mode_) {
+    case kOff:
+    case kPreferStagedAlways:
+      return 0;
+    case kPreferCmaAlways:
+      return kPreferCma;
+    case kAuto:
+      break;
+  }
+  const Entry& e = entry(kind, bytes);
+  // Stale or missing estimates first: staged (the default path) before the single copy.
+  if (e.path[0].stale(nowNs)) return kProbeStaged;
+  if (e.path[1].stale(nowNs)) return kPreferCma;
+  const double staged = e.path[0].nsPerKiB.load(std::memory_order_relaxed);
+  const double cma = e.path[1].nsPerKiB.load(std::memory_order_relaxed);
+  return cma < staged ? kPreferCma : 0;
+}
+
+void PathAdvisor::record(uint32_t kind, size_t bytes, bool cma, int64_t elapsedNs,
+                         int64_t nowNs) {
+  if (mode_ != kAuto || bytes == 0 || elapsedNs <= 0) return;
+  Estimate& e = table_[kind % kKinds][sizeClass(bytes)].path[cma ? 1 : 0];
+  const double sample = static_cast<double>(elapsedNs) * 1024.0 / static_cast<double>(bytes);
+  const int64_t at = e.atNs.load(std::memory_order_relaxed);
+  const double old = e.nsPerKiB.load(std::memory_order_relaxed);
+  double est;
+  if (at == 0 || old <= 0) {
+    est = sample;
+  } else {
+    // A single call preempted for a time slice must not swing the estimate: a sample
+    // counts for at most 4x the estimate. Samples of the path in use arrive every call
+    // (weight 1/4); a probe's (the path not in use) and the first few weigh 1/2.
+    const double s = std::min(sample, 4 * old);
+    const bool probe = nowNs - at > kStaleNs / 2 || e.samples.load(std::memory_order_relaxed) < 4;
+    est = old + (probe ? 0.5 : 0.25) * (s - old);
+  }
+  // Races (point-to-point from another thread) lose a sample at worst.
+  e.nsPerKiB.store(est, std::memory_order_relaxed);
+  e.atNs.store(nowNs, std::memory_order_relaxed);
+  e.samples.store(e.samples.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+double PathAdvisor::estimate(uint32_t kind, size_t bytes, bool cma) const {
+  return entry(kind, bytes).path[cma ? 1 : 0].nsPerKiB.load(std::memory_order_relaxed);
+}
+
+}  // namespace spyreccl::algorithms
