@@ -78,13 +78,16 @@ class PathAdvisor {
     std::atomic<double> nsPerKiB{0};
     std::atomic<int64_t> atNs{0};       // when last updated; 0: never
     std::atomic<uint32_t> samples{0};  // how many samples it has taken
+    std::atomic<uint32_t> run{0};      // consecutive calls on this path (record())
+    std::atomic<double> prevRaw{0};    // the previous call's time per KiB
     // When it asks for a new sample: kFirstProbeNs after its first, doubling with each
     // sample up to kStaleNs, so that a first sample taken cold (page faults, caches) is
     // soon corrected, and a path not in use is re-measured every kStaleNs after that.
     bool stale(int64_t nowNs) const;
   };
   struct Entry {
-    Estimate path[2];  // [0] staged, [1] single copy
+    Estimate path[2];                 // [0] staged, [1] single copy
+    std::atomic<int> lastPath{0};     // of the last call recorded: 1 staged, 2 single copy
   };
   const Entry& entry(uint32_t kind, size_t bytes) const {
     return table_[kind % kKinds][sizeClass(bytes)];

@@ -305,9 +305,10 @@ void adaptiveSmallBody(RankContext& ctx) {
   }
 }
 
-// Every rank measures (SPYRECCL_CMA_ADAPTIVE=1): the first broadcast between the thresholds
-// is staged (no estimate yet: staged first), the next single-copy (no single-copy estimate
-// yet), then the faster by the estimates; every result is exact whichever path it took.
+// Every rank measures (SPYRECCL_CMA_ADAPTIVE=1): the first three broadcasts between the
+// thresholds are staged (no estimate yet: staged first; a sample needs three calls on a
+// path), the next three single-copy, then the faster by the estimates; every result is
+// exact whichever path it took.
 void adaptiveAutoBody(RankContext& ctx) {
   const unsigned long long before = cmaReads(ctx);
   constexpr int kCalls = 8;
