@@ -96,8 +96,10 @@ struct DirectSource {
   uint64_t where = 0;
 };
 
-// Smallest message of up to two chunks that may go single-copy to a waiting receiver.
+// Smallest message of up to two chunks that may go single-copy to a waiting receiver, and
+// the longest a sender waits for its receiver to start waiting.
 constexpr size_t kSmallP2PMinBytes = 32 << 10;
+constexpr int64_t kSmallP2PWaitNs = 5 * 1000;
 
 DirectSource directSource(P2POp& op, size_t total) {
   Communicator& c = *op.comm;
@@ -115,12 +117,24 @@ DirectSource directSource(P2POp& op, size_t total) {
       return {};
     }
     op.timedKind = PathAdvisor::kSmallP2P + 1;
-    const bool waiting =
-        outbox(c, op.peer)->waitingSeq.load(std::memory_order_acquire) == op.msgSeq + 1;
-    if (!waiting) return {};
-    uint64_t vote = c.pathAdvisor().vote(PathAdvisor::kSmallP2P, total, nowNs());
+    const int64_t now = nowNs();
+    uint64_t vote = c.pathAdvisor().vote(PathAdvisor::kSmallP2P, total, now);
     if (transport::cpusContended()) vote |= PathAdvisor::kContended;
     if (!PathAdvisor::decide(vote)) return {};
+    const std::atomic<uint64_t>& waitingSeq = outbox(c, op.peer)->waitingSeq;
+    auto waiting = [&] { return waitingSeq.load(std::memory_order_acquire) == op.msgSeq + 1; };
+    if (!waiting()) {
+      // A receiver that is on its way (a ping-pong's peer returning from its own send) is
+      // worth a short wait: at most what the single copy saves by the estimates, and never
+      // more than kSmallP2PWaitNs, after which the send is staged and returns as ever.
+      const double kib = static_cast<double>(total) / 1024.0;
+      const double saves =
+          (c.pathAdvisor().estimate(PathAdvisor::kSmallP2P, total, false) -
+           c.pathAdvisor().estimate(PathAdvisor::kSmallP2P, total, true)) * kib;
+      const int64_t until = now + std::min<int64_t>(kSmallP2PWaitNs, static_cast<int64_t>(saves));
+      while (!waiting() && nowNs() < until) transport::cpuRelax();
+      if (!waiting()) return {};
+    }
     return {kChunkDirect | kChunkCma, reinterpret_cast<uintptr_t>(op.sendBuf)};
   }
   // Larger messages: their staged send waits for the receiver anyway, as a direct one does.
