@@ -14,8 +14,8 @@
 namespace spyreccl::algorithms {
 
 DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool arena,
-                               bool cma, uint64_t vote, const void* a, size_t aBytes,
-                               const void* b, size_t bBytes)
+                               bool cma, uint64_t vote, const void* a, size_t aBytes, const void* b,
+                               size_t bBytes)
     : c_(c),
       cma_(cma),
       offsets_(2 * static_cast<size_t>(c.nranks())),
@@ -53,8 +53,8 @@ DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool annou
   anyInArena_ = inArena != 0;
   SPYRECCL_LOG(kTrace, c.who().c_str(),
                "%s: %d of %d published buffers are in arenas; votes 0x%llx, single copy %s",
-               c.opLabel().c_str(), inArena, 2 * c.nranks(),
-               static_cast<unsigned long long>(votes), cma_ ? "on" : "off");
+               c.opLabel().c_str(), inArena, 2 * c.nranks(), static_cast<unsigned long long>(votes),
+               cma_ ? "on" : "off");
 }
 
 bool DirectTransfer::allHave(int which, int except) const {
@@ -116,11 +116,11 @@ size_t cmaThreshold(const Communicator& c, Kind kind) {
   }
 }
 
-bool beginDirect(Communicator& c, OpScope& scope, size_t bytes,
-                 std::optional<DirectTransfer>& x, const void* a, size_t aBytes, const void* b,
-                 size_t bBytes) {
+bool beginDirect(Communicator& c, OpScope& scope, size_t bytes, std::optional<DirectTransfer>& x,
+                 const void* a, size_t aBytes, const void* b, size_t bBytes) {
   bool announced = false;
   const Kind kind = static_cast<Kind>(scope.desc()->kind);
+  const int64_t startNs = nowNs();
   const bool cma = c.cmaOn() && bytes >= cmaThreshold(c, kind);
   // Between the two thresholds the ranks vote (every rank computes the same window: the
   // thresholds depend on the size and the communicator's agreed settings only).
@@ -134,8 +134,14 @@ bool beginDirect(Communicator& c, OpScope& scope, size_t bytes,
   }
   x.emplace(c, scope, announced, arena, cma, vote, a, aBytes, b, bBytes);
   // The path the votes chose is timed to the collective's end, when it concerns ordinary
-  // memory only (a path through arenas is neither of the two the advisor compares).
-  if (voted && !x->anyInArena() && c.pathAdvisor().enabled()) scope.timePath(bytes, x->cma());
+  // memory only (a path through arenas is neither of the two the advisor compares). From
+  // before the step that publishes the votes: a rank that is preempted in that step (ranks
+  // sharing a CPU) may find its peers done with the whole transfer when it resumes, and a
+  // window opened after the step would then time nothing (a 2 MiB single-copy broadcast's
+  // root: 90 ns every other call).
+  if (voted && !x->anyInArena() && c.pathAdvisor().enabled()) {
+    scope.timePath(bytes, x->cma(), startNs);
+  }
   return true;
 }
 

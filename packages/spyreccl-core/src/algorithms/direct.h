@@ -104,9 +104,8 @@ size_t cmaThreshold(const Communicator& c, Kind kind);
 // Step 1 of a direct transfer, when the collective qualifies (size, switch, arenas mapped):
 // constructs `x` and returns true; the caller then checks which buffers are in arenas.
 // Returns false, touching nothing, when the collective must be staged.
-bool beginDirect(Communicator& c, OpScope& scope, size_t bytes,
-                 std::optional<DirectTransfer>& x, const void* a, size_t aBytes,
-                 const void* b = nullptr, size_t bBytes = 0);
+bool beginDirect(Communicator& c, OpScope& scope, size_t bytes, std::optional<DirectTransfer>& x,
+                 const void* a, size_t aBytes, const void* b = nullptr, size_t bBytes = 0);
 
 // dst[i] = reduction over every rank of element i of buffer `which` at element offset
 // `off` (ours: own + off), for i < len. `dst` may alias `own + off`. `stream`: write dst

@@ -23,10 +23,10 @@ class OpScope {
       c_.pathAdvisor().record(d_.kind, timedBytes_, timedCma_, now - timedNs_, now);
     }
   }
-  // From now to succeed(), the collective runs on the path chosen by the ranks' votes:
+  // From `startNs` to succeed(), the collective ran on the path chosen by the ranks' votes:
   // its time is a sample of that path's speed (algorithms/path_advisor.h).
-  void timePath(size_t bytes, bool cma) {
-    timedNs_ = nowNs();
+  void timePath(size_t bytes, bool cma, int64_t startNs) {
+    timedNs_ = startNs;
     timedBytes_ = bytes;
     timedCma_ = cma;
   }

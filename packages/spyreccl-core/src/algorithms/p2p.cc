@@ -128,9 +128,9 @@ DirectSource directSource(P2POp& op, size_t total) {
       // worth a short wait: at most what the single copy saves by the estimates, and never
       // more than kSmallP2PWaitNs, after which the send is staged and returns as ever.
       const double kib = static_cast<double>(total) / 1024.0;
-      const double saves =
-          (c.pathAdvisor().estimate(PathAdvisor::kSmallP2P, total, false) -
-           c.pathAdvisor().estimate(PathAdvisor::kSmallP2P, total, true)) * kib;
+      const double saves = (c.pathAdvisor().estimate(PathAdvisor::kSmallP2P, total, false) -
+                            c.pathAdvisor().estimate(PathAdvisor::kSmallP2P, total, true)) *
+                           kib;
       const int64_t until = now + std::min<int64_t>(kSmallP2PWaitNs, static_cast<int64_t>(saves));
       while (!waiting() && nowNs() < until) transport::cpuRelax();
       if (!waiting()) return {};

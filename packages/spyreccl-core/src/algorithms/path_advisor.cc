@@ -55,8 +55,7 @@ uint64_t PathAdvisor::vote(uint32_t kind, size_t bytes, int64_t nowNs) const {
   return cma < staged ? kPreferCma : 0;
 }
 
-void PathAdvisor::record(uint32_t kind, size_t bytes, bool cma, int64_t elapsedNs,
-                         int64_t nowNs) {
+void PathAdvisor::record(uint32_t kind, size_t bytes, bool cma, int64_t elapsedNs, int64_t nowNs) {
   if (mode_ != kAuto || bytes == 0 || elapsedNs <= 0) return;
   Entry& entry = table_[kind % kKinds][sizeClass(bytes)];
   Estimate& e = entry.path[cma ? 1 : 0];

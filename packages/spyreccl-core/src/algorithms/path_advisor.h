@@ -2,26 +2,28 @@
 // single copy of cross-memory attach (transport/cma.h), learnt from the operations
 // themselves.
 //
-// On the 2-vCPU KVM dev machine the relative speed of the two paths changes by phases of
-// seconds to minutes that the machine's load does not show (docs/performance.md,
-// "Adaptive single copy"): while the staged copies run at full speed (the two vCPUs share
-// a cache) they beat the single copy by 1.5-2x; while the cache lines the staged paths hand
-// between the ranks' cores cost 5-10x more (a root's copy into a staging slot its peer just
-// read: 0.32 CPU ticks per byte, 0.027 when the peer does not read it), the single copy,
-// which moves each byte across once, wins by 2-2.5x. No fixed threshold is right in both.
+// On the 2-vCPU KVM dev machine the relative speed of the two paths changes with where the
+// scheduler puts the ranks, not with the load (docs/performance.md, "Adaptive single
+// copy"): with both ranks on one vCPU the staged copies stay in its cache and beat the
+// single copy by 1.5-2x; with the ranks on the two vCPUs, the cache lines the staged paths
+// hand between them cost 5-10x more (a root's copy into a staging slot its peer just read:
+// 0.32 CPU ticks per byte, 0.027 when the peer does not read it), and the single copy, which
+// moves each byte across once, wins by 2-3x. No fixed threshold is right in both.
 //
 // Each communicator keeps, per operation kind and size class (factors of 4 from 32 KiB), a
 // running estimate (exponentially weighted mean) of the time per KiB each path took: every
 // collective in the adaptive window (from cmaBusyThreshold up to cmaThreshold) measures the
-// path it took, from the step where the ranks agreed on it to its end. A rank votes for
-// the single copy while that is the faster estimate; an estimate older than kStaleNs asks
-// for one call on its path (a probe), so the path not taken is re-measured every
-// kStaleNs (one slower call per size class and quarter second, well under 0.1 % of the
-// calls of a loop of 512 KiB collectives); a young estimate sooner (Estimate::stale).
+// path it took, from the step where the ranks agreed on it to its end. A sample is the
+// faster of two consecutive calls on the path; the first call after a switch only primes
+// (it runs cold). A rank votes for the single copy while that is the faster estimate; a
+// stale estimate asks for calls on its path (a probe, three calls): 2, 4, 8, ... ms after
+// its last sample while it is young, every kStaleNs after that (three slower calls per size
+// class and quarter second, about 0.1 % of the calls of a loop of 512 KiB collectives).
 //
 // Votes travel with the buffers every rank publishes (DirectTransfer, word 6), so every
 // rank combines the same words (decide()) and all take the same path. Point-to-point: the
-// sender alone chooses, per message (messages above two p2p chunks).
+// sender alone chooses, per message (p2p.cc: above two p2p chunks, or down to 32 KiB when
+// the receiver is already waiting for the message).
 //
 // SPYRECCL_CMA_ADAPTIVE: "1" (default) / "0" (off: the fixed thresholds and the
 // load-average vote only); "cma" / "staged" force this rank's estimate to prefer that path
@@ -76,7 +78,7 @@ class PathAdvisor {
  private:
   struct Estimate {
     std::atomic<double> nsPerKiB{0};
-    std::atomic<int64_t> atNs{0};       // when last updated; 0: never
+    std::atomic<int64_t> atNs{0};      // when last updated; 0: never
     std::atomic<uint32_t> samples{0};  // how many samples it has taken
     std::atomic<uint32_t> run{0};      // consecutive calls on this path (record())
     std::atomic<double> prevRaw{0};    // the previous call's time per KiB
@@ -86,8 +88,8 @@ class PathAdvisor {
     bool stale(int64_t nowNs) const;
   };
   struct Entry {
-    Estimate path[2];                 // [0] staged, [1] single copy
-    std::atomic<int> lastPath{0};     // of the last call recorded: 1 staged, 2 single copy
+    Estimate path[2];              // [0] staged, [1] single copy
+    std::atomic<int> lastPath{0};  // of the last call recorded: 1 staged, 2 single copy
   };
   const Entry& entry(uint32_t kind, size_t bytes) const {
     return table_[kind % kKinds][sizeClass(bytes)];

@@ -257,9 +257,9 @@ void adaptiveMixedBody(RankContext& ctx) {
       checkMessage(t, buf.data(), count, ctx.seed, from,
                    format("message of %zu float16 from rank %d", count, from));
       const bool single = cmaReads(ctx) > start;
-      SPY_CHECK(single == (from == last),
-                "message from rank %d: expected it %s, \"%s\"", from,
-                from == last ? "single-copy (its sender votes so)" : "staged", cmaLine(ctx).c_str());
+      SPY_CHECK(single == (from == last), "message from rank %d: expected it %s, \"%s\"", from,
+                from == last ? "single-copy (its sender votes so)" : "staged",
+                cmaLine(ctx).c_str());
     }
   }
 }
@@ -297,10 +297,9 @@ void adaptiveSmallBody(RankContext& ctx) {
       checkMessage(t, buf.data(), count, ctx.seed, k.from,
                    format("message of %zu float16 from rank %d", count, k.from));
       const bool single = cmaReads(ctx) > start;
-      SPY_CHECK(single == k.single,
-                "message from rank %d (receiver %s): expected it %s, \"%s\"", k.from,
-                k.receiverWaits ? "waiting" : "not waiting", k.single ? "single-copy" : "staged",
-                cmaLine(ctx).c_str());
+      SPY_CHECK(single == k.single, "message from rank %d (receiver %s): expected it %s, \"%s\"",
+                k.from, k.receiverWaits ? "waiting" : "not waiting",
+                k.single ? "single-copy" : "staged", cmaLine(ctx).c_str());
     }
   }
 }
