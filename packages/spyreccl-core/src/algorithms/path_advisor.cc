@@ -87,10 +87,17 @@ void PathAdvisor::record(uint32_t kind, size_t bytes, bool cma, int64_t elapsedN
     const bool probe = nowNs - at > kStaleNs / 2 || e.samples.load(std::memory_order_relaxed) < 4;
     est = old + (probe ? 0.5 : 0.25) * (s - old);
   }
+  // A path whose estimate just fell behind the other's (the path in use loses the vote) is
+  // measured again soon, 1, 2, 4, ... ms later, instead of after kStaleNs: if one slow pair
+  // of calls made it lose, the next probe wins it back before a quarter second on the
+  // slower path has passed.
+  const double other = entry.path[cma ? 0 : 1].nsPerKiB.load(std::memory_order_relaxed);
+  const bool lost = other > 0 && est > other && (old <= 0 || old <= other);
   // Races (point-to-point from another thread) lose a sample at worst.
   e.nsPerKiB.store(est, std::memory_order_relaxed);
   e.atNs.store(nowNs, std::memory_order_relaxed);
-  e.samples.store(e.samples.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  e.samples.store(lost ? 0 : e.samples.load(std::memory_order_relaxed) + 1,
+                  std::memory_order_relaxed);
   SPYRECCL_LOG(kTrace, "path advisor", "kind %u, %zu bytes, %s: %.0f ns, estimate %.1f ns/KiB",
                kind, bytes, cma ? "single copy" : "staged", static_cast<double>(elapsedNs), est);
 }
