@@ -123,18 +123,19 @@ DirectSource directSource(P2POp& op, size_t total) {
     if (!PathAdvisor::decide(vote)) return {};
     const std::atomic<uint64_t>& waitingSeq = outbox(c, op.peer)->waitingSeq;
     auto waiting = [&] { return waitingSeq.load(std::memory_order_acquire) == op.msgSeq + 1; };
-    if (!waiting()) {
+    if (!waiting() && c.spin().spin) {
       // A receiver that is on its way (a ping-pong's peer returning from its own send) is
       // worth a short wait: at most what the single copy saves by the estimates, and never
-      // more than kSmallP2PWaitNs, after which the send is staged and returns as ever.
+      // more than kSmallP2PWaitNs, after which the send is staged and returns as ever. Not
+      // when ranks share CPUs (no spinning there): the receiver could not run meanwhile.
       const double kib = static_cast<double>(total) / 1024.0;
       const double saves = (c.pathAdvisor().estimate(PathAdvisor::kSmallP2P, total, false) -
                             c.pathAdvisor().estimate(PathAdvisor::kSmallP2P, total, true)) *
                            kib;
       const int64_t until = now + std::min<int64_t>(kSmallP2PWaitNs, static_cast<int64_t>(saves));
       while (!waiting() && nowNs() < until) transport::cpuRelax();
-      if (!waiting()) return {};
     }
+    if (!waiting()) return {};
     return {kChunkDirect | kChunkCma, reinterpret_cast<uintptr_t>(op.sendBuf)};
   }
   // Larger messages: their staged send waits for the receiver anyway, as a direct one does.
