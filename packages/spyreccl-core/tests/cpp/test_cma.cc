@@ -389,8 +389,13 @@ void registerCma(const char* name, void (*body)(RankContext&), std::vector<int> 
   registerCma(
       "arena_below_threshold", arenaBelowThresholdBody, {2, 3}, {},
       [](int rank) { ::setenv("SPYRECCL_CMA_CONTENDED", rank == 0 ? "1" : "0", 1); }, true);
+  // The load vote alone (the measured one off: it may pick either path).
   registerCma(
-      "quiet", quietBody, {2, 3}, {}, [](int) { ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1); },
+      "quiet", quietBody, {2, 3}, {},
+      [](int) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", "0", 1);
+      },
       true);
   registerCma(
       "adaptive_vote", contendedVoteBody, {2, 3}, {},
