@@ -304,6 +304,31 @@ void adaptiveSmallBody(RankContext& ctx) {
   }
 }
 
+// A receiver dies while blocked waiting for a small message (its mailbox still says it
+// waits): the sender, whose estimate prefers the single copy, posts it single-copy and must
+// then report the receiver's death within the usual bound instead of waiting forever.
+void killedWaitingReceiverBody(RankContext& ctx) {
+  const TypeInfo& t = typeInfo(spyrecclFloat16);
+  const size_t count = (32u << 10) / t.size;
+  std::vector<uint8_t> buf(count * t.size);
+  const int victim = 1;
+  if (ctx.rank == victim) {
+    std::thread killer([] {
+      sleepMs(100);
+      ::raise(SIGKILL);
+    });
+    spyrecclRecv(buf.data(), count, t.dtype, 0, 3, ctx.comm);  // never returns
+    killer.join();
+    return;
+  }
+  if (ctx.rank != 0) return;
+  fillAnyBits(t, ctx.seed, 0, buf.data(), count);
+  sleepMs(400);  // the receiver is dead by now
+  const int64_t start = monotonicNs();
+  const spyrecclResult_t rc = spyrecclSend(buf.data(), count, t.dtype, victim, 3, ctx.comm);
+  expectDeathReported(ctx, rc, victim, start);
+}
+
 // Every rank measures (SPYRECCL_CMA_ADAPTIVE=1): the first three broadcasts between the
 // thresholds are staged (no estimate yet: staged first; a sample needs three calls on a
 // path), the next three single-copy, then the faster by the estimates; every result is
@@ -430,6 +455,13 @@ void registerCma(const char* name, void (*body)(RankContext&), std::vector<int> 
       [](int rank) {
         ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
         ::setenv("SPYRECCL_CMA_ADAPTIVE", rank == 1 ? "cma" : "staged", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_killed_waiting_receiver", killedWaitingReceiverBody, {2, 3}, {1},
+      [](int rank) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", rank == 0 ? "cma" : "staged", 1);
       },
       true);
   registerCma(
