@@ -412,9 +412,6 @@ void waitDoorbell(Communicator& c, const std::vector<Communicator*>& comms,
                        });
 }
 
-// Progresses everything pending on `comms` until finished(), sleeping on the doorbell of
-// sleepOn() whenever nothing could move. On an error every communicator in `comms` abandons
-// its pending operations (a no-op where progress() did so already) and the error is rethrown.
 // Publishes (on) or withdraws that this thread is blocked waiting for the receive `op`
 // (MailboxControl::waitingSeq): only a receive at the head of its stream that has not
 // started waits for a known message number, the next one from its peer.
@@ -446,6 +443,10 @@ struct WaitingMarks {
   }
 };
 
+// Progresses everything pending on `comms` until finished(), sleeping on the doorbell of
+// sleepOn() whenever nothing could move. On an error every communicator in `comms` abandons
+// its pending operations (a no-op where progress() did so already) and the error is rethrown.
+// While it waits, the receives among `waitedOps` are marked as waited for (markWaiting).
 template <class Finished, class SleepOn, class ForEachOp>
 void driveUntil(const std::vector<Communicator*>& comms, Finished&& finished, SleepOn&& sleepOn,
                 ForEachOp&& waitedOps) {

@@ -47,9 +47,17 @@ uint64_t PathAdvisor::vote(uint32_t kind, size_t bytes, int64_t nowNs) const {
       break;
   }
   const Entry& e = entry(kind, bytes);
-  // Stale or missing estimates first: staged (the default path) before the single copy.
-  if (e.path[0].stale(nowNs)) return kProbeStaged;
-  if (e.path[1].stale(nowNs)) return kPreferCma;
+  // Missing estimates first, staged (the default path) before the single copy; then stale
+  // ones, the older first: calls slower than a young estimate's re-probe interval (1, 2,
+  // 4 ... ms) would otherwise keep re-probing the staged path and never measure the other.
+  const int64_t stagedAt = e.path[0].atNs.load(std::memory_order_relaxed);
+  const int64_t cmaAt = e.path[1].atNs.load(std::memory_order_relaxed);
+  if (stagedAt == 0) return kProbeStaged;
+  if (cmaAt == 0) return kPreferCma;
+  const bool stagedStale = e.path[0].stale(nowNs);
+  const bool cmaStale = e.path[1].stale(nowNs);
+  if (stagedStale && (!cmaStale || stagedAt <= cmaAt)) return kProbeStaged;
+  if (cmaStale) return kPreferCma;
   const double staged = e.path[0].nsPerKiB.load(std::memory_order_relaxed);
   const double cma = e.path[1].nsPerKiB.load(std::memory_order_relaxed);
   return cma < staged ? kPreferCma : 0;
