@@ -2,13 +2,14 @@
 // single copy of cross-memory attach (transport/cma.h), learnt from the operations
 // themselves.
 //
-// On the 2-vCPU KVM dev machine the relative speed of the two paths changes with where the
-// scheduler puts the ranks, not with the load (docs/performance.md, "Adaptive single
-// copy"): with both ranks on one vCPU the staged copies stay in its cache and beat the
-// single copy by 1.5-2x; with the ranks on the two vCPUs, the cache lines the staged paths
-// hand between them cost 5-10x more (a root's copy into a staging slot its peer just read:
-// 0.32 CPU ticks per byte, 0.027 when the peer does not read it), and the single copy, which
-// moves each byte across once, wins by 2-3x. No fixed threshold is right in both.
+// On the 2-vCPU KVM dev machine the relative speed of the two paths changes with whether the
+// two ranks share a cache, not with the load (docs/performance.md, "Adaptive single copy"):
+// with both ranks on one vCPU, or on vCPUs the host runs on nearby cores, the staged copies
+// beat the single copy by 1.4-2x; on vCPUs the host runs far apart, the cache lines the
+// staged paths hand between the ranks cost 5-10x more (a root's copy into a staging slot its
+// peer just read: 0.32 CPU ticks per byte, 0.027 when the peer does not read it), and the
+// single copy, which moves each byte across once, wins by 2-3x. No fixed threshold is right
+// in both, and the state changes within seconds to minutes.
 //
 // Each communicator keeps, per operation kind and size class (factors of 4 from 32 KiB), a
 // running estimate (exponentially weighted mean) of the time per KiB each path took: every
