@@ -17,6 +17,7 @@
 
 #include "algorithms/descriptor.h"
 #include "algorithms/p2p_op.h"
+#include "algorithms/path_advisor.h"
 #include "common/clock.h"
 #include "common/error.h"
 #include "kernels/reduce.h"
@@ -204,6 +205,9 @@ class Communicator {
   // if it failed or died, else spyrecclRemoteError naming the peer and the errno.
   void cmaRead(int peer, void* dst, uint64_t remote, size_t len, const char* what);
   pid_t peerPid(int peer) const { return pids_[peer]; }
+  // Running estimates of the staged and single-copy paths' speed (algorithms/path_advisor.h).
+  algorithms::PathAdvisor& pathAdvisor() { return advisor_; }
+  const algorithms::PathAdvisor& pathAdvisor() const { return advisor_; }
 
  private:
   // The flight recorder: the last kFlightRecords collectives of this communicator. Written
@@ -283,6 +287,7 @@ class Communicator {
   bool cmaOn_ = false;
   std::string cmaState_ = "not probed";
   std::atomic<uint64_t> cmaReads_{0}, cmaBytes_{0};
+  algorithms::PathAdvisor advisor_;
 
   std::atomic<bool> abortRequested_{false};
   std::atomic<int> failCode_{spyrecclSuccess};

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "algorithms/path_advisor.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "memory/arena.h"
 #include "transport/cma.h"
@@ -12,8 +14,8 @@
 namespace spyreccl::algorithms {
 
 DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool arena,
-                               bool cma, bool cmaIfBusy, const void* a, size_t aBytes,
-                               const void* b, size_t bBytes)
+                               bool cma, uint64_t vote, const void* a, size_t aBytes, const void* b,
+                               size_t bBytes)
     : c_(c),
       cma_(cma),
       offsets_(2 * static_cast<size_t>(c.nranks())),
@@ -31,10 +33,11 @@ DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool annou
   mine[3] = reinterpret_cast<uintptr_t>(b);
   mine[4] = a != nullptr ? aBytes : 0;
   mine[5] = b != nullptr ? bBytes : 0;
-  mine[6] = !cma && cmaIfBusy && transport::cpusContended() ? 1 : 0;
+  mine[6] = cma ? 0 : vote;
   c.exchange(s, announced ? nullptr : scope.desc());
   // Copied now: a peer may reuse the published words two steps later.
   int inArena = 0;
+  uint64_t votes = 0;
   for (int p = 0; p < c.nranks(); ++p) {
     for (int w = 0; w < 2; ++w) {
       // Arena offsets count only where peers' arenas are mapped for this collective: below
@@ -44,10 +47,14 @@ DirectTransfer::DirectTransfer(Communicator& c, const OpScope& scope, bool annou
       lens_[slot(p, w)] = c.control(p)->xfer[s & 1][4 + w];
       inArena += offsets_[slot(p, w)] != kNotInArena;
     }
-    if (c.control(p)->xfer[s & 1][6] != 0) cma_ = true;  // a rank's CPUs are contended
+    votes |= c.control(p)->xfer[s & 1][6];
   }
-  SPYRECCL_LOG(kTrace, c.who().c_str(), "%s: %d of %d published buffers are in arenas",
-               c.opLabel().c_str(), inArena, 2 * c.nranks());
+  if (PathAdvisor::decide(votes)) cma_ = true;
+  anyInArena_ = inArena != 0;
+  SPYRECCL_LOG(kTrace, c.who().c_str(),
+               "%s: %d of %d published buffers are in arenas; votes 0x%llx, single copy %s",
+               c.opLabel().c_str(), inArena, 2 * c.nranks(), static_cast<unsigned long long>(votes),
+               cma_ ? "on" : "off");
 }
 
 bool DirectTransfer::allHave(int which, int except) const {
@@ -109,16 +116,32 @@ size_t cmaThreshold(const Communicator& c, Kind kind) {
   }
 }
 
-bool beginDirect(Communicator& c, const OpScope& scope, size_t bytes,
-                 std::optional<DirectTransfer>& x, const void* a, size_t aBytes, const void* b,
-                 size_t bBytes) {
+bool beginDirect(Communicator& c, OpScope& scope, size_t bytes, std::optional<DirectTransfer>& x,
+                 const void* a, size_t aBytes, const void* b, size_t bBytes) {
   bool announced = false;
   const Kind kind = static_cast<Kind>(scope.desc()->kind);
+  const int64_t startNs = nowNs();
   const bool cma = c.cmaOn() && bytes >= cmaThreshold(c, kind);
-  const bool cmaIfBusy = c.cmaOn() && bytes >= cmaBusyThreshold(c, kind);
-  if (!c.directCapable(bytes, cma || cmaIfBusy, scope.desc(), &announced)) return false;
+  // Between the two thresholds the ranks vote (every rank computes the same window: the
+  // thresholds depend on the size and the communicator's agreed settings only).
+  const bool voted = !cma && c.cmaOn() && bytes >= cmaBusyThreshold(c, kind);
+  if (!c.directCapable(bytes, cma || voted, scope.desc(), &announced)) return false;
   const bool arena = c.directOn() && bytes >= c.config().directMinBytes;
-  x.emplace(c, scope, announced, arena, cma, cmaIfBusy, a, aBytes, b, bBytes);
+  uint64_t vote = 0;
+  if (voted) {
+    if (transport::cpusContended()) vote |= PathAdvisor::kContended;
+    vote |= c.pathAdvisor().vote(scope.desc()->kind, bytes, nowNs());
+  }
+  x.emplace(c, scope, announced, arena, cma, vote, a, aBytes, b, bBytes);
+  // The path the votes chose is timed to the collective's end, when it concerns ordinary
+  // memory only (a path through arenas is neither of the two the advisor compares). From
+  // before the step that publishes the votes: a rank that is preempted in that step (ranks
+  // sharing a CPU) may find its peers done with the whole transfer when it resumes, and a
+  // window opened after the step would then time nothing (a 2 MiB single-copy broadcast's
+  // root: 90 ns every other call).
+  if (voted && !x->anyInArena() && c.pathAdvisor().enabled()) {
+    scope.timePath(bytes, x->cma(), startNs);
+  }
   return true;
 }
 

@@ -43,12 +43,14 @@ class DirectTransfer {
   // `announced`: the arena probe already published this collective's descriptor.
   // `cma`: buffers outside arenas are reachable through cross-memory attach (the same
   // value on every rank: the communicator's agreed state and the collective's size);
-  // `cmaIfBusy`: they are if some rank finds its CPUs contended (each rank publishes its
-  // vote with its buffers, so every rank reaches the same decision).
+  // `vote`: otherwise, this rank's PathAdvisor vote bits (contended CPUs, single copy
+  // faster by its estimate, staged estimate stale; 0 when the collective is outside the
+  // window where votes count). Each rank publishes its vote with its buffers and every rank
+  // combines all of them (PathAdvisor::decide), so every rank reaches the same decision.
   // `arena`: peers' arenas are mapped and the collective is large enough to read them
   // (otherwise buffers in arenas count as ordinary memory).
   DirectTransfer(Communicator& c, const OpScope& scope, bool announced, bool arena, bool cma,
-                 bool cmaIfBusy, const void* a, size_t aBytes, const void* b = nullptr,
+                 uint64_t vote, const void* a, size_t aBytes, const void* b = nullptr,
                  size_t bBytes = 0);
   DirectTransfer(const DirectTransfer&) = delete;
   DirectTransfer& operator=(const DirectTransfer&) = delete;
@@ -66,6 +68,11 @@ class DirectTransfer {
   // vouched for): from the mapped arena, or with process_vm_readv. `stream`: non-temporal
   // stores for the arena copy (kernels::copy); the kernel's copy has no such choice.
   void copyFrom(int p, int which, size_t off, uint8_t* dst, size_t len, bool stream) const;
+  // Whether buffers outside arenas are read through cross-memory attach (the agreed path).
+  bool cma() const { return cma_; }
+  // Whether any rank published a buffer in its arena (then the collective's time says
+  // nothing about the staged or single-copy path of ordinary memory).
+  bool anyInArena() const { return anyInArena_; }
   void sync() { c_.exchange(c_.beginStep()); }
   void close() { sync(); }
 
@@ -75,6 +82,7 @@ class DirectTransfer {
   static size_t slot(int p, int which) { return 2 * static_cast<size_t>(p) + which; }
   Communicator& c_;
   bool cma_;
+  bool anyInArena_ = false;
   std::vector<uint64_t> offsets_, addrs_, lens_;
 };
 
@@ -96,9 +104,8 @@ size_t cmaThreshold(const Communicator& c, Kind kind);
 // Step 1 of a direct transfer, when the collective qualifies (size, switch, arenas mapped):
 // constructs `x` and returns true; the caller then checks which buffers are in arenas.
 // Returns false, touching nothing, when the collective must be staged.
-bool beginDirect(Communicator& c, const OpScope& scope, size_t bytes,
-                 std::optional<DirectTransfer>& x, const void* a, size_t aBytes,
-                 const void* b = nullptr, size_t bBytes = 0);
+bool beginDirect(Communicator& c, OpScope& scope, size_t bytes, std::optional<DirectTransfer>& x,
+                 const void* a, size_t aBytes, const void* b = nullptr, size_t bBytes = 0);
 
 // dst[i] = reduction over every rank of element i of buffer `which` at element offset
 // `off` (ours: own + off), for i < len. `dst` may alias `own + off`. `stream`: write dst

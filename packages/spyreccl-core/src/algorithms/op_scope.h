@@ -16,12 +16,28 @@ class OpScope {
   OpScope& operator=(const OpScope&) = delete;
 
   const transport::Descriptor* desc() const { return &d_; }
-  void succeed() { ok_ = true; }
+  void succeed() {
+    ok_ = true;
+    if (timedNs_ != 0) {
+      const int64_t now = nowNs();
+      c_.pathAdvisor().record(d_.kind, timedBytes_, timedCma_, now - timedNs_, now);
+    }
+  }
+  // From `startNs` to succeed(), the collective ran on the path chosen by the ranks' votes:
+  // its time is a sample of that path's speed (algorithms/path_advisor.h).
+  void timePath(size_t bytes, bool cma, int64_t startNs) {
+    timedNs_ = startNs;
+    timedBytes_ = bytes;
+    timedCma_ = cma;
+  }
 
  private:
   Communicator& c_;
   transport::Descriptor d_;
   bool ok_ = false;
+  bool timedCma_ = false;
+  int64_t timedNs_ = 0;
+  size_t timedBytes_ = 0;
 };
 
 inline size_t ceilDiv(size_t a, size_t b) { return (a + b - 1) / b; }

@@ -32,6 +32,8 @@
 #include <functional>
 
 #include "algorithms/direct.h"
+#include "algorithms/path_advisor.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "memory/arena.h"
@@ -94,21 +96,87 @@ struct DirectSource {
   uint64_t where = 0;
 };
 
-DirectSource directSource(const P2POp& op, size_t total) {
-  const Communicator& c = *op.comm;
-  // Only messages that fill both staging slots: a staged send of up to two chunks returns
-  // without its receiver, and code that sends before it receives relies on that, while a
-  // larger staged send waits for its receiver anyway, as a direct one does.
-  if (total == 0 || total <= 2 * c.layout().p2pChunkBytes() || !c.config().direct) return {};
+// Smallest message of up to two chunks that may go single-copy to a waiting receiver, and
+// the longest a sender waits for its receiver to start waiting.
+constexpr size_t kSmallP2PMinBytes = 32 << 10;
+constexpr int64_t kSmallP2PWaitNs = 5 * 1000;
+
+DirectSource directSource(P2POp& op, size_t total) {
+  Communicator& c = *op.comm;
+  if (total == 0 || !c.config().direct) return {};
+  const size_t twoChunks = 2 * c.layout().p2pChunkBytes();
+  if (total <= twoChunks) {
+    // A staged send of up to two chunks returns without its receiver, and code that sends
+    // before it receives relies on that; a single copy makes the send wait until the
+    // receiver has read it. So only when the receiver is already blocked waiting for this
+    // very message (it consumes it right away), and the single copy is the faster path by
+    // the sender's estimates (PathAdvisor::kSmallP2P: the staged side timed as the copies
+    // into the staging slots, the single copy from posting to consumption).
+    if (!c.cmaOn() || c.config().cmaMinBytes != 0 || !c.pathAdvisor().enabled() ||
+        total < kSmallP2PMinBytes) {
+      return {};
+    }
+    op.timedKind = PathAdvisor::kSmallP2P + 1;
+    const int64_t now = nowNs();
+    uint64_t vote = c.pathAdvisor().vote(PathAdvisor::kSmallP2P, total, now);
+    if (transport::cpusContended()) vote |= PathAdvisor::kContended;
+    if (!PathAdvisor::decide(vote)) return {};
+    const std::atomic<uint64_t>& waitingSeq = outbox(c, op.peer)->waitingSeq;
+    auto waiting = [&] { return waitingSeq.load(std::memory_order_acquire) == op.msgSeq + 1; };
+    if (!waiting() && c.spin().spin) {
+      // A receiver that is on its way (a ping-pong's peer returning from its own send) is
+      // worth a short wait: at most what the single copy saves by the estimates, and never
+      // more than kSmallP2PWaitNs, after which the send is staged and returns as ever. Not
+      // when ranks share CPUs (no spinning there): the receiver could not run meanwhile.
+      const double kib = static_cast<double>(total) / 1024.0;
+      const double saves = (c.pathAdvisor().estimate(PathAdvisor::kSmallP2P, total, false) -
+                            c.pathAdvisor().estimate(PathAdvisor::kSmallP2P, total, true)) *
+                           kib;
+      const int64_t until = now + std::min<int64_t>(kSmallP2PWaitNs, static_cast<int64_t>(saves));
+      while (!waiting() && nowNs() < until) transport::cpuRelax();
+    }
+    if (!waiting()) return {};
+    return {kChunkDirect | kChunkCma, reinterpret_cast<uintptr_t>(op.sendBuf)};
+  }
+  // Larger messages: their staged send waits for the receiver anyway, as a direct one does.
   if (total >= c.config().directMinBytes && c.directOn()) {
     const int64_t off = memory::Arena::sharedOffsetOf(op.sendBuf, total);
     if (off >= 0) return {kChunkDirect, static_cast<uint64_t>(off)};
   }
-  if (c.cmaOn() && (total >= cmaThreshold(c, Kind::kNone) ||
-                    (total >= cmaBusyThreshold(c, Kind::kNone) && transport::cpusContended()))) {
+  if (!c.cmaOn()) return {};
+  if (total >= cmaThreshold(c, Kind::kNone)) {
     return {kChunkDirect | kChunkCma, reinterpret_cast<uintptr_t>(op.sendBuf)};
   }
-  return {};
+  if (total < cmaBusyThreshold(c, Kind::kNone)) return {};
+  // Between the thresholds the sender alone chooses (PathAdvisor: contended CPUs, or the
+  // faster path by its running estimates), and times the message on the chosen path.
+  uint64_t vote = c.pathAdvisor().vote(static_cast<uint32_t>(Kind::kNone), total, nowNs());
+  if (transport::cpusContended()) vote |= PathAdvisor::kContended;
+  if (c.pathAdvisor().enabled()) op.timedKind = static_cast<uint32_t>(Kind::kNone) + 1;
+  if (!PathAdvisor::decide(vote)) return {};
+  return {kChunkDirect | kChunkCma, reinterpret_cast<uintptr_t>(op.sendBuf)};
+}
+
+// Records the time of a message `op` sent on the path the advisor chose (timedKind set).
+// Single copy: from posting to consumption. Staged, up to two chunks: the time of the
+// copies into the slots. Staged, larger: the send finishes when its last chunk is posted,
+// while the receiver still has the last two chunks to drain, so its time covers about the
+// transfer of all but two chunks.
+void recordPath(P2POp& op, size_t total, bool cma) {
+  if (op.timedKind == 0) return;
+  Communicator& c = *op.comm;
+  const int64_t now = nowNs();
+  int64_t elapsed = now - op.timedNs;
+  const size_t twoChunks = 2 * c.layout().p2pChunkBytes();
+  if (!cma && total <= twoChunks) {
+    elapsed = op.copyNs;
+  } else if (!cma) {
+    elapsed = static_cast<int64_t>(static_cast<double>(elapsed) * static_cast<double>(total) /
+                                   static_cast<double>(total - twoChunks));
+  }
+  c.pathAdvisor().record(op.timedKind - 1, total, cma, elapsed, now);
+  op.timedNs = 0;
+  op.timedKind = 0;
 }
 
 // Posts the single chunk of a direct message (a free slot was checked by the caller).
@@ -149,6 +217,7 @@ bool trySend(P2POp& op) {
     if (!directConsumed(op)) return false;
     op.done = total;
     op.finished = true;
+    recordPath(op, total, true);
     return true;
   }
   const uint32_t posted = st.postedChunks;
@@ -157,6 +226,7 @@ bool trySend(P2POp& op) {
     op.msgSeq = st.sendMsgs++;
     op.started = true;
     const DirectSource src = directSource(op, total);
+    if (op.timedKind != 0) op.timedNs = nowNs();
     if (src.flags != 0) {
       postDirect(op, posted, src, total);
       return true;
@@ -173,12 +243,19 @@ bool trySend(P2POp& op) {
   h->tag = op.tag;
   h->flags = 0;
   h->arenaOffset = 0;
-  if (len) kernels::copy(transport::Layout::payload(h), op.sendBuf + op.done, len);
+  if (len && op.timedKind == PathAdvisor::kSmallP2P + 1) {
+    const int64_t t0 = nowNs();
+    kernels::copy(transport::Layout::payload(h), op.sendBuf + op.done, len);
+    op.copyNs += nowNs() - t0;
+  } else if (len) {
+    kernels::copy(transport::Layout::payload(h), op.sendBuf + op.done, len);
+  }
   st.postedChunks = posted + 1;
   mb->posted.store(posted + 1, std::memory_order_release);
   ringDoorbell(c, op.peer);
   op.done += len;
   op.finished = op.done == total;
+  if (op.finished) recordPath(op, total, false);
   return true;
 }
 
@@ -335,23 +412,58 @@ void waitDoorbell(Communicator& c, const std::vector<Communicator*>& comms,
                        });
 }
 
+// Publishes (on) or withdraws that this thread is blocked waiting for the receive `op`
+// (MailboxControl::waitingSeq): only a receive at the head of its stream that has not
+// started waits for a known message number, the next one from its peer.
+void markWaiting(P2POp& op, bool on) {
+  if (op.isSend || op.comm == nullptr || op.peer < 0) return;
+  Communicator& c = *op.comm;
+  std::atomic<uint64_t>& word = inbox(c, op.peer)->waitingSeq;
+  const uint64_t next = c.p2p(op.peer).recvMsgs + 1;
+  if (on && !op.finished && !op.started && op.pred == nullptr) {
+    word.store(next, std::memory_order_release);
+  } else if (!on) {
+    // Ours only: the word may name a later receive that another thread waits for.
+    uint64_t mine = op.started ? op.msgSeq + 1 : next;
+    word.compare_exchange_strong(mine, 0, std::memory_order_acq_rel);
+  }
+}
+
+// Withdraws the marks of `ops` when the wait ends, however it ends.
+template <class ForEachOp>
+struct WaitingMarks {
+  ForEachOp forEach;
+  bool marked = false;
+  void mark() {
+    forEach([](P2POp& op) { markWaiting(op, true); });
+    marked = true;
+  }
+  ~WaitingMarks() {
+    if (marked) forEach([](P2POp& op) { markWaiting(op, false); });
+  }
+};
+
 // Progresses everything pending on `comms` until finished(), sleeping on the doorbell of
 // sleepOn() whenever nothing could move. On an error every communicator in `comms` abandons
 // its pending operations (a no-op where progress() did so already) and the error is rethrown.
-template <class Finished, class SleepOn>
-void driveUntil(const std::vector<Communicator*>& comms, Finished&& finished, SleepOn&& sleepOn) {
+// While it waits, the receives among `waitedOps` are marked as waited for (markWaiting).
+template <class Finished, class SleepOn, class ForEachOp>
+void driveUntil(const std::vector<Communicator*>& comms, Finished&& finished, SleepOn&& sleepOn,
+                ForEachOp&& waitedOps) {
   const std::function<bool()> ready = [&] {
     for (Communicator* c : comms) {
       if (anyCanProgress(*c)) return true;
     }
     return false;
   };
+  WaitingMarks<ForEachOp&> marks{waitedOps};
   try {
     for (;;) {
       bool progressed = false;
       for (Communicator* c : comms) progressed = progress(*c) || progressed;
       if (finished()) return;
       if (progressed) continue;
+      marks.mark();
       waitDoorbell(sleepOn(), comms, ready);
     }
   } catch (const Error& e) {
@@ -471,14 +583,18 @@ void runP2P(std::vector<P2POp>& ops) {
     }
     return *comms.front();
   };
-  driveUntil(comms, allFinished, sleepOn);
+  driveUntil(comms, allFinished, sleepOn, [&](auto&& f) {
+    for (P2POp& op : ops) f(op);
+  });
 }
 
 void waitFor(P2POp& op) {
   if (op.finished) return;
   Communicator& c = *op.comm;
   try {
-    driveUntil({&c}, [&] { return op.finished; }, [&]() -> Communicator& { return c; });
+    driveUntil(
+        {&c}, [&] { return op.finished; }, [&]() -> Communicator& { return c; },
+        [&](auto&& f) { f(op); });
   } catch (const Error&) {
     // driveUntil abandoned every pending operation, ours included, with the error.
   }

@@ -35,6 +35,11 @@ struct P2POp {
   // arena.
   bool direct = false;
   uint32_t directChunk = 0;
+  // Sender: the PathAdvisor's sample of this message (timedKind 0: none; its kind index
+  // otherwise): when it started, and the time spent copying into the staging slots.
+  uint32_t timedKind = 0;
+  int64_t timedNs = 0;
+  int64_t copyNs = 0;
 
   // While pending on its communicator (algorithms/p2p.h post()): the operation posted
   // before it on the same (peer, direction), which has to finish first so that each

@@ -88,6 +88,10 @@ struct alignas(kCacheLine) RankControl {
 struct alignas(kCacheLine) MailboxControl {
   alignas(kCacheLine) std::atomic<uint32_t> posted;
   alignas(kCacheLine) std::atomic<uint32_t> consumed;
+  // The receiver is blocked in a wait for message `waitingSeq - 1` (0: not waiting): a
+  // sender may then hand it a message of up to two chunks as a single copy
+  // (algorithms/p2p.cc), since it will be consumed right away.
+  std::atomic<uint64_t> waitingSeq;
   // The receiver refused message `rejectedSeq - 1` (0: none) because it expected
   // (expectCount, expectDtype, expectTag): lets the sender report both sides.
   alignas(kCacheLine) std::atomic<uint64_t> rejectedSeq;

@@ -207,6 +207,145 @@ void quietBody(RankContext& ctx) {
             cmaLine(ctx).c_str());
 }
 
+// The running-estimate votes (algorithms/path_advisor.h), forced per rank through
+// SPYRECCL_CMA_ADAPTIVE ("cma": this rank's estimate says single copy is faster, "staged":
+// the staged path is): a 768 KiB allgather (between the thresholds) goes single-copy on
+// every rank as soon as one rank votes for it (contendedVoteBody), and is staged when none
+// does (quietBody), whatever the other ranks' estimates; results are exact either way.
+
+// A broadcast of `count` int32 at a non-aligned offset of ordinary buffers, checked element
+// by element on every rank.
+void checkedBroadcast(RankContext& ctx, size_t count, int root) {
+  const TypeInfo& t = typeInfo(spyrecclInt32);
+  std::vector<char> buf(count * t.size + 5);
+  void* data = buf.data() + 5;
+  if (ctx.rank == root) {
+    fillAnyBits(t, ctx.seed, root, data, count);
+  } else {
+    std::memset(data, 0xA5, count * t.size);
+  }
+  SPY_REQUIRE_OK(spyrecclBroadcast(data, data, count, t.dtype, root, ctx.comm), ctx.comm);
+  OutputChecker check(t, format("broadcast of %zu int32 from rank %d", count, root));
+  for (size_t i = 0; i < count; ++i) check.expectBits(data, i, anyBits(t, ctx.seed, root, i));
+  check.report(__FILE__, __LINE__);
+}
+
+// Only rank 1's estimate prefers the single copy: a broadcast from rank 0 goes single-copy
+// on every rank (every non-root reads the root with process_vm_readv), and a message that
+// rank 0 sends (its own estimate prefers staging) is staged, while one rank 1 sends goes
+// single-copy: the sender alone chooses for point-to-point.
+void adaptiveMixedBody(RankContext& ctx) {
+  const int last = 1;
+  const unsigned long long before = cmaReads(ctx);
+  checkedBroadcast(ctx, (768u << 10) / 4 + 1, 0);
+  if (ctx.rank != 0) {
+    SPY_CHECK(cmaReads(ctx) > before, "rank 1's vote should have chosen CMA: \"%s\"",
+              cmaLine(ctx).c_str());
+  }
+  const TypeInfo& t = typeInfo(spyrecclFloat16);
+  const size_t count = (1u << 20) / t.size + 7;  // above two p2p chunks
+  std::vector<uint8_t> buf(count * t.size);
+  for (int from : {0, last}) {
+    const int to = from == 0 ? last : 0;
+    const unsigned long long start = cmaReads(ctx);
+    if (ctx.rank == from) {
+      fillAnyBits(t, ctx.seed, from, buf.data(), count);
+      SPY_REQUIRE_OK(spyrecclSend(buf.data(), count, t.dtype, to, 9, ctx.comm), ctx.comm);
+    } else if (ctx.rank == to) {
+      poisonMessage(t, buf.data(), count, ctx.seed, from);
+      SPY_REQUIRE_OK(spyrecclRecv(buf.data(), count, t.dtype, from, 9, ctx.comm), ctx.comm);
+      checkMessage(t, buf.data(), count, ctx.seed, from,
+                   format("message of %zu float16 from rank %d", count, from));
+      const bool single = cmaReads(ctx) > start;
+      SPY_CHECK(single == (from == last), "message from rank %d: expected it %s, \"%s\"", from,
+                from == last ? "single-copy (its sender votes so)" : "staged",
+                cmaLine(ctx).c_str());
+    }
+  }
+}
+
+// Messages of up to two p2p chunks (32 KiB with the tests' 16 KiB chunks) go single-copy
+// only to a receiver already blocked waiting for them, and only when the sender's estimate
+// prefers it (rank 1's does, rank 0's does not). A send to a receiver that is not waiting
+// stays staged and returns without it.
+void adaptiveSmallBody(RankContext& ctx) {
+  if (ctx.rank > 1) return;
+  const TypeInfo& t = typeInfo(spyrecclFloat16);
+  const size_t count = (32u << 10) / t.size;
+  std::vector<uint8_t> buf(count * t.size);
+  struct Case {
+    int from;
+    bool receiverWaits;
+    bool single;
+  };
+  for (const Case& k : {Case{1, true, true}, Case{0, true, false}, Case{1, false, false}}) {
+    const int to = 1 - k.from;
+    const unsigned long long start = cmaReads(ctx);
+    if (ctx.rank == k.from) {
+      fillAnyBits(t, ctx.seed, k.from, buf.data(), count);
+      if (k.receiverWaits) sleepMs(200);  // the receiver is blocked in its recv by then
+      const int64_t t0 = monotonicNs();
+      SPY_REQUIRE_OK(spyrecclSend(buf.data(), count, t.dtype, to, 11, ctx.comm), ctx.comm);
+      if (!k.receiverWaits) {
+        SPY_CHECK(monotonicNs() - t0 < 150 * 1000 * 1000,
+                  "a send of two chunks must not wait for its receiver");
+      }
+    } else {
+      poisonMessage(t, buf.data(), count, ctx.seed, k.from);
+      if (!k.receiverWaits) sleepMs(300);  // the sender has returned by then
+      SPY_REQUIRE_OK(spyrecclRecv(buf.data(), count, t.dtype, k.from, 11, ctx.comm), ctx.comm);
+      checkMessage(t, buf.data(), count, ctx.seed, k.from,
+                   format("message of %zu float16 from rank %d", count, k.from));
+      const bool single = cmaReads(ctx) > start;
+      SPY_CHECK(single == k.single, "message from rank %d (receiver %s): expected it %s, \"%s\"",
+                k.from, k.receiverWaits ? "waiting" : "not waiting",
+                k.single ? "single-copy" : "staged", cmaLine(ctx).c_str());
+    }
+  }
+}
+
+// A receiver dies while blocked waiting for a small message (its mailbox still says it
+// waits): the sender, whose estimate prefers the single copy, posts it single-copy and must
+// then report the receiver's death within the usual bound instead of waiting forever.
+void killedWaitingReceiverBody(RankContext& ctx) {
+  const TypeInfo& t = typeInfo(spyrecclFloat16);
+  const size_t count = (32u << 10) / t.size;
+  std::vector<uint8_t> buf(count * t.size);
+  const int victim = 1;
+  if (ctx.rank == victim) {
+    std::thread killer([] {
+      sleepMs(100);
+      ::raise(SIGKILL);
+    });
+    spyrecclRecv(buf.data(), count, t.dtype, 0, 3, ctx.comm);  // never returns
+    killer.join();
+    return;
+  }
+  if (ctx.rank != 0) return;
+  fillAnyBits(t, ctx.seed, 0, buf.data(), count);
+  sleepMs(400);  // the receiver is dead by now
+  const int64_t start = monotonicNs();
+  const spyrecclResult_t rc = spyrecclSend(buf.data(), count, t.dtype, victim, 3, ctx.comm);
+  expectDeathReported(ctx, rc, victim, start);
+}
+
+// Every rank measures (SPYRECCL_CMA_ADAPTIVE=1): the first three broadcasts between the
+// thresholds are staged (no estimate yet: staged first; a sample needs three calls on a
+// path), the next three single-copy, then the faster by the estimates; every result is
+// exact whichever path it took.
+void adaptiveAutoBody(RankContext& ctx) {
+  const unsigned long long before = cmaReads(ctx);
+  constexpr int kCalls = 8;
+  for (int i = 0; i < kCalls; ++i) checkedBroadcast(ctx, (768u << 10) / 4 + 3, 0);
+  if (ctx.rank != 0) {
+    const unsigned long long reads = cmaReads(ctx) - before;
+    SPY_CHECK(reads >= 1 && reads < unsigned(kCalls),
+              "expected both paths to be measured (single-copy reads in %d broadcasts: %llu): "
+              "\"%s\"",
+              kCalls, reads, cmaLine(ctx).c_str());
+  }
+}
+
 // Arena buffers below the arena threshold (256 KiB), where the peers' arenas are not mapped,
 // while rank 0 votes for single copies: they are read with process_vm_readv like any memory.
 void arenaBelowThresholdBody(RankContext& ctx) {
@@ -275,8 +414,62 @@ void registerCma(const char* name, void (*body)(RankContext&), std::vector<int> 
   registerCma(
       "arena_below_threshold", arenaBelowThresholdBody, {2, 3}, {},
       [](int rank) { ::setenv("SPYRECCL_CMA_CONTENDED", rank == 0 ? "1" : "0", 1); }, true);
+  // The load vote alone (the measured one off: it may pick either path).
   registerCma(
-      "quiet", quietBody, {2, 3}, {}, [](int) { ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1); },
+      "quiet", quietBody, {2, 3}, {},
+      [](int) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", "0", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_vote", contendedVoteBody, {2, 3}, {},
+      [](int rank) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", rank == 1 ? "cma" : "staged", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_staged", quietBody, {2, 3}, {},
+      [](int) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", "staged", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_off", quietBody, {2}, {},
+      [](int) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", "0", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_mixed", adaptiveMixedBody, {2, 3}, {},
+      [](int rank) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", rank == 1 ? "cma" : "staged", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_small_p2p", adaptiveSmallBody, {2, 3}, {},
+      [](int rank) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", rank == 1 ? "cma" : "staged", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_killed_waiting_receiver", killedWaitingReceiverBody, {2, 3}, {1},
+      [](int rank) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", rank == 0 ? "cma" : "staged", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_auto", adaptiveAutoBody, {2, 3}, {},
+      [](int) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", "1", 1);
+      },
       true);
   return true;
 }();
