@@ -78,10 +78,15 @@ def test_sdpa_matches_cpu(case, dtype):
     # float64: exact up to summation order. float32: ~1e-6 relative per product, sums of
     # O(10) terms. bfloat16: inputs are exact (rounded before both runs), spyre computes in
     # float32 and rounds the results once to bfloat16 (2**-8 relative).
+    # The absolute part scales with the tensor's largest magnitude: an element that is the
+    # small difference of large terms (a gradient through a peaked softmax) carries the
+    # terms' rounding error, not its own (one float32 grad k element in 576 was 2.6e-5 off
+    # a 2e-5 bound with seed 5403311369565002375).
     tol = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 2e-2}[dtype]
     for name, g, e in zip(["output", "grad q", "grad k", "grad v"], got, expected):
+        atol = tol * max(1.0, e.abs().max().item())
         torch.testing.assert_close(
-            g, e, rtol=tol, atol=tol, msg=lambda m, n=name: f"{n} ({case}, seed {seed}): {m}"
+            g, e, rtol=tol, atol=atol, msg=lambda m, n=name: f"{n} ({case}, seed {seed}): {m}"
         )
 
 
