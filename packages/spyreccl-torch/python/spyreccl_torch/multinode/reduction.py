@@ -100,3 +100,36 @@ class Plan:
         if self.dtype == torch.bool:
             return work != 0
         return work.to(self.dtype) if work.dtype != self.dtype else work
+
+
+# How an exchange between nodes combines two contributions, by reduce op (exchange_ok).
+_COMBINE = {
+    _RedOp.SUM: torch.add,
+    _RedOp.PRODUCT: torch.mul,
+    _RedOp.MIN: torch.minimum,
+    _RedOp.MAX: torch.maximum,
+    _RedOp.BAND: torch.bitwise_and,
+    _RedOp.BOR: torch.bitwise_or,
+    _RedOp.BXOR: torch.bitwise_xor,
+}
+_EXCHANGE_DTYPES = frozenset(
+    {torch.float32, torch.float64, torch.int32, torch.int64, torch.int8, torch.uint8}
+)
+
+
+def exchange_ok(t: torch.Tensor, op: Any) -> bool:
+    """Whether combine_in_order can reduce `t` (a stage's work tensor) with `op` (a stage's
+    op: AVG and PREMUL_SUM are SUM between nodes, see Plan)."""
+    kind = op.op if hasattr(op, "op") else op
+    return kind in _COMBINE and t.dtype in _EXCHANGE_DTYPES
+
+
+def combine_in_order(parts: list[torch.Tensor], op: Any) -> torch.Tensor:
+    """parts[0] op parts[1] op ... in list order: every rank that combines the same parts
+    in the same order gets the same bits."""
+    kind = op.op if hasattr(op, "op") else op
+    fn = _COMBINE[kind]
+    acc = parts[0].clone()
+    for part in parts[1:]:
+        fn(acc, part, out=acc)
+    return acc
