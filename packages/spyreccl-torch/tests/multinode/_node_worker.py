@@ -1043,12 +1043,14 @@ def mode_ops(full: bool) -> None:
         failures += check(ctx, base_seed)
         extras_run.append(check.__name__)
     routes = dict(getattr(dist.group.WORLD, "route_counts", {}))
+    cross = dict(getattr(dist.group.WORLD, "cross_counts", {}))
     report.update(
         cases=len(cases),
         done=done,
         failures=failures,
         seconds=time.monotonic() - start,
         routes=routes,
+        cross=cross,
         extras_run=extras_run,
     )
     report["segments"] = _mapped_segments()

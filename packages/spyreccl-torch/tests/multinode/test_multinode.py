@@ -109,6 +109,10 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
     for rank, report in result.reports.items():
         routes = report["routes"]
         assert all(routes[r] > 0 for r in ("flat", "leader", "sharded")), (rank, routes)
+        # Every rank takes part in cross stages on the sharded route; the small ones (up to
+        # 64 KiB per rank) are exchanges, the large ones gloo's ring.
+        cross = report["cross"]
+        assert cross["exchange"] > 0 and cross["ring"] > 0, (rank, cross)
     report = result.reports[0]
     print(f"2x2: {report['cases']} cases in {report['seconds']:.1f} s; {_mode_note(result)}")
 

@@ -213,6 +213,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._check_calls = os.environ.get(CHECK_ENV, "1").strip() not in ("0", "false", "no")
         # How many operations took each route (tests and the benchmark read it).
         self.route_counts = {"leader": 0, "sharded": 0, "flat": 0}
+        # How the reductions between nodes (the cross stages) were done: "exchange" (gloo
+        # all_to_all and an in-order combine) or "ring" (gloo's all_reduce).
+        self.cross_counts = {"exchange": 0, "ring": 0}
         self._flat_max_bytes = int(os.environ.get(FLAT_MAX_BYTES_ENV, DEFAULT_FLAT_MAX_BYTES))
         self._exchange_max_bytes = int(
             os.environ.get(EXCHANGE_MAX_BYTES_ENV, DEFAULT_EXCHANGE_MAX_BYTES)
@@ -619,8 +622,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         nbytes = t.numel() * t.element_size()
         size = self._cross.size()
         if _exchange_ok(t, op) and size <= 8 and nbytes <= self._exchange_max_bytes:
+            self.cross_counts["exchange"] += 1
             self._host_exchange_reduce(self._cross, t, op)
         else:
+            self.cross_counts["ring"] += 1
             self._host_reduce(self._cross, t, op)
 
     def _host_exchange_reduce(self, group: Any, t: torch.Tensor, op: Any) -> None:
