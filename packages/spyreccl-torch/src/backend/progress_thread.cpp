@@ -127,14 +127,18 @@ bool ProgressThread::driveClaimed(std::unique_ptr<Job> job) {
       cv_.notify_one();
       return false;
     }
-    if (waiter_.waitForPeers) {
-      waiter_.waitForPeers(kMaxPeersWait);
-    } else {
-      std::this_thread::yield();
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    waitingForPeers_ = false;
+    sleepForPeers();
   }
+}
+
+void ProgressThread::sleepForPeers() {
+  if (waiter_.waitForPeers) {
+    waiter_.waitForPeers(kMaxPeersWait);
+  } else {
+    std::this_thread::yield();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  waitingForPeers_ = false;
 }
 
 void ProgressThread::adoptParked() {
@@ -294,13 +298,7 @@ void ProgressThread::loop() {
       }
       waitingForPeers_ = true;
     }
-    if (waiter_.waitForPeers) {
-      waiter_.waitForPeers(kMaxPeersWait);
-    } else {
-      std::this_thread::yield();
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    waitingForPeers_ = false;
+    sleepForPeers();
   }
 }
 

@@ -117,6 +117,9 @@ class ProgressThread {
   void retire();
   // Counts a new job in and returns its ticket; throws once stopped. Under mutex_.
   uint64_t admit();
+  // Sleeps in waitForPeers until a peer may have moved an in-flight job or post()/stop()
+  // woke it (the caller set waitingForPeers_ under mutex_), then clears waitingForPeers_.
+  void sleepForPeers();
   // Moves the parked job in flight (on the thread). Under mutex_, with busy_ false.
   void adoptParked();
   // drive()'s loop over the claimed `job` (busy_ held by the caller).
