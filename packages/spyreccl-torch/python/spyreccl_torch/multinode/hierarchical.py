@@ -20,6 +20,10 @@ reductions). Reductions take one of three routes, by size:
 - *leader* (the default below the sharded bound): reduce on each node to local rank 0,
   all_reduce among the leaders, broadcast on each node. Any layout, one message per node
   between nodes: small and mid sizes, uneven nodes.
+
+Between nodes, parts of at most SPYRECCL_MULTINODE_EXCHANGE_MAX_BYTES are reduced by an
+exchange (one gloo all_to_all, then every rank combines the parts in rank order), larger
+ones by gloo's ring all_reduce.
 - *sharded*: reduce-scatter on each node, all_reduce of every shard between the ranks of the
   same local index (all nodes in parallel), all-gather on each node. Every rank moves 1/L of
   the data between nodes: large messages on nodes of equal size. all_gather and
