@@ -85,12 +85,7 @@ bool ProgressThread::drive(uint64_t ticket) {
   if (start && job->run()) {
     // It finished when it started (it failed to post).
     job.reset();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      busy_ = false;
-      retire();
-    }
-    cv_.notify_one();
+    releaseFinished();
     return true;
   }
   return driveClaimed(std::move(job));
@@ -100,16 +95,7 @@ bool ProgressThread::driveClaimed(std::unique_ptr<Job> job) {
   for (;;) {
     if (job->poll()) {
       job.reset();
-      bool others = false;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        busy_ = false;
-        retire();
-        others = !queue_.empty() || stopping_;
-      }
-      if (others) {
-        cv_.notify_one();  // the thread waits for busy_ to clear
-      }
+      releaseFinished();
       return true;
     }
     {
@@ -128,6 +114,19 @@ bool ProgressThread::driveClaimed(std::unique_ptr<Job> job) {
       return false;
     }
     sleepForPeers();
+  }
+}
+
+void ProgressThread::releaseFinished() {
+  bool others = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+    retire();
+    others = !queue_.empty() || stopping_;
+  }
+  if (others) {
+    cv_.notify_one();  // the thread waits for busy_ to clear to start the next job
   }
 }
 
@@ -160,12 +159,7 @@ bool ProgressThread::runIfNext(uint64_t ticket) {
   // The job runs to completion here (only jobs whose run() finishes them are run this way).
   (void)job->run();
   job.reset();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    busy_ = false;
-    retire();
-  }
-  cv_.notify_one();  // the thread may be waiting to start the next job
+  releaseFinished();
   return true;
 }
 

@@ -117,6 +117,9 @@ class ProgressThread {
   void retire();
   // Counts a new job in and returns its ticket; throws once stopped. Under mutex_.
   uint64_t admit();
+  // Ends a caller's claim (runIfNext, drive) on a job that finished: clears busy_, retires
+  // the job, and wakes the thread when it has work waiting for busy_ to clear.
+  void releaseFinished();
   // Sleeps in waitForPeers until a peer may have moved an in-flight job or post()/stop()
   // woke it (the caller set waitingForPeers_ under mutex_), then clears waitingForPeers_.
   void sleepForPeers();
