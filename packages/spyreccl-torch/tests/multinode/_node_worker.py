@@ -24,7 +24,9 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -636,6 +638,23 @@ def async_check(ctx: Ctx, base_seed: int) -> list[str]:
     return failures
 
 
+def _rejected_within(
+    call: Callable[[], Any], pattern: str, what: str, rank: int, limit_s: float = 10.0
+) -> list[str]:
+    """This rank's failures when `call` does not raise an error matching `pattern` (see
+    expect_rejection), or takes more than `limit_s` seconds to do so."""
+    failures = []
+    start = time.monotonic()
+    try:
+        expect_rejection(call, pattern, what)
+    except AssertionError as exc:
+        failures.append(f"rank {rank}: {exc}")
+    took = time.monotonic() - start
+    if took > limit_s:
+        failures.append(f"rank {rank}: {what} took {took:.1f} s to fail")
+    return failures
+
+
 def timeout_check(ctx: Ctx, base_seed: int) -> list[str]:
     """wait(timeout) on a Work whose peers never call: rank 0's wait raises within the
     given time, naming the operation and its sequence number, the group refuses later
@@ -663,18 +682,13 @@ def timeout_check(ctx: Ctx, base_seed: int) -> list[str]:
             failures.append(f"rank {r}: wait(1 s) took {time.monotonic() - start:.1f} s")
     dist.barrier()
     if r != 0:
-        start = time.monotonic()
-        try:
-            expect_rejection(
-                lambda: dist.all_reduce(t, group=group),
-                r"all_reduce seq 1 failed on process group .*all_reduce seq 1 failed on rank 0 "
-                r"\(node 0\): a wait\(\) ran out after 1 s",
-                "an all_reduce whose rank 0 gave up on it",
-            )
-        except AssertionError as exc:
-            failures.append(f"rank {r}: {exc}")
-        if time.monotonic() - start > 10:
-            failures.append(f"rank {r}: took {time.monotonic() - start:.1f} s to fail")
+        failures += _rejected_within(
+            lambda: dist.all_reduce(t, group=group),
+            r"all_reduce seq 1 failed on process group .*all_reduce seq 1 failed on rank 0 "
+            r"\(node 0\): a wait\(\) ran out after 1 s",
+            "an all_reduce whose rank 0 gave up on it",
+            r,
+        )
     dist.destroy_process_group(group)
     return failures
 
@@ -697,13 +711,7 @@ def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
         call = lambda: dist.broadcast(poison, src=0, group=group)  # noqa: E731
     else:
         call = lambda: dist.all_reduce(poison, group=group)  # noqa: E731
-    start = time.monotonic()
-    try:
-        expect_rejection(call, pattern, "mismatched collectives")
-    except AssertionError as exc:
-        failures.append(f"rank {r}: {exc}")
-    if time.monotonic() - start > 10:
-        failures.append(f"rank {r}: the mismatch took {time.monotonic() - start:.1f} s to fail")
+    failures += _rejected_within(call, pattern, "mismatched collectives", r)
     try:
         expect_rejection(lambda: dist.all_reduce(poison, group=group), "failed earlier", "")
     except AssertionError as exc:
@@ -734,14 +742,12 @@ def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
     pattern = r"mismatched collectives .* at seq 1 \(reduce op differ\): rank 0: all_reduce"
     pattern += r"\(numel=100000, torch.float32, RedOpType.SUM\).*rank 3: all_reduce\(numel="
     pattern += r"100000, torch.float32, RedOpType.MAX\)"
-    start = time.monotonic()
-    work = dist.all_reduce(big, op=op, group=group, async_op=True)
-    try:
-        expect_rejection(work.wait, pattern, "mismatched reduce op")
-    except AssertionError as exc:
-        failures.append(f"rank {r}: {exc}")
-    if time.monotonic() - start > 10:
-        failures.append(f"rank {r}: the mismatch took {time.monotonic() - start:.1f} s to fail")
+    failures += _rejected_within(
+        lambda: dist.all_reduce(big, op=op, group=group, async_op=True).wait(),
+        pattern,
+        "mismatched reduce op",
+        r,
+    )
     dist.destroy_process_group(group)
     return failures
 
