@@ -42,6 +42,10 @@ try:
     from ._registration import BACKEND_NAME, DEVICE_TYPE, is_registered, register
 
     register()
+
+    from ._lifecycle import register_exit_hook
+
+    register_exit_hook()
     _import_error: BaseException | None = None
 except Exception as error:
     # Raising here while torch autoloads us would make `import torch` itself fail for

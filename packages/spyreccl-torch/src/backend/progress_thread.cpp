@@ -10,12 +10,27 @@ namespace spyreccl_torch {
 
 ProgressThread::ProgressThread(std::string name, InFlightWaiter waiter)
     : name_(std::move(name)), waiter_(std::move(waiter)) {
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    loop();
+    std::shared_ptr<ProgressThread> keep;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      keep = std::move(keepAlive_);
+    }
+    // `keep` may hold the last reference: the object is then destroyed here, on its own
+    // thread, and nothing of it is used after this line.
+  });
   // Visible in top/gdb; Linux limits thread names to 15 characters.
   (void)pthread_setname_np(thread_.native_handle(), "spyreccl-prog");
 }
 
-ProgressThread::~ProgressThread() { stop(/*drain=*/true); }
+ProgressThread::~ProgressThread() {
+  stop(/*drain=*/true);
+  if (thread_.joinable()) {
+    // Only on the thread itself (stop joins otherwise): it is about to return.
+    thread_.detach();
+  }
+}
 
 uint64_t ProgressThread::admit() {
   if (!accepting_) {
@@ -165,8 +180,13 @@ bool ProgressThread::runIfNext(uint64_t ticket) {
 
 void ProgressThread::stop(bool drain, std::exception_ptr reason) {
   std::deque<Queued> cancelled;
+  const bool onThread = thread_.get_id() == std::this_thread::get_id();
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (onThread && !keepAlive_) {
+      // Null when called from the destructor (the last reference is already gone).
+      keepAlive_ = weak_from_this().lock();
+    }
     accepting_ = false;
     if (!drain) {
       cancelled.swap(queue_);
@@ -181,7 +201,7 @@ void ProgressThread::stop(bool drain, std::exception_ptr reason) {
     entry.job->cancel(reason);
     outstanding_.fetch_sub(1, std::memory_order_release);
   }
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
+  if (thread_.joinable() && !onThread) {
     thread_.join();
   }
 }

@@ -23,7 +23,7 @@
 
 namespace spyreccl_torch {
 
-class ProgressThread {
+class ProgressThread : public std::enable_shared_from_this<ProgressThread> {
  public:
   // One unit of queued work. run() executes it and returns true when it finished, or
   // false when it left work in flight on the communicator (a posted send or receive) that
@@ -99,7 +99,10 @@ class ProgressThread {
   bool drive(uint64_t ticket);
 
   // Stops accepting jobs and joins the thread. With drain, queued jobs run first; without,
-  // they are cancelled with `reason`. Idempotent; must not be called from the thread itself.
+  // they are cancelled with `reason`. Idempotent. On the thread itself (a job's completion
+  // ran a Python callback that dropped the last reference to the group) it cannot join: the
+  // thread then keeps the object alive until its loop has finished, and the object is
+  // destroyed on the thread (which detaches itself) when that reference goes.
   void stop(bool drain, std::exception_ptr reason = nullptr);
 
   bool stopped() const;
@@ -164,6 +167,8 @@ class ProgressThread {
   bool accepting_ = true;
   // Jobs posted and not yet finished (run or cancelled).
   std::atomic<size_t> outstanding_{0};
+  // Set by stop() on the thread itself (see stop); dropped on the thread once loop() ended.
+  std::shared_ptr<ProgressThread> keepAlive_;
   std::thread thread_;
 };
 

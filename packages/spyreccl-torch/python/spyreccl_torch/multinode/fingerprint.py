@@ -203,20 +203,23 @@ class CallChecker:
             pending.done.set()
             return pending
 
-        def received(future: Any) -> None:
-            try:
-                future.value()
-            except Exception as error:
+        def received(failure: str | None) -> None:
+            if failure is not None:
                 pending.done.set()  # the exchange itself failed: verify() reports it
                 if self._on_error is not None:
-                    self._on_error(pending, error)
+                    self._on_error(pending, RuntimeError(failure))
                 return
             pending.mismatched = self._differs(pending)
             pending.done.set()
             if pending.mismatched:
                 self._on_mismatch(pending)
 
-        work.get_future().add_done_callback(received)
+        # Not the Work's future.add_done_callback: an exchange abandoned after a failure stays
+        # pending in gloo until its timeout, and a Python callback that gloo's thread runs
+        # while the interpreter exits aborts the process (see the backend's exit_guard.h).
+        from .. import _C
+
+        _C._add_guarded_callback(work, received)
         return pending
 
     def verify(self, pending: PendingCheck) -> None:

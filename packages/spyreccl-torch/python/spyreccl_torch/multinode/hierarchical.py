@@ -55,6 +55,7 @@ import datetime
 import hashlib
 import os
 import threading
+import weakref
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -117,6 +118,22 @@ FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
 _SPYRE = "spyre"
 _RedOp = dist.ReduceOp.RedOpType
 _SIGN_BIT = -(2**63)  # int64 with only the sign bit set
+
+
+# The groups of this process that are still alive, for shut_down_live_groups.
+_LIVE: weakref.WeakSet[HierarchicalProcessGroup] = weakref.WeakSet()
+
+
+def shut_down_live_groups() -> None:
+    """Shuts down every live group at interpreter exit (spyreccl_torch._lifecycle): the
+    group's thread finishes the operations it queued, so that it is not inside gloo or
+    spyreccl (with the GIL released) when the interpreter finalizes. A thread that asks for
+    the GIL then is ended with pthread_exit, which aborts the process from C++ frames."""
+    for group in list(_LIVE):
+        try:
+            group.shutdown()
+        except Exception:
+            pass  # exit goes on; the operations have reported their errors
 
 
 def _release_later(groups: list[Any], seconds: float) -> None:
@@ -284,6 +301,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._on_exchange_error,
             self._wait_gloo_work,
         )
+        self._shut_down = False
+        _LIVE.add(self)
 
     # -- identity ------------------------------------------------------------------------
 
@@ -1386,6 +1405,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._executor.close(0)
 
     def shutdown(self) -> None:
+        if self._shut_down:
+            return  # destroy_process_group, then the exit hook (see shut_down_live_groups)
+        self._shut_down = True
         # Queued operations finish first (bounded: each stage has the group timeout).
         self._executor.close(self._timeout.total_seconds())
         self._local.shutdown()

@@ -1,0 +1,161 @@
+// exit_guard.cpp — see exit_guard.h.
+#include "backend/exit_guard.h"
+
+#include <ATen/core/ivalue.h>
+
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/process_group_spyreccl.hpp"
+
+namespace py = pybind11;
+
+namespace spyreccl_torch {
+namespace {
+
+struct ExitState {
+  std::mutex mutex;
+  std::condition_variable idle;
+  std::vector<c10::weak_intrusive_ptr<ProcessGroupSpyreccl>> groups;
+  bool closed = false;  // prepareForExit() ran: no guarded callback may take the GIL
+  int running = 0;      // guarded callbacks between enter() and leave()
+};
+
+// Leaked on purpose: the state must outlive every thread that may still complete a Work
+// while static destructors run.
+ExitState& state() {
+  static auto* instance = new ExitState();
+  return *instance;
+}
+
+// A guarded callback may take the GIL only between enter() (true) and leave().
+bool enter() {
+  ExitState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.closed) {
+    return false;
+  }
+  ++s.running;
+  return true;
+}
+
+void leave() {
+  ExitState& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    --s.running;
+  }
+  s.idle.notify_all();
+}
+
+// The Python callable of a guarded callback. Its reference is dropped with the GIL held, or
+// never (after prepareForExit, or when the interpreter is gone).
+class PyCallable {
+ public:
+  explicit PyCallable(py::object fn) : fn_(fn.release().ptr()) {}
+  PyCallable(const PyCallable&) = delete;
+  PyCallable& operator=(const PyCallable&) = delete;
+
+  ~PyCallable() {
+    if (fn_ != nullptr && enter()) {
+      {
+        py::gil_scoped_acquire gil;
+        Py_DECREF(fn_);
+      }
+      leave();
+    }
+  }
+
+  void call(const c10::ivalue::Future& future) {
+    if (!enter()) {
+      return;
+    }
+    {
+      py::gil_scoped_acquire gil;
+      PyObject* fn = fn_;
+      fn_ = nullptr;  // called once; dropped below, under the GIL
+      try {
+        py::object error = py::none();
+        if (future.hasError()) {
+          error = py::str(future.tryRetrieveErrorMessage());
+        }
+        const py::handle callee(fn);  // (not `py::handle(fn)(error);`: that declares a variable)
+        callee(error);
+      } catch (py::error_already_set& e) {
+        // Like an exception in a thread: reported, never propagated into the completing
+        // thread (a gloo worker or our progress thread).
+        e.discard_as_unraisable("spyreccl guarded Work callback");
+      } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        PyErr_WriteUnraisable(fn);
+      }
+      Py_DECREF(fn);
+    }
+    leave();
+  }
+
+ private:
+  PyObject* fn_;
+};
+
+}  // namespace
+
+void registerLiveGroup(const c10::intrusive_ptr<ProcessGroupSpyreccl>& group) {
+  ExitState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  // Forget the groups that are gone, so that a job creating many groups keeps a short list.
+  std::vector<c10::weak_intrusive_ptr<ProcessGroupSpyreccl>> live;
+  live.reserve(s.groups.size() + 1);
+  for (auto& weak : s.groups) {
+    if (!weak.expired()) {
+      live.push_back(std::move(weak));
+    }
+  }
+  live.emplace_back(group);
+  s.groups = std::move(live);
+}
+
+void prepareForExit() {
+  py::gil_scoped_release release;
+  ExitState& s = state();
+  std::vector<c10::intrusive_ptr<ProcessGroupSpyreccl>> groups;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.closed) {
+      return;
+    }
+    for (auto& weak : s.groups) {
+      if (auto group = weak.lock()) {
+        groups.push_back(std::move(group));
+      }
+    }
+    s.groups.clear();
+  }
+  for (auto& group : groups) {
+    try {
+      group->shutdown();
+    } catch (const std::exception&) {
+      // Exit goes on: what the group could not finish has reported its error to its Works.
+    }
+  }
+  groups.clear();
+  std::unique_lock<std::mutex> lock(s.mutex);
+  s.closed = true;
+  s.idle.wait(lock, [&s] { return s.running == 0; });
+}
+
+void addGuardedCallback(c10d::Work& work, py::object fn) {
+  auto callable = std::make_shared<PyCallable>(std::move(fn));
+  c10::intrusive_ptr<c10::ivalue::Future> future = work.getFuture();
+  // A future that already completed runs the callback here, on the caller's thread (which
+  // holds the GIL: taking it again is allowed).
+  future->addCallback([callable](c10::ivalue::Future& done) { callable->call(done); },
+                      /*uses_future=*/false);
+}
+
+}  // namespace spyreccl_torch

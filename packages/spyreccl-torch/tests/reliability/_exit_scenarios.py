@@ -1,0 +1,121 @@
+"""One rank of test_interpreter_exit.py: leaves the interpreter while backend threads still
+have work that ends in Python code. Run as ``python _exit_scenarios.py DIR`` with RANK and
+WORLD_SIZE=2 in the environment; rank 0 is the one under test, rank 1 its peer.
+
+Rank 0 sets up two hazards, then returns from the script normally:
+
+1. An async spyreccl all_reduce with a Python callback, not waited for; rank 1 joins it
+   only after rank 0's script has ended (it completes while the exit hook drains the group).
+2. A gloo all_reduce with a guarded callback (spyreccl_torch._C._add_guarded_callback);
+   rank 1 joins it only once rank 0's interpreter is finalizing (a module's deletion
+   signals it and then sleeps), so gloo's thread completes it during finalization. With
+   torch's own ``future.add_done_callback`` instead, rank 0 aborts there ("terminate called
+   without an active exception", exit code -6).
+
+Files in DIR record what happened; the test checks them and both exit codes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+DIR = Path(sys.argv[1])
+RANK = int(os.environ["RANK"])
+
+
+def _wait_for(name: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (DIR / name).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {RANK}: no {name} after {timeout} s")
+        time.sleep(0.01)
+
+
+class _Sleeper:
+    """Deleted with the modules, i.e. once finalization has begun (after every atexit hook):
+    tells rank 1 to complete the gloo operation now, and keeps the interpreter finalizing
+    (GIL released) while gloo's thread completes it."""
+
+    def __del__(self) -> None:
+        (DIR / "finalizing").touch()
+        time.sleep(1.5)
+
+
+import torch  # noqa: E402  (after _Sleeper: nothing above needs torch)
+import torch.distributed as dist  # noqa: E402
+
+import spyreccl_torch  # noqa: E402
+
+timeout = datetime.timedelta(seconds=60)
+store = dist.FileStore(str(DIR / "store"), 2)
+gen = torch.Generator().manual_seed(1234 + RANK)
+mine = torch.randn(257, dtype=torch.float64, generator=gen).float()
+torch.save(mine, DIR / f"input{RANK}.pt")
+
+# -- 0. guarded callbacks while the interpreter is alive -------------------------------------
+# One on an operation that succeeds, one on an operation that times out (rank 1 never joins
+# the group `lonely`'s operation): each runs once, on gloo's thread, with None or the error.
+lonely = dist.ProcessGroupGloo(
+    dist.PrefixStore("lonely/", store), RANK, 2, datetime.timedelta(seconds=1)
+)
+gloo_ok = dist.ProcessGroupGloo(dist.PrefixStore("ok/", store), RANK, 2, timeout)
+t0 = mine.clone()
+if RANK == 0:
+
+    def recorder(name: str):
+        def record(error: str | None) -> None:
+            import threading
+
+            (DIR / name).write_text(repr((error, threading.current_thread().name)))
+
+        return record
+
+    spyreccl_torch._C._add_guarded_callback(lonely.allreduce([t0.clone()]), recorder("failed_cb"))
+    spyreccl_torch._C._add_guarded_callback(gloo_ok.allreduce([t0]), recorder("ok_cb"))
+    _wait_for("ok_cb")
+    _wait_for("failed_cb")
+else:
+    gloo_ok.allreduce([t0]).wait()
+
+# -- 1. an async operation still pending when the script ends ---------------------------------
+dist.init_process_group("spyreccl", store=store, rank=RANK, world_size=2, timeout=timeout)
+gloo = dist.new_group(backend="gloo", timeout=timeout)
+t2 = mine.to("spyre")
+if RANK == 0:
+    pending = dist.all_reduce(t2, async_op=True)
+
+    def record(fut: torch.futures.Future) -> None:
+        (DIR / "pending_result").write_text(repr(fut.value()[0].cpu().double().sum().item()))
+
+    pending.get_future().then(record)
+
+# -- 2. a gloo operation completing while the interpreter finalizes ---------------------------
+t3 = mine.clone()
+if RANK == 0:
+    late = gloo.allreduce([t3])
+
+    def late_callback(error: str | None) -> None:
+        (DIR / "late_callback_ran").write_text(repr(error))
+
+    spyreccl_torch._C._add_guarded_callback(late, late_callback)
+    # In a module of its own that nothing else refers to: it is deleted when finalization
+    # empties sys.modules. (Not a global of this script: the callbacks above refer to this
+    # module's globals, so they outlive finalization.)
+    holder_module = types.ModuleType("_spyreccl_exit_sleeper")
+    holder_module.sleeper = _Sleeper()  # type: ignore[attr-defined]
+    sys.modules[holder_module.__name__] = holder_module
+    del holder_module
+    (DIR / "script_done").touch()
+else:
+    _wait_for("script_done")
+    time.sleep(1.0)  # rank 0 is in its exit hook now, draining operation 2
+    dist.all_reduce(t2)
+    _wait_for("finalizing")
+    gloo.allreduce([t3]).wait()
+    (DIR / "peer_late_result").write_text(repr(t3.double().sum().item()))
+    dist.destroy_process_group()

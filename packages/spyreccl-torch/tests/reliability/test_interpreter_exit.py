@@ -1,0 +1,84 @@
+"""The interpreter exits cleanly while backend threads still have work ending in Python.
+
+Python before 3.14 ends a thread that asks for the GIL during finalization with
+pthread_exit; from C++ frames that aborts the process ("terminate called without an
+active exception", exit code -6) after the script itself ended. spyreccl's exit hook
+(spyreccl_torch/_lifecycle.py, src/backend/exit_guard.h) drains its groups before
+finalization and switches guarded callbacks off. Each scenario is in _exit_scenarios.py (real interpreter
+exits, so these are subprocesses, not the forked launcher, which skips finalization).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).with_name("_exit_scenarios.py")
+
+
+def _sum_of_inputs(directory: Path) -> float:
+    inputs = [torch.load(directory / f"input{r}.pt") for r in range(2)]
+    return float((inputs[0].double() + inputs[1].double()).sum())
+
+
+@pytest.fixture(scope="module")
+def exit_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    directory = tmp_path_factory.mktemp("exit")
+    env = {**os.environ, "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(directory)],
+            env={**env, "RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outcomes = []
+    for proc in ranks:
+        try:
+            out, err = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            for p in ranks:
+                p.kill()
+            out, err = proc.communicate()
+        outcomes.append((proc.returncode, out + err))
+    return directory, outcomes
+
+
+def test_both_ranks_exit_with_status_zero(exit_run: tuple[Path, list]) -> None:
+    _, outcomes = exit_run
+    for rank, (code, output) in enumerate(outcomes):
+        assert code == 0, f"rank {rank} exited with {code}:\n{output[-4000:]}"
+        assert "terminate called" not in output, f"rank {rank}:\n{output[-4000:]}"
+
+
+def test_guarded_callbacks_run_while_alive(exit_run: tuple[Path, list]) -> None:
+    directory, _ = exit_run
+    error, thread = ast.literal_eval((directory / "ok_cb").read_text())
+    assert error is None and thread != "MainThread", (error, thread)
+    error, thread = ast.literal_eval((directory / "failed_cb").read_text())
+    assert isinstance(error, str) and "Timed out" in error, error
+    assert thread != "MainThread"
+
+
+def test_pending_operation_finishes_in_the_exit_hook(exit_run: tuple[Path, list]) -> None:
+    directory, _ = exit_run
+    got = float((directory / "pending_result").read_text())
+    assert got == pytest.approx(_sum_of_inputs(directory), rel=1e-5, abs=1e-4)
+
+
+def test_guarded_callback_skipped_during_finalization(exit_run: tuple[Path, list]) -> None:
+    directory, _ = exit_run
+    # The peer's result shows that rank 0's gloo operation did take part (during rank 0's
+    # finalization); its callback must not have run then.
+    got = float((directory / "peer_late_result").read_text())
+    assert got == pytest.approx(_sum_of_inputs(directory), rel=1e-5, abs=1e-4)
+    assert not (directory / "late_callback_ran").exists()
