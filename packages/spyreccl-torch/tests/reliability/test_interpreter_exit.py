@@ -4,8 +4,9 @@ Python before 3.14 ends a thread that asks for the GIL during finalization with
 pthread_exit; from C++ frames that aborts the process ("terminate called without an
 active exception", exit code -6) after the script itself ended. spyreccl's exit hook
 (spyreccl_torch/_lifecycle.py, src/backend/exit_guard.h) drains its groups before
-finalization and switches guarded callbacks off. Each scenario is in _exit_scenarios.py (real interpreter
-exits, so these are subprocesses, not the forked launcher, which skips finalization).
+finalization and switches guarded callbacks off. Each scenario is in _exit_scenarios.py
+(real interpreter exits, so these are subprocesses, not the forked launcher, which skips
+finalization).
 """
 
 from __future__ import annotations

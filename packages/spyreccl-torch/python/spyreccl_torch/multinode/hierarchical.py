@@ -55,8 +55,8 @@ import datetime
 import hashlib
 import os
 import threading
-import weakref
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
