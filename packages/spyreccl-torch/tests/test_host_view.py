@@ -16,6 +16,7 @@ from test_device import SPYRE, assert_fresh_ok, run_fresh
 
 from spyreccl_testing.inputs import fresh_seed
 from spyreccl_torch import device as spyre_device
+from spyreccl_torch.multinode import staging
 
 pytestmark = pytest.mark.skipif(
     not spyre_device.register(), reason="the emulated spyre device stepped aside"
@@ -198,9 +199,15 @@ def test_rejects_what_is_not_a_spyre_tensor():
         torch.ops.spyreccl_device.host_view(torch.zeros(3))
 
 
-def test_no_view_when_a_real_runtime_owns_the_device(tmp_path):
+def test_zero_copy_is_on_for_the_emulated_device(monkeypatch):
+    assert staging.zero_copy_available()
+    monkeypatch.setenv(staging.ZERO_COPY_ENV, "0")
+    assert not staging.zero_copy_available()
+
+
+def test_no_view_and_no_zero_copy_when_a_real_runtime_owns_the_device(tmp_path):
     """With torch_spyre installed the emulation steps aside: spyre memory is not known to
-    be host memory, so host_view refuses."""
+    be host memory, so host_view refuses and the multi-node stages copy."""
     (tmp_path / "torch_spyre").mkdir()
     (tmp_path / "torch_spyre" / "__init__.py").write_text("")
     out = assert_fresh_ok(
@@ -208,13 +215,60 @@ def test_no_view_when_a_real_runtime_owns_the_device(tmp_path):
             """
             import torch
             from spyreccl_torch import device
+            from spyreccl_torch.multinode import staging
             try:
                 device.host_view(torch.zeros(2))
             except RuntimeError as error:
                 print("refused:", "not active" in str(error))
-            print(device.is_registered())
+            print(device.is_registered(), staging.zero_copy_available())
+            print(staging.HostStaging(staging.zero_copy_available()).zero_copy)
             """,
             extra_path=(tmp_path,),
         )
     )
-    assert out.split() == ["refused:", "True", "False"]
+    assert out.split() == ["refused:", "True", "False", "False", "False"]
+
+
+# -- the multi-node layer's staging (staging.py), single process -------------------------
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["zero-copy", "copies"])
+def test_staging_round_trip_and_copy_counts(rng, zero_copy):
+    """host()/host_bytes()/commit() give the same bits either way; in zero-copy mode a
+    contiguous spyre tensor is used in place (no copies counted), a non-contiguous one
+    costs exactly one copy each way."""
+    stage = staging.HostStaging(zero_copy)
+    src = random_of(rng, (64, 5), torch.bfloat16)
+    t = src.to(SPYRE)
+    host = stage.host(t)
+    assert same_bits(host, src)
+    assert (host.data_ptr() == t.data_ptr()) == zero_copy
+    new = random_of(rng, (64, 5), torch.bfloat16)
+    host.copy_(new)
+    stage.commit(t, host)
+    assert same_bits(t.cpu(), new)
+    expected = {"to_host": 0, "from_host": 0} if zero_copy else {"to_host": 1, "from_host": 1}
+    assert stage.counts == expected
+
+    strided = t.t()
+    out = torch.full((64, 5), float("nan"), dtype=torch.bfloat16, device=SPYRE).t()
+    b = stage.host_bytes(strided)
+    assert same_bits(b.view(torch.bfloat16).reshape(5, 64), new.t().contiguous())
+    dest = stage.host_bytes(out, fill=False)
+    dest.copy_(b)
+    stage.commit(out, dest)
+    assert same_bits(out.cpu(), new.t())
+    assert stage.counts["to_host"] == expected["to_host"] + 1
+    assert stage.counts["from_host"] == expected["from_host"] + 1
+
+    whole = stage.concat_bytes([t[:3], torch.ones(3, dtype=torch.bool, device=SPYRE), t[3:5]])
+    want = torch.cat(
+        [
+            src_part.reshape(-1).view(torch.uint8)
+            for src_part in (new[:3], torch.ones(3, dtype=torch.bool), new[3:5])
+        ]
+    )
+    assert torch.equal(whole, want)
+    padded = stage.padded_bytes(t[:2], 2 * 5 * 2 + 6)
+    assert torch.equal(padded[:20], new[:2].reshape(-1).view(torch.uint8))
+    assert not padded[20:].any()
