@@ -638,6 +638,114 @@ def async_check(ctx: Ctx, base_seed: int) -> list[str]:
     return failures
 
 
+def _staged_ops(ctx: Ctx, group: Any, seed: int) -> dict[str, torch.Tensor]:
+    """Contiguous spyre operations through every kind of gloo stage of `group` (2 x 2): an
+    all_reduce on the leader route (exchange between nodes) and on the sharded one (ring),
+    all_gather_into_tensor on both routes, a broadcast, a reduce_scatter_tensor on the
+    sharded route, all_to_all_single and a send/recv between nodes; returns the results."""
+    r, w = ctx.rank, ctx.world_size
+    dev = _dev(ctx)
+    small = rank_inputs(seed, 1001, torch.float32, w)
+    large = rank_inputs(seed, LARGE, torch.float32, w, salt=1)
+    out: dict[str, torch.Tensor] = {}
+    for name, inputs in (("leader", small), ("sharded", large)):
+        t = inputs[r].to(dev)
+        dist.all_reduce(t, group=group)
+        out[f"all_reduce {name}"] = t
+        gathered = poison_(torch.empty(w * inputs[r].numel(), dtype=torch.float32, device=dev))
+        dist.all_gather_into_tensor(gathered, inputs[r].to(dev), group=group)
+        out[f"all_gather {name}"] = gathered
+    b = large[r].to(dev) if r == w - 1 else poison_(torch.empty(LARGE, device=dev))
+    dist.broadcast(b, src=w - 1, group=group)
+    out["broadcast"] = b
+    rs = poison_(torch.empty(LARGE // w + 1, device=dev))
+    dist.reduce_scatter_tensor(rs, torch.cat([large[r], large[r][: w - 1]]).to(dev), group=group)
+    out["reduce_scatter"] = rs
+    a2a = poison_(torch.empty(w * 5, device=dev))
+    dist.all_to_all_single(a2a, small[r][: w * 5].to(dev), group=group)
+    out["all_to_all"] = a2a
+    peer = (r + 2) % w  # the same local index on the other node
+    p2p = poison_(torch.empty(1001, device=dev))
+    ops = [
+        dist.P2POp(dist.isend, small[r].to(dev), peer, group),
+        dist.P2POp(dist.irecv, p2p, peer, group),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    out["send/recv"] = p2p
+    return out
+
+
+def staging_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """The gloo stages use the spyre tensors in place (the emulated device is host memory):
+    the operations of _staged_ops copy nothing between spyre tensors and host buffers on
+    the default group; on a group made with SPYRECCL_MULTINODE_ZERO_COPY=0 the same ones
+    copy (so the count can see copies) and give the same bits."""
+    from spyreccl_torch.multinode import HierarchicalProcessGroup
+
+    failures: list[str] = []
+    r = ctx.rank
+    seed = case_seed(base_seed, 90_000)
+    world = dist.group.WORLD
+    saved = os.environ.get("SPYRECCL_MULTINODE_ZERO_COPY")
+    os.environ["SPYRECCL_MULTINODE_ZERO_COPY"] = "0"
+    try:
+        copying = dist.new_group(list(range(ctx.world_size)))
+    finally:
+        if saved is None:
+            del os.environ["SPYRECCL_MULTINODE_ZERO_COPY"]
+        else:
+            os.environ["SPYRECCL_MULTINODE_ZERO_COPY"] = saved
+    if not isinstance(copying, HierarchicalProcessGroup):
+        return [f"rank {r}: staging_check: group is {type(copying).__name__}"]
+    routes_before = dict(world.route_counts)
+    before = dict(world.staging_counts)
+    in_place = _staged_ops(ctx, world, seed)
+    if world.staging_counts != before:
+        failures.append(
+            f"rank {r}: gloo stages copied spyre tensors on the emulated device: "
+            f"{before} -> {world.staging_counts}"
+        )
+    if not all(world.route_counts[k] > routes_before[k] for k in ("leader", "sharded")):
+        failures.append(f"rank {r}: staging_check missed a route: {world.route_counts}")
+    copied = _staged_ops(ctx, copying, seed)
+    counts = copying.staging_counts
+    if not (counts["to_host"] > 0 and counts["from_host"] > 0):
+        failures.append(f"rank {r}: the copying group counted no copies: {counts}")
+    for name, t in in_place.items():
+        try:
+            check_exact(t, copied[name].cpu(), seed, ctx.world_size, f"staging {name}")
+        except AssertionError as exc:
+            failures.append(f"rank {r}: in place vs copies: {exc}")
+    # Against the references too (bit-identical results could both be wrong).
+    w = ctx.world_size
+    small = rank_inputs(seed, 1001, torch.float32, w)
+    large = rank_inputs(seed, LARGE, torch.float32, w, salt=1)
+    try:
+        check_result(
+            in_place["all_reduce sharded"],
+            reference_reduce(large, "sum"),
+            torch.float32,
+            w,
+            seed,
+            "staging all_reduce sharded",
+        )
+        check_exact(in_place["all_gather leader"], torch.cat(small), seed, w, "staging all_gather")
+        check_exact(in_place["broadcast"], large[w - 1], seed, w, "staging broadcast")
+        check_exact(
+            in_place["all_to_all"],
+            torch.cat([small[s][r * 5 : (r + 1) * 5] for s in range(w)]),
+            seed,
+            w,
+            "staging all_to_all",
+        )
+        check_exact(in_place["send/recv"], small[(r + 2) % w], seed, w, "staging send/recv")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+    dist.destroy_process_group(copying)
+    return failures
+
+
 def _rejected_within(
     call: Callable[[], Any], pattern: str, what: str, rank: int, limit_s: float = 10.0
 ) -> list[str]:
@@ -1033,7 +1141,7 @@ def mode_ops(full: bool) -> None:
     cases = op_cases(ctx.world_size, full)
     extras = (
         [group_checks, ddp_check, hsdp_check, funcol_check, async_check, mismatch_check]
-        + [timeout_check, failure_check]
+        + [staging_check, timeout_check, failure_check]
         if full
         else [split_check]
     )
@@ -1050,6 +1158,7 @@ def mode_ops(full: bool) -> None:
         extras_run.append(check.__name__)
     routes = dict(getattr(dist.group.WORLD, "route_counts", {}))
     cross = dict(getattr(dist.group.WORLD, "cross_counts", {}))
+    staging = dict(getattr(dist.group.WORLD, "staging_counts", {}))
     report.update(
         cases=len(cases),
         done=done,
@@ -1057,6 +1166,7 @@ def mode_ops(full: bool) -> None:
         seconds=time.monotonic() - start,
         routes=routes,
         cross=cross,
+        staging=staging,
         extras_run=extras_run,
     )
     report["segments"] = _mapped_segments()

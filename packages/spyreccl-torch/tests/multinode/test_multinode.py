@@ -110,6 +110,7 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
             "funcol_check",
             "async_check",
             "mismatch_check",
+            "staging_check",
             "timeout_check",
             "failure_check",
         ],

@@ -19,8 +19,12 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["DEVICE_NAME", "EMULATE_ENV", "is_registered", "register"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DEVICE_NAME", "EMULATE_ENV", "host_view", "is_registered", "register"]
 
 DEVICE_NAME = "spyre"
 EMULATE_ENV = "SPYRECCL_EMULATE_SPYRE"
@@ -121,3 +125,32 @@ def register() -> bool:
 def is_registered() -> bool:
     """Whether :func:`register` activated the emulated device in this process."""
     return bool(_active)
+
+
+def host_view(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over the memory of the emulated-spyre tensor `tensor`, without copying.
+
+    Same data pointer, sizes, strides, storage offset, dtype (and conjugate/negative bits):
+    writes through either are seen by the other. For CPU-only libraries (gloo) that cannot
+    take a spyre tensor. The view holds a reference to the spyre storage, so its memory
+    stays allocated while the view exists; resizing the spyre storage meanwhile moves the
+    spyre tensor to new memory, away from the view. Like ``detach()``, the view is outside
+    autograd (``requires_grad=False``) and shares the version counter (an inference tensor
+    gives an inference tensor).
+
+    Only while the emulated device is active (:func:`is_registered`): a real Spyre runtime's
+    memory is not host memory, so this raises there instead of returning a view of it.
+    """
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(
+            "host_view: argument 'tensor' must be a spyre torch.Tensor, got "
+            f"{type(tensor).__name__}"
+        )
+    if not is_registered():
+        raise RuntimeError(
+            "host_view: the emulated spyre device is not active in this process (it stepped "
+            "aside, or register() was not called): spyre memory may not be host memory"
+        )
+    return torch.ops.spyreccl_device.host_view(tensor)

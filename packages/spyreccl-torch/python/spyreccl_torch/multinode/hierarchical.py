@@ -11,9 +11,10 @@ A group whose ranks are on several nodes is therefore built from:
 - ``control``: a gloo group over every rank for the mismatch check and barriers
   (fingerprint.py).
 
-gloo moves host memory, so data crossing nodes is copied to the host first (as raw bytes for
-data movement, so gloo's dtype coverage does not matter; widened to a dtype gloo reduces for
-reductions). Reductions take one of three routes, by size:
+gloo moves host memory: on the emulated spyre device (host memory) its stages read and write
+the spyre tensors in place through CPU views, elsewhere through host copies (staging.py). Data
+moves as raw bytes, so gloo's dtype coverage does not matter; reductions are widened to a
+dtype gloo reduces. Reductions take one of three routes, by size:
 
 - *flat* (up to SPYRECCL_MULTINODE_FLAT_MAX_BYTES, off by default): one gloo all_reduce
   over every rank. Fewest stages, but every rank's message crosses between nodes.
@@ -69,10 +70,9 @@ from .failures import ABORT_OP, FailureBoard, PeerFailure, wait_sliced
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
 from .reduction import Plan as _Plan
-from .reduction import bytes_into as _bytes_into
 from .reduction import combine_in_order as _combine_in_order
 from .reduction import exchange_ok as _exchange_ok
-from .reduction import host_bytes as _host_bytes
+from .staging import HostStaging, zero_copy_available
 from .topology import Topology
 from .works import AsyncWork, ThenWork
 
@@ -237,6 +237,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         # How the reductions between nodes (the cross stages) were done: "exchange" (gloo
         # all_to_all and an in-order combine) or "ring" (gloo's all_reduce).
         self.cross_counts = {"exchange": 0, "ring": 0}
+        # The gloo stages' host buffers (staging.py): spyre memory itself where the
+        # emulated device is active; staging_counts counts the copies made otherwise.
+        self._staging = HostStaging(zero_copy_available())
+        self.staging_counts = self._staging.counts
         self._flat_max_bytes = int(os.environ.get(FLAT_MAX_BYTES_ENV, DEFAULT_FLAT_MAX_BYTES))
         self._exchange_max_bytes = int(
             os.environ.get(EXCHANGE_MAX_BYTES_ENV, DEFAULT_EXCHANGE_MAX_BYTES)
@@ -659,19 +663,24 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         float64 took 90-118 us against 191-327 us between 2 ranks, 0.6-0.7 ms against
         4.6-5.1 ms between 4 (docs/performance.md). Between 2 nodes it moves the same bytes
         as the ring."""
-        host = t.detach().cpu() if t.device.type != "cpu" else t
+        host = self._staging.host(t)
         n = group.size()
         flat = host.reshape(-1)
         sent = flat.unsqueeze(0).expand(n, -1).contiguous().reshape(-1)
         got = torch.empty_like(sent)
         splits = [flat.numel()] * n
         self._gloo(lambda: group.alltoall_base(got, sent, splits, splits, c10d.AllToAllOptions()))
-        t.copy_(_combine_in_order(list(got.view(n, -1).unbind(0)), op).view(t.shape))
+        # Combined straight into `host` (t's memory where it is a view): `sent` holds the
+        # contribution, so t may be overwritten.
+        _combine_in_order(list(got.view(n, -1).unbind(0)), op, out=flat)
+        self._staging.commit(t, host)
 
     def _host_reduce(self, group: Any, t: torch.Tensor, op: Any, root: int | None = None) -> None:
-        """All-reduces `t` (spyre or host) over the gloo `group` on a host copy, or reduces
-        it to `root` (then only the root's `t` is written)."""
-        host = t.detach().cpu() if t.device.type != "cpu" else t
+        """All-reduces `t` (spyre or host, contiguous) over the gloo `group` in place, or
+        reduces it to `root`: then only the root's `t` holds the result, and the other
+        ranks' `t` is scratch (gloo's reduce may write partial results into its buffer;
+        callers reduce buffers of their own)."""
+        host = self._staging.host(t)
         view, flip = _gloo_view(host, op)
         if root is None:
             opts = c10d.AllreduceOptions()
@@ -687,8 +696,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 return
         if flip:
             view.bitwise_xor_(_SIGN_BIT)
-        if host is not t:
-            t.copy_(host)
+        self._staging.commit(t, host)
 
     def _flat_ok(self, nbytes: int, plan: _Plan) -> bool:
         """Whether a reduction of `nbytes` takes the flat route (one gloo all_reduce over
@@ -787,13 +795,13 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if topo.node == root_node:
             self._local_broadcast(buf, topo.local_rank_of[root])
         if topo.local_rank == 0 and self._cross is not None:
-            host = _host_bytes(buf)
+            host = self._staging.host_bytes(buf, fill=topo.node == root_node)
             opts = c10d.BroadcastOptions()
             opts.rootRank = root_node  # the leaders' group lists the nodes in order
             opts.rootTensor = 0
             self._gloo(lambda: self._cross.broadcast([host], opts))
             if topo.node != root_node:
-                _bytes_into(buf, host)
+                self._staging.commit(buf, host)
         if topo.node != root_node:
             self._local_broadcast(buf, 0)
         if buf is not t:
@@ -814,19 +822,31 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         full = torch.empty(topo.size * n, dtype=inp.dtype, device=inp.device)
         if topo.local_rank == 0:
             # Leaders exchange whole nodes, padded to the largest node (gloo gathers equal
-            # sizes), then place every rank's block at its position.
+            # sizes), then place every rank's block at its position. Nodes of equal size
+            # holding consecutive ranks in order (the usual launch) need neither step: gloo
+            # reads the node's blocks and writes the gathered ones in place.
             widest = max(len(m) for m in topo.nodes)
             block = n * inp.element_size()
-            mine = torch.zeros(widest * block, dtype=torch.uint8)
-            mine[: local_size * block].copy_(_host_bytes(node_buf))
-            gathered = torch.empty(len(topo.nodes) * widest * block, dtype=torch.uint8)
+            mine = self._staging.padded_bytes(node_buf, widest * block)
+            full_bytes = self._staging.host_bytes(full, fill=False)
+            in_order = all(
+                members == list(range(k * widest, (k + 1) * widest))
+                for k, members in enumerate(topo.nodes)
+            )
+            gathered = (
+                full_bytes
+                if in_order
+                else torch.empty(len(topo.nodes) * widest * block, dtype=torch.uint8)
+            )
             self._gloo(lambda: self._cross._allgather_base(gathered, mine, c10d.AllgatherOptions()))
-            ordered = torch.empty(topo.size * block, dtype=torch.uint8)
-            for node, members in enumerate(topo.nodes):
-                for i, r in enumerate(members):
-                    start = (node * widest + i) * block
-                    ordered[r * block : (r + 1) * block].copy_(gathered[start : start + block])
-            _bytes_into(full, ordered)
+            if gathered is not full_bytes:
+                for node, members in enumerate(topo.nodes):
+                    for i, r in enumerate(members):
+                        start = (node * widest + i) * block
+                        full_bytes[r * block : (r + 1) * block].copy_(
+                            gathered[start : start + block]
+                        )
+            self._staging.commit(full, full_bytes)
         self._local_broadcast(full, 0)
         return lambda r: full[r * n : (r + 1) * n]
 
@@ -984,15 +1004,11 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         topo = self._topo
         self.route_counts["sharded"] += 1
         n, nodes = flat_in.numel(), len(topo.nodes)
-        block = n * flat_in.element_size()
-        across = torch.empty(nodes * block, dtype=torch.uint8)
-        self._gloo(
-            lambda: self._cross._allgather_base(
-                across, _host_bytes(flat_in), c10d.AllgatherOptions()
-            )
-        )
         across_dev = torch.empty(nodes * n, dtype=flat_in.dtype, device=flat_in.device)
-        _bytes_into(across_dev, across)
+        across = self._staging.host_bytes(across_dev, fill=False)
+        sent = self._staging.host_bytes(flat_in)
+        self._gloo(lambda: self._cross._allgather_base(across, sent, c10d.AllgatherOptions()))
+        self._staging.commit(across_dev, across)
         node_buf = torch.empty(
             len(topo.local_ranks) * nodes * n, dtype=flat_in.dtype, device=flat_in.device
         )
@@ -1035,8 +1051,15 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self.route_counts["flat"] += 1
             if n == 0:
                 return
-            host_in = plan.prepare(flat, always_copy=False).detach().cpu()
-            host_out = torch.empty(n, dtype=plan.work_dtype)
+            # `flat` is this call's own buffer: gloo may flip its sign bits (uint64 MIN/MAX).
+            host_in = self._staging.host(plan.prepare(flat, always_copy=False))
+            # In place into `out` when the reduction's dtype is out's (then finish() returns
+            # its argument, or a new tensor for AVG, copied in by commit).
+            host_out = (
+                self._staging.host(out, fill=False).view(-1)
+                if plan.work_dtype == out.dtype
+                else torch.empty(n, dtype=plan.work_dtype)
+            )
             view_in, flip = _gloo_view(host_in, plan.local_op)
             view_out = torch.view_as_real(host_out) if host_out.is_complex() else host_out
             if host_out.dtype == torch.uint64:
@@ -1046,7 +1069,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._gloo(lambda: self._flat._reduce_scatter_base(view_out, view_in, rs))
             if flip:
                 view_out.bitwise_xor_(_SIGN_BIT)
-            out.copy_(plan.finish(host_out).reshape(out.shape))
+            self._staging.commit(out, plan.finish(host_out))
             return
         self._all_reduce_into(flat, op)
         r = self._topo.rank
@@ -1118,8 +1141,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             is_root = self._topo.rank == opts.rootRank
             if is_root:
                 self._check_list("gather", "gather_list", output_lists[0], inp)
-            host_in = _host_bytes(inp)
-            host_outs = [torch.empty_like(host_in) for _ in range(self._topo.size)]
+            host_in = self._staging.host_bytes(inp)
+            host_outs = (
+                [self._staging.host_bytes(out, fill=False) for out in output_lists[0]]
+                if is_root
+                else []
+            )
             gopts = c10d.GatherOptions()
             gopts.rootRank = opts.rootRank
             self.route_counts["flat"] += 1
@@ -1127,7 +1154,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             if not is_root:
                 return []
             for out, host in zip(output_lists[0], host_outs, strict=True):
-                _bytes_into(out, host)
+                self._staging.commit(out, host)
             return output_lists[0]
 
         return self._run("gather", body, _sig(inputs, None, opts.rootRank), opts)
@@ -1147,13 +1174,13 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             host_ins: list[torch.Tensor] = []
             if is_root:
                 self._check_list("scatter", "scatter_list", input_lists[0], out)
-                host_ins = [_host_bytes(t) for t in input_lists[0]]
-            host_out = torch.empty(out.numel() * out.element_size(), dtype=torch.uint8)
+                host_ins = [self._staging.host_bytes(t) for t in input_lists[0]]
+            host_out = self._staging.host_bytes(out, fill=False)
             sopts = c10d.ScatterOptions()
             sopts.rootRank = opts.rootRank
             self.route_counts["flat"] += 1
             self._gloo(lambda: self._flat.scatter([host_out], [host_ins] if is_root else [], sopts))
-            _bytes_into(out, host_out)
+            self._staging.commit(out, host_out)
             return outputs
 
         return self._run("scatter", body, _sig(outputs, None, opts.rootRank), opts)
@@ -1180,8 +1207,14 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 row = (t.numel() // t.shape[0] if t.dim() and t.shape[0] else 0) * t.element_size()
                 return [int(s) * row for s in splits]
 
-            host_in = _host_bytes(inp)
-            host_out = torch.empty(output.numel() * output.element_size(), dtype=torch.uint8)
+            host_in = self._staging.host_bytes(inp)
+            # gloo must not write the output over input it has not sent yet.
+            in_place = output.untyped_storage().data_ptr() == inp.untyped_storage().data_ptr()
+            host_out = (
+                torch.empty(output.numel() * output.element_size(), dtype=torch.uint8)
+                if in_place and output.numel()
+                else self._staging.host_bytes(output, fill=False)
+            )
             self._gloo(
                 lambda: self._flat.alltoall_base(
                     host_out,
@@ -1191,7 +1224,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                     c10d.AllToAllOptions(),
                 )
             )
-            _bytes_into(output, host_out)
+            self._staging.commit(output, host_out)
             return [output]
 
         return self._run("all_to_all_single", body, _sig([], None, -1, inp.dtype), opts)
@@ -1206,7 +1239,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return self._flat.alltoall(outputs, inputs, opts)
 
         def body() -> list[torch.Tensor]:
-            host_in = torch.cat([_host_bytes(t) for t in inputs])
+            host_in = self._staging.concat_bytes(inputs)
             out_sizes = [t.numel() * t.element_size() for t in outputs]
             in_sizes = [t.numel() * t.element_size() for t in inputs]
             host_out = torch.empty(sum(out_sizes), dtype=torch.uint8)
@@ -1217,7 +1250,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             )
             offset = 0
             for t, size in zip(outputs, out_sizes, strict=True):
-                _bytes_into(t, host_out[offset : offset + size])
+                self._staging.commit(t, host_out[offset : offset + size])
                 offset += size
             return outputs
 
@@ -1277,7 +1310,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             where = "between nodes"
 
             def post() -> Any:
-                keep.append(_host_bytes(tensors[0]))  # gloo reads it until the send completes
+                # gloo reads it until the send completes (a view keeps the spyre memory).
+                keep.append(self._staging.host_bytes(tensors[0]))
                 return self._flat.send(keep[-1:], dst, tag)
 
         what = f"send seq {self._p2p_seq} to rank {dst} (tag {tag}, {where})"
@@ -1303,13 +1337,13 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 return self._local.recv(tensors, self._topo.local_rank_of[src], tag)
         else:
             where = "between nodes"
-            host = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
+            host = self._staging.host_bytes(t, fill=False)
 
             def post() -> Any:
                 return self._flat.recv([host], src, tag)
 
             def after() -> None:
-                _bytes_into(t, host)
+                self._staging.commit(t, host)
 
         what = f"recv seq {self._p2p_seq} from rank {src} (tag {tag}, {where})"
         posting, posted = self._post(what, post)

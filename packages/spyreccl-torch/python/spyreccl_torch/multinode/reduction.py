@@ -1,4 +1,4 @@
-"""Host copies and reduction plans of a hierarchical group (see hierarchical.py).
+"""Reduction plans of a hierarchical group (see hierarchical.py).
 
 gloo moves host memory and reduces fewer dtypes than spyreccl: a :class:`Plan` says in which
 dtype a reduction is computed across the stages and which op each stage applies, so that the
@@ -15,18 +15,6 @@ import torch.distributed as dist
 
 _NARROW_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2})
 _RedOp = dist.ReduceOp.RedOpType
-
-
-def host_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 host copy of `t`'s elements (gloo moves every dtype as bytes)."""
-    host = t.detach().contiguous().cpu().reshape(-1)
-    return host.view(torch.uint8) if host.dtype != torch.uint8 else host
-
-
-def bytes_into(t: torch.Tensor, host: torch.Tensor) -> None:
-    """Copies a flat uint8 host buffer made by host_bytes back into `t`."""
-    values = host.view(t.dtype) if t.dtype != torch.uint8 else host
-    t.copy_(values.reshape(t.shape))
 
 
 def validate_reduction(kind: Any, dtype: torch.dtype) -> None:
@@ -124,12 +112,15 @@ def exchange_ok(t: torch.Tensor, op: Any) -> bool:
     return kind in _COMBINE and t.dtype in _EXCHANGE_DTYPES
 
 
-def combine_in_order(parts: list[torch.Tensor], op: Any) -> torch.Tensor:
+def combine_in_order(
+    parts: list[torch.Tensor], op: Any, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """parts[0] op parts[1] op ... in list order: every rank that combines the same parts
-    in the same order gets the same bits."""
+    in the same order gets the same bits. Into `out` (shaped like the parts, not
+    overlapping them) when given."""
     kind = op.op if hasattr(op, "op") else op
     fn = _COMBINE[kind]
-    acc = parts[0].clone()
+    acc = parts[0].clone() if out is None else out.copy_(parts[0])
     for part in parts[1:]:
         fn(acc, part, out=acc)
     return acc
