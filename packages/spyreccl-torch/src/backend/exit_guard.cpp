@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/process_group_spyreccl.hpp"
+#include "backend/progress_thread.h"
 
 namespace py = pybind11;
 
@@ -21,7 +21,7 @@ namespace {
 struct ExitState {
   std::mutex mutex;
   std::condition_variable idle;
-  std::vector<c10::weak_intrusive_ptr<ProcessGroupSpyreccl>> groups;
+  std::vector<std::weak_ptr<ProgressThread>> threads;
   bool closed = false;  // prepareForExit() ran: no guarded callback may take the GIL
   int running = 0;      // guarded callbacks between enter() and leave()
 };
@@ -105,45 +105,43 @@ class PyCallable {
 
 }  // namespace
 
-void registerLiveGroup(const c10::intrusive_ptr<ProcessGroupSpyreccl>& group) {
+void registerProgressThread(const std::shared_ptr<ProgressThread>& thread) {
   ExitState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  // Forget the groups that are gone, so that a job creating many groups keeps a short list.
-  std::vector<c10::weak_intrusive_ptr<ProcessGroupSpyreccl>> live;
-  live.reserve(s.groups.size() + 1);
-  for (auto& weak : s.groups) {
+  // Forget the threads that are gone, so that a job creating many groups keeps a short list.
+  std::vector<std::weak_ptr<ProgressThread>> live;
+  live.reserve(s.threads.size() + 1);
+  for (auto& weak : s.threads) {
     if (!weak.expired()) {
       live.push_back(std::move(weak));
     }
   }
-  live.emplace_back(group);
-  s.groups = std::move(live);
+  live.emplace_back(thread);
+  s.threads = std::move(live);
 }
 
 void prepareForExit() {
   py::gil_scoped_release release;
   ExitState& s = state();
-  std::vector<c10::intrusive_ptr<ProcessGroupSpyreccl>> groups;
+  std::vector<std::shared_ptr<ProgressThread>> threads;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (s.closed) {
       return;
     }
-    for (auto& weak : s.groups) {
-      if (auto group = weak.lock()) {
-        groups.push_back(std::move(group));
+    for (auto& weak : s.threads) {
+      if (auto thread = weak.lock()) {
+        threads.push_back(std::move(thread));
       }
     }
-    s.groups.clear();
+    s.threads.clear();
   }
-  for (auto& group : groups) {
-    try {
-      group->shutdown();
-    } catch (const std::exception&) {
-      // Exit goes on: what the group could not finish has reported its error to its Works.
-    }
+  for (auto& thread : threads) {
+    // Not under the mutex: a callback of a job it drains may create a group, which
+    // registers its thread.
+    thread->stop(/*drain=*/true);
   }
-  groups.clear();
+  threads.clear();
   std::unique_lock<std::mutex> lock(s.mutex);
   s.closed = true;
   s.idle.wait(lock, [&s] { return s.running == 0; });

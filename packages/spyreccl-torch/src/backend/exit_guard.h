@@ -9,29 +9,33 @@
 // finalization aborts the process.
 //
 // So, at exit (Python's atexit, before finalization; see spyreccl_torch/_lifecycle.py):
-//   * every live spyreccl group finishes what it queued (shutdown(), as when it is destroyed),
-//     with the GIL released so that callbacks of those operations can still run; afterwards
-//     no progress thread runs a job;
+//   * every live spyreccl group's progress thread finishes what it queued and stops (as when
+//     the group is shut down or destroyed), with the GIL released so that callbacks of those
+//     operations can still run; afterwards no progress thread runs a job;
 //   * the gate of guarded callbacks (addGuardedCallback) closes: a Work that completes later
 //     (an operation abandoned after a failure, still pending in gloo until its timeout) skips
 //     its Python callback instead of asking for the GIL.
 #pragma once
 
-#include <c10/util/intrusive_ptr.h>
+#include <memory>
+
 #include <pybind11/pybind11.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace spyreccl_torch {
 
-class ProcessGroupSpyreccl;
+class ProgressThread;
 
-// Remembers a live group for shutdownLiveGroups() (a weak reference: the group's lifetime is
-// its owners').
-void registerLiveGroup(const c10::intrusive_ptr<ProcessGroupSpyreccl>& group);
+// Remembers a group's progress thread for prepareForExit(). A std::weak_ptr: it neither
+// keeps the thread alive nor delays its destruction (a c10::weak_intrusive_ptr to the group
+// would delay the group's destructor, and with it the release of its shared memory, until
+// the weak reference went).
+void registerProgressThread(const std::shared_ptr<ProgressThread>& thread);
 
-// Called once at exit, with the GIL held: releases it, shuts every live group down (each
-// waits for its queued operations, bounded by the group's timeout), then closes the gate of
-// guarded callbacks and waits for the ones running. Later calls do nothing.
+// Called once at exit, with the GIL held: releases it, stops every live progress thread
+// after its queued operations (bounded by the group's timeout; the group then refuses new
+// ones, as after shutdown()), then closes the gate of guarded callbacks and waits for the
+// ones running. Later calls do nothing.
 void prepareForExit();
 
 // Runs `fn(error)` when `work` completes: error is None, or the message of the Work's

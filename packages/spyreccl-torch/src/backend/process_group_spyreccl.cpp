@@ -17,6 +17,7 @@
 
 #include "backend/communicator.h"
 #include "backend/errors.h"
+#include "backend/exit_guard.h"
 #include "backend/functional_scope.h"
 #include "backend/input_checks.h"
 #include "backend/progress_thread.h"
@@ -475,6 +476,7 @@ void ProcessGroupSpyreccl::startProgressThread() {
       },
       [comm = comm_] { (void)spyrecclCommWakePoll(comm->get()); }};
   progress_ = std::make_shared<ProgressThread>(label(), std::move(waiter));
+  registerProgressThread(progress_);  // stopped at interpreter exit (exit_guard.h)
 }
 
 namespace {

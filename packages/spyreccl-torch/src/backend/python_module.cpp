@@ -84,9 +84,7 @@ PYBIND11_MODULE(_C, module) {
                                                     : options.cast<c10::intrusive_ptr<Options>>();
              // Joining the communicator blocks on the other ranks: let Python run meanwhile.
              py::gil_scoped_release release;
-             auto group = c10::make_intrusive<ProcessGroupSpyreccl>(store, rank, size, opts);
-             spyreccl_torch::registerLiveGroup(group);
-             return group;
+             return c10::make_intrusive<ProcessGroupSpyreccl>(store, rank, size, opts);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options") = py::none())
       .def_property_readonly("options", &ProcessGroupSpyreccl::getOptions)
@@ -113,10 +111,11 @@ PYBIND11_MODULE(_C, module) {
         return version;
       },
       "Version code of the loaded libspyreccl (MAJOR*10000 + MINOR*100 + PATCH).");
-  module.def("_prepare_for_exit", &spyreccl_torch::prepareForExit,
-             "Called once by an atexit hook (spyreccl_torch._lifecycle): every live spyreccl "
-             "group finishes what it queued, and guarded Work callbacks stop running, so that "
-             "no thread of ours asks for the GIL while the interpreter finalizes.");
+  module.def(
+      "_prepare_for_exit", &spyreccl_torch::prepareForExit,
+      "Called once by an atexit hook (spyreccl_torch._lifecycle): every live spyreccl "
+      "group finishes what it queued and stops, and guarded Work callbacks stop running, so that "
+      "no thread of ours asks for the GIL while the interpreter finalizes.");
   module.def("_add_guarded_callback", &spyreccl_torch::addGuardedCallback, py::arg("work"),
              py::arg("fn"),
              "Calls fn(error) when the c10d Work completes (error: None or the message of its "
