@@ -1460,11 +1460,20 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             ).start()
             return
         for child in gloo:
-            if child is not None:
-                try:
-                    child.shutdown()
-                except Exception:
-                    pass
+            try:
+                child.shutdown()
+            except Exception:
+                pass
+        # Drop the gloo groups now, while the interpreter is whole: the last reference going
+        # runs each one's destructor (torch releases the GIL for it), which joins gloo's
+        # worker threads. Kept until finalization, a worker may still be releasing a finished
+        # stage's tensors then; their Python objects need the GIL, which Python refuses by
+        # ending the thread, and the process aborts (seen 1 run in 8 of a 2 x 2 job whose
+        # script ended right after its last all_reduce).
+        self._cross = self._flat = self._check_group = None
+        self._checker = None
+        child = None
+        gloo.clear()
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout = timeout
