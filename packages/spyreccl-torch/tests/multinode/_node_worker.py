@@ -24,6 +24,7 @@ import sys
 import time
 import traceback
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -698,6 +699,7 @@ def staging_check(ctx: Ctx, base_seed: int) -> list[str]:
             os.environ["SPYRECCL_MULTINODE_ZERO_COPY"] = saved
     if not isinstance(copying, HierarchicalProcessGroup):
         return [f"rank {r}: staging_check: group is {type(copying).__name__}"]
+    gloo_groups = [weakref.ref(g) for g in (copying._cross, copying._flat, copying._check_group)]
     routes_before = dict(world.route_counts)
     before = dict(world.staging_counts)
     in_place = _staged_ops(ctx, world, seed)
@@ -743,6 +745,13 @@ def staging_check(ctx: Ctx, base_seed: int) -> list[str]:
     except AssertionError as exc:
         failures.append(f"rank {r}: {exc}")
     dist.destroy_process_group(copying)
+    # Its shutdown dropped its gloo groups (while `copying` itself is still referenced here),
+    # so their destructors ran and joined gloo's worker threads: none is left for interpreter
+    # exit, where a worker releasing a stage's tensors would abort the process (see
+    # HierarchicalProcessGroup.shutdown).
+    alive = [ref() is not None for ref in gloo_groups]
+    if any(alive):
+        failures.append(f"rank {r}: gloo groups (cross, flat, check) alive after destroy: {alive}")
     return failures
 
 
