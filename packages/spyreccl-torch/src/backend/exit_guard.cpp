@@ -2,6 +2,7 @@
 #include "backend/exit_guard.h"
 
 #include <ATen/core/ivalue.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <exception>
@@ -21,7 +22,9 @@ namespace {
 struct ExitState {
   std::mutex mutex;
   std::condition_variable idle;
-  std::vector<std::weak_ptr<ProgressThread>> threads;
+  // With the process that registered each: a child forked after a group was made inherits
+  // the list but not the threads, which it must not try to stop (join) at its own exit.
+  std::vector<std::pair<pid_t, std::weak_ptr<ProgressThread>>> threads;
   bool closed = false;  // prepareForExit() ran: no guarded callback may take the GIL
   int running = 0;      // guarded callbacks between enter() and leave()
 };
@@ -109,14 +112,15 @@ void registerProgressThread(const std::shared_ptr<ProgressThread>& thread) {
   ExitState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   // Forget the threads that are gone, so that a job creating many groups keeps a short list.
-  std::vector<std::weak_ptr<ProgressThread>> live;
+  const pid_t self = getpid();
+  std::vector<std::pair<pid_t, std::weak_ptr<ProgressThread>>> live;
   live.reserve(s.threads.size() + 1);
-  for (auto& weak : s.threads) {
-    if (!weak.expired()) {
-      live.push_back(std::move(weak));
+  for (auto& entry : s.threads) {
+    if (entry.first == self && !entry.second.expired()) {
+      live.push_back(std::move(entry));
     }
   }
-  live.emplace_back(thread);
+  live.emplace_back(self, thread);
   s.threads = std::move(live);
 }
 
@@ -129,7 +133,11 @@ void prepareForExit() {
     if (s.closed) {
       return;
     }
-    for (auto& weak : s.threads) {
+    const pid_t self = getpid();
+    for (auto& [pid, weak] : s.threads) {
+      if (pid != self) {
+        continue;  // inherited through fork(): the thread is not in this process
+      }
       if (auto thread = weak.lock()) {
         threads.push_back(std::move(thread));
       }

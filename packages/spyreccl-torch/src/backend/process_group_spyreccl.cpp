@@ -459,6 +459,16 @@ ProcessGroupSpyreccl::ProcessGroupSpyreccl(SplitTag, std::shared_ptr<Communicato
 }
 
 ProcessGroupSpyreccl::~ProcessGroupSpyreccl() {
+  if (getpid() != creatorPid_) {
+    // Destroyed in a child forked after the group was made (at its exit, say): the progress
+    // thread and the communicator's shared memory belong to the parent. Stopping the thread
+    // would wait for one that does not exist here (its join, its condition variable's
+    // destruction), and releasing the communicator would act on the parent's behalf; both
+    // are left alone, deliberately leaked.
+    new std::shared_ptr<ProgressThread>(std::move(progress_));
+    new std::shared_ptr<Communicator>(std::move(comm_));
+    return;
+  }
   // A group that is simply dropped finishes what it queued (like gloo); abort() is the way
   // to give up on pending operations.
   if (!aborted_.load()) {

@@ -18,6 +18,8 @@
 // thread at a time per group, in the same order on all ranks.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -277,6 +279,9 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> shutDown_{false};
+  // The process that made the group; a child forked later inherits the object but not the
+  // progress thread, and must not tear it down (see the destructor).
+  const pid_t creatorPid_ = getpid();
 
   // Open coalescing batch (between startCoalescing and endCoalescing).
   bool coalescing_ = false;

@@ -18,6 +18,7 @@ Files in DIR record what happened; the test checks them and both exit codes.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import sys
 import time
@@ -57,6 +58,33 @@ gen = torch.Generator().manual_seed(1234 + RANK)
 mine = torch.randn(257, dtype=torch.float64, generator=gen).float()
 torch.save(mine, DIR / f"input{RANK}.pt")
 
+dist.init_process_group("spyreccl", store=store, rank=RANK, world_size=2, timeout=timeout)
+
+# -- fork: a child forked after the groups exist exits normally and at once -----------------
+# It inherits the spyreccl group and the registry of progress threads but not the threads:
+# neither the exit hook nor the group's destructor may try to stop (join) them there, which
+# would hang the child. (Before any gloo group exists: torch's gloo groups hang a forked
+# child's exit the same way, in their own destructors.)
+if RANK == 0:
+    dist.all_reduce(mine.to("spyre"))  # the group's progress thread exists and has run
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # a normal exit: atexit hooks run
+    deadline = time.monotonic() + 30
+    status = "hung"
+    while time.monotonic() < deadline:
+        pid, code = os.waitpid(child, os.WNOHANG)
+        if pid == child:
+            status = repr(os.waitstatus_to_exitcode(code))
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+    (DIR / "fork_child").write_text(status)
+else:
+    dist.all_reduce(mine.to("spyre"))
+
 # -- 0. guarded callbacks while the interpreter is alive -------------------------------------
 # One on an operation that succeeds, one on an operation that times out (rank 1 never joins
 # the group `lonely`'s operation): each runs once, on gloo's thread, with None or the error.
@@ -82,8 +110,8 @@ if RANK == 0:
 else:
     gloo_ok.allreduce([t0]).wait()
 
+
 # -- 1. an async operation still pending when the script ends ---------------------------------
-dist.init_process_group("spyreccl", store=store, rank=RANK, world_size=2, timeout=timeout)
 gloo = dist.new_group(backend="gloo", timeout=timeout)
 t2 = mine.to("spyre")
 if RANK == 0:
@@ -118,4 +146,10 @@ else:
     _wait_for("finalizing")
     gloo.allreduce([t3]).wait()
     (DIR / "peer_late_result").write_text(repr(t3.double().sum().item()))
+    # The peer is not under test: free its gloo groups now, so that their destructors join
+    # gloo's worker threads before this interpreter finalizes (a worker releasing a finished
+    # operation's tensors during finalization aborts the process: torch's own race, see the
+    # user guide's "At interpreter exit").
     dist.destroy_process_group()
+    del gloo, lonely, gloo_ok
+    gc.collect()

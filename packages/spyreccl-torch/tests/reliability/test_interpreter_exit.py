@@ -70,6 +70,11 @@ def test_guarded_callbacks_run_while_alive(exit_run: tuple[Path, list]) -> None:
     assert thread != "MainThread"
 
 
+def test_forked_child_exits_at_once(exit_run: tuple[Path, list]) -> None:
+    directory, _ = exit_run
+    assert (directory / "fork_child").read_text() == "0"
+
+
 def test_pending_operation_finishes_in_the_exit_hook(exit_run: tuple[Path, list]) -> None:
     directory, _ = exit_run
     got = float((directory / "pending_result").read_text())

@@ -130,6 +130,8 @@ def shut_down_live_groups() -> None:
     spyreccl (with the GIL released) when the interpreter finalizes. A thread that asks for
     the GIL then is ended with pthread_exit, which aborts the process from C++ frames."""
     for group in list(_LIVE):
+        if group._pid != os.getpid():
+            continue  # inherited through fork(): its threads are not in this process
         try:
             group.shutdown()
         except Exception:
@@ -306,6 +308,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._wait_gloo_work,
         )
         self._shut_down = False
+        self._pid = os.getpid()  # a child forked later inherits the group, not its threads
         _LIVE.add(self)
 
     # -- identity ------------------------------------------------------------------------
