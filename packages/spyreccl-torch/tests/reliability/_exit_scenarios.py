@@ -85,6 +85,43 @@ if RANK == 0:
 else:
     dist.all_reduce(mine.to("spyre"))
 
+# -- a group destroyed on its own progress thread -------------------------------------------
+# A Python callback that its progress thread runs drops the last reference to a group: the
+# group's destructor then runs on that thread, which cannot join itself (a joinable
+# std::thread destroyed there would abort the process).
+if RANK == 0:
+    import threading
+
+    def _progress_threads() -> int:
+        count = 0
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                count += (task / "comm").read_text().strip() == "spyreccl-prog"
+            except OSError:
+                pass
+        return count
+
+    before = _progress_threads()
+    solo = spyreccl_torch.ProcessGroupSpyreccl(dist.FileStore(str(DIR / "solo"), 1), 0, 1)
+    holder = [solo]
+    del solo
+    dropped = threading.Event()
+    seen: list = []
+
+    def drop_group(fut: torch.futures.Future) -> None:
+        seen.append(threading.current_thread().name)
+        holder.clear()  # the last reference
+        dropped.set()
+
+    work = holder[0].allreduce([mine.to("spyre")])
+    work.get_future().then(drop_group)
+    del work
+    dropped.wait(30)
+    deadline = time.monotonic() + 10
+    while _progress_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)  # the thread ends once its loop has finished
+    (DIR / "own_thread").write_text(repr((seen, before, _progress_threads())))
+
 # -- 0. guarded callbacks while the interpreter is alive -------------------------------------
 # One on an operation that succeeds, one on an operation that times out (rank 1 never joins
 # the group `lonely`'s operation): each runs once, on gloo's thread, with None or the error.

@@ -70,6 +70,15 @@ def test_guarded_callbacks_run_while_alive(exit_run: tuple[Path, list]) -> None:
     assert thread != "MainThread"
 
 
+def test_group_destroyed_on_its_own_progress_thread(exit_run: tuple[Path, list]) -> None:
+    directory, _ = exit_run
+    seen, before, after = ast.literal_eval((directory / "own_thread").read_text())
+    # Dropped by a thread Python did not start (the progress thread: "Dummy-N"), and that
+    # thread ended once the group was gone; the process went on (both exit codes are 0).
+    assert len(seen) == 1 and seen[0] != "MainThread", seen
+    assert after == before, (before, after)
+
+
 def test_forked_child_exits_at_once(exit_run: tuple[Path, list]) -> None:
     directory, _ = exit_run
     assert (directory / "fork_child").read_text() == "0"
