@@ -688,15 +688,7 @@ def staging_check(ctx: Ctx, base_seed: int) -> list[str]:
     r = ctx.rank
     seed = case_seed(base_seed, 90_000)
     world = dist.group.WORLD
-    saved = os.environ.get("SPYRECCL_MULTINODE_ZERO_COPY")
-    os.environ["SPYRECCL_MULTINODE_ZERO_COPY"] = "0"
-    try:
-        copying = dist.new_group(list(range(ctx.world_size)))
-    finally:
-        if saved is None:
-            del os.environ["SPYRECCL_MULTINODE_ZERO_COPY"]
-        else:
-            os.environ["SPYRECCL_MULTINODE_ZERO_COPY"] = saved
+    copying = _group_with_env(ctx, {"SPYRECCL_MULTINODE_ZERO_COPY": "0"})
     if not isinstance(copying, HierarchicalProcessGroup):
         return [f"rank {r}: staging_check: group is {type(copying).__name__}"]
     gloo_groups = [weakref.ref(g) for g in (copying._cross, copying._flat, copying._check_group)]
@@ -833,11 +825,7 @@ def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
         expect_rejection(lambda: dist.all_reduce(poison, group=group), "failed earlier", "")
     except AssertionError as exc:
         failures.append(f"rank {r}: {exc}")
-    os.environ["SPYRECCL_MULTINODE_CHECK"] = "0"
-    try:
-        unchecked = dist.new_group(list(range(ctx.world_size)))
-    finally:
-        del os.environ["SPYRECCL_MULTINODE_CHECK"]
+    unchecked = _group_with_env(ctx, {"SPYRECCL_MULTINODE_CHECK": "0"})
     if unchecked._check_calls:
         failures.append(f"rank {r}: SPYRECCL_MULTINODE_CHECK=0 left checking on")
     t = torch.full((5,), float(r), device=_dev(ctx))
@@ -883,11 +871,8 @@ def failure_check(ctx: Ctx, base_seed: int) -> list[str]:
     # node 1's leader for the routes where it alone crosses or where all do; for the
     # sharded route node 1's second rank (its shard's stage between nodes).
     injected = {"flat": 2, "leader": 2, "sharded": 3}
-    os.environ["SPYRECCL_MULTINODE_FAILURE_WINDOW_S"] = "0.5"
-    try:
-        groups = {route: _route_group(ctx, route) for route in ROUTE_ENV}
-    finally:
-        del os.environ["SPYRECCL_MULTINODE_FAILURE_WINDOW_S"]
+    window = {"SPYRECCL_MULTINODE_FAILURE_WINDOW_S": "0.5"}
+    groups = {route: _route_group(ctx, route, extra=window) for route in ROUTE_ENV}
     tensors = {route: torch.full((4096,), float(r), device=_dev(ctx)) for route in groups}
     for route, group in groups.items():
         dist.all_reduce(tensors[route], group=group)
@@ -1201,8 +1186,9 @@ ROUTE_ENV = {
 }
 
 
-def _route_group(ctx: Ctx, route: str, check: str = "1"):
-    env = {**ROUTE_ENV[route], "SPYRECCL_MULTINODE_CHECK": check}
+def _group_with_env(ctx: Ctx, env: dict[str, str]):
+    """A new group of every rank, created with `env` set (a group reads these variables when
+    it is created); the environment is restored afterwards."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -1213,6 +1199,11 @@ def _route_group(ctx: Ctx, route: str, check: str = "1"):
                 del os.environ[k]
             else:
                 os.environ[k] = v
+
+
+def _route_group(ctx: Ctx, route: str, check: str = "1", extra: dict[str, str] | None = None):
+    env = {**ROUTE_ENV[route], "SPYRECCL_MULTINODE_CHECK": check, **(extra or {})}
+    return _group_with_env(ctx, env)
 
 
 def mode_kill() -> None:
