@@ -187,6 +187,12 @@ class CallChecker:
         # How to wait for an exchange (the group's sliced gloo wait: it stops when another
         # rank published a failure); a plain wait() by default.
         self._wait = wait or (lambda work: work.wait())
+        from .. import _C  # loaded before this package (spyreccl_torch/__init__.py)
+
+        # Not the Work's future.add_done_callback: an exchange abandoned after a failure stays
+        # pending in gloo until its timeout, and a Python callback that gloo's thread runs
+        # while the interpreter exits aborts the process (see the backend's exit_guard.h).
+        self._add_callback = _C._add_guarded_callback
 
     def post(self, op_name: str, seq: int, sig: Sequence[int], compare: bool = True) -> Any:
         """Starts the exchange of this rank's fingerprint; `compare` False: only the
@@ -214,12 +220,7 @@ class CallChecker:
             if pending.mismatched:
                 self._on_mismatch(pending)
 
-        # Not the Work's future.add_done_callback: an exchange abandoned after a failure stays
-        # pending in gloo until its timeout, and a Python callback that gloo's thread runs
-        # while the interpreter exits aborts the process (see the backend's exit_guard.h).
-        from .. import _C
-
-        _C._add_guarded_callback(work, received)
+        self._add_callback(work, received)
         return pending
 
     def verify(self, pending: PendingCheck) -> None:
