@@ -14,8 +14,6 @@ cheap sanity check of the test logic itself.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 import warnings
 
@@ -24,6 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+from spyreccl_testing.scripts import run_rank_scripts
 
 DEVICE = "spyre"
 C10D = torch.ops._c10d_functional
@@ -545,38 +545,10 @@ def test_unwaited_collective_at_exit(tmp_path):
     """A process that leaves a functional collective unwaited must still exit cleanly."""
     script = tmp_path / "unwaited.py"
     script.write_text(_UNWAITED_SCRIPT)
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = dict(
-            os.environ,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_RANK=str(rank),
+    exits = run_rank_scripts([str(script)], 2, timeout=120)
+    if any(e.hung for e in exits):
+        pytest.fail("a rank hung at exit with an unwaited collective")
+    for e in exits:
+        assert e.returncode == 0 and "UNWAITED-OK" in e.output, (
+            f"rank {e.rank} exited {e.returncode}:\n{e.output}"
         )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outputs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank hung at exit with an unwaited collective")
-        outputs.append((p.returncode, out))
-    for rank, (code, out) in enumerate(outputs):
-        assert code == 0 and "UNWAITED-OK" in out, f"rank {rank} exited {code}:\n{out}"

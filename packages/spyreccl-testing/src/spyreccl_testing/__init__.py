@@ -7,6 +7,8 @@
 - `spyreccl_testing.inputs` / `spyreccl_testing.accuracy`: the same for torch tensors, plus
   gloo cross-checks.
 - `spyreccl_testing.shm`: spyreccl's /dev/shm segments (mapped, left behind).
+- `spyreccl_testing.scripts`: ranks as whole Python processes run to their real exit (for
+  tests of exit behaviour, which pools and forked groups skip).
 
 Only torch-free modules are imported here: `inputs` and `accuracy` import torch, which
 torch-free users of the plugin (spyreccl-core's tests) must not pay for.

@@ -12,15 +12,15 @@ finalization).
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from spyreccl_testing.scripts import RankExit, run_rank_scripts
+
 SCRIPT = Path(__file__).with_name("_exit_scenarios.py")
+ExitRun = tuple[Path, list[RankExit]]  # the scenario directory and each rank's exit
 
 
 def _sum_of_inputs(directory: Path) -> float:
@@ -29,39 +29,22 @@ def _sum_of_inputs(directory: Path) -> float:
 
 
 @pytest.fixture(scope="module")
-def exit_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+def exit_run(tmp_path_factory: pytest.TempPathFactory) -> ExitRun:
     directory = tmp_path_factory.mktemp("exit")
-    env = {**os.environ, "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(directory)],
-            env={**env, "RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    outcomes = []
-    for proc in ranks:
-        try:
-            out, err = proc.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            for p in ranks:
-                p.kill()
-            out, err = proc.communicate()
-        outcomes.append((proc.returncode, out + err))
-    return directory, outcomes
+    exits = run_rank_scripts(
+        [str(SCRIPT), str(directory)], 2, env={"OMP_NUM_THREADS": "1"}, timeout=180
+    )
+    return directory, exits
 
 
-def test_both_ranks_exit_with_status_zero(exit_run: tuple[Path, list]) -> None:
-    _, outcomes = exit_run
-    for rank, (code, output) in enumerate(outcomes):
-        assert code == 0, f"rank {rank} exited with {code}:\n{output[-4000:]}"
-        assert "terminate called" not in output, f"rank {rank}:\n{output[-4000:]}"
+def test_both_ranks_exit_with_status_zero(exit_run: ExitRun) -> None:
+    _, exits = exit_run
+    for e in exits:
+        assert e.returncode == 0, f"rank {e.rank} exited with {e.returncode}:\n{e.output[-4000:]}"
+        assert "terminate called" not in e.output, f"rank {e.rank}:\n{e.output[-4000:]}"
 
 
-def test_guarded_callbacks_run_while_alive(exit_run: tuple[Path, list]) -> None:
+def test_guarded_callbacks_run_while_alive(exit_run: ExitRun) -> None:
     directory, _ = exit_run
     error, thread = ast.literal_eval((directory / "ok_cb").read_text())
     assert error is None and thread != "MainThread", (error, thread)
@@ -70,7 +53,7 @@ def test_guarded_callbacks_run_while_alive(exit_run: tuple[Path, list]) -> None:
     assert thread != "MainThread"
 
 
-def test_group_destroyed_on_its_own_progress_thread(exit_run: tuple[Path, list]) -> None:
+def test_group_destroyed_on_its_own_progress_thread(exit_run: ExitRun) -> None:
     directory, _ = exit_run
     seen, before, after = ast.literal_eval((directory / "own_thread").read_text())
     # Dropped by a thread Python did not start (the progress thread: "Dummy-N"), and that
@@ -79,18 +62,18 @@ def test_group_destroyed_on_its_own_progress_thread(exit_run: tuple[Path, list])
     assert after == before, (before, after)
 
 
-def test_forked_child_exits_at_once(exit_run: tuple[Path, list]) -> None:
+def test_forked_child_exits_at_once(exit_run: ExitRun) -> None:
     directory, _ = exit_run
     assert (directory / "fork_child").read_text() == "0"
 
 
-def test_pending_operation_finishes_in_the_exit_hook(exit_run: tuple[Path, list]) -> None:
+def test_pending_operation_finishes_in_the_exit_hook(exit_run: ExitRun) -> None:
     directory, _ = exit_run
     got = float((directory / "pending_result").read_text())
     assert got == pytest.approx(_sum_of_inputs(directory), rel=1e-5, abs=1e-4)
 
 
-def test_guarded_callback_skipped_during_finalization(exit_run: tuple[Path, list]) -> None:
+def test_guarded_callback_skipped_during_finalization(exit_run: ExitRun) -> None:
     directory, _ = exit_run
     # The peer's result shows that rank 0's gloo operation did take part (during rank 0's
     # finalization); its callback must not have run then.
