@@ -747,6 +747,96 @@ def staging_check(ctx: Ctx, base_seed: int) -> list[str]:
     return failures
 
 
+PIPELINE_CHUNK = 16 * 1024
+
+
+def pipeline_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """Sharded reductions cut into chunks whose stages overlap (multinode/pipeline.py): on
+    a group made with 16 KiB chunks, all_reduce (odd lengths, so the node's padding is cut
+    too) and reduce_scatter_tensor (chunks that straddle rank blocks) in every dtype with
+    SUM and every valid op for float32, int32 and uint64 (gloo's sign-flipped MIN/MAX),
+    against float64 / exact references; the chunk size is agreed by all ranks (one rank
+    proposing 0 turns it off for the group)."""
+    from spyreccl_torch.multinode import HierarchicalProcessGroup
+
+    r, w = ctx.rank, ctx.world_size
+    sharded = {"SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": "4096"}
+    env = {"SPYRECCL_MULTINODE_PIPELINE_CHUNK_BYTES": str(PIPELINE_CHUNK), **sharded}
+    chunked = _group_with_env(ctx, env)
+    mixed = _group_with_env(
+        ctx, {**env, "SPYRECCL_MULTINODE_PIPELINE_CHUNK_BYTES": "0" if r == 1 else "4096"}
+    )
+    if not isinstance(chunked, HierarchicalProcessGroup):
+        return [f"rank {r}: pipeline_check: group is {type(chunked).__name__}"]
+    failures: list[str] = []
+    if (chunked._chunk_bytes, mixed._chunk_bytes) != (PIPELINE_CHUNK, 0):
+        failures.append(
+            f"rank {r}: agreed chunk sizes {chunked._chunk_bytes}, {mixed._chunk_bytes} "
+            f"(expected {PIPELINE_CHUNK}, 0)"
+        )
+    cases = [(dtype, "SUM") for dtype in DTYPES]
+    cases += [(dtype, op) for dtype in (torch.float32, torch.int32) for op in REDUCE_OPS]
+    cases += [(torch.uint64, "MIN"), (torch.uint64, "MAX"), (torch.uint64, "SUM")]
+    n_ar, n_rs = 40_001, 10_001
+    dev = _dev(ctx)
+    for i, (dtype, op) in enumerate(cases):
+        if not reduction_valid(dtype, op):
+            continue
+        seed = case_seed(base_seed, 95_000 + i)
+        factor = premul_factor(seed) if op == "PREMUL_SUM" else None
+        what = f"pipelined {op} {dtype_id(dtype)}"
+        if dtype == torch.uint64:  # bit patterns on both sides of 2**63
+            inputs = [x.view(dtype) for x in rank_inputs(seed, n_ar, torch.int64, w)]
+            blocks = [x.view(dtype) for x in rank_inputs(seed, n_rs * w, torch.int64, w, 1)]
+        else:
+            inputs = rank_inputs(seed, n_ar, dtype, w)
+            blocks = rank_inputs(seed, n_rs * w, dtype, w, salt=1)
+        exact = dtype == torch.uint64
+        try:
+            t = inputs[r].to(dev)
+            dist.all_reduce(t, op=dist_op(op, factor), group=chunked)
+            expected = reference_reduce(inputs, reference_op(op, factor), dtype)
+            if exact:
+                check_exact(t, expected, seed, w, f"all_reduce {what}")
+            else:
+                check_result(t, expected, dtype, w, seed, f"all_reduce {what}")
+            mine = blocks[r].to(dev)
+            out = poison_(torch.empty(n_rs, dtype=dtype, device=dev))
+            dist.reduce_scatter_tensor(out, mine, op=dist_op(op, factor), group=chunked)
+            full = reference_reduce(blocks, reference_op(op, factor), dtype)
+            expected = full[r * n_rs : (r + 1) * n_rs]
+            if exact:
+                check_exact(out, expected, seed, w, f"reduce_scatter {what}")
+            else:
+                check_result(out, expected, dtype, w, seed, f"reduce_scatter {what}")
+            check_untouched(mine, blocks[r], f"reduce_scatter {what} (input)")
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
+    counts = chunked.pipeline_counts
+    # Every valid case's all_reduce and reduce_scatter is cut: each moves >= 40 KB per rank
+    # in its work dtype, at least two 16 KiB chunks.
+    valid = sum(reduction_valid(dtype, op) for dtype, op in cases)
+    if counts["operations"] != 2 * valid or counts["chunks"] < 2 * counts["operations"]:
+        failures.append(f"rank {r}: too few operations were cut into chunks: {counts}")
+    dtype = torch.float32
+    seed = case_seed(base_seed, 96_000)
+    inputs = rank_inputs(seed, n_ar, dtype, w)
+    t = inputs[r].to(dev)
+    dist.all_reduce(t, group=mixed)
+    try:
+        check_result(t, reference_reduce(inputs, "sum", dtype), dtype, w, seed, "unchunked")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+    if mixed.pipeline_counts["operations"] or mixed.route_counts["sharded"] != 1:
+        failures.append(
+            f"rank {r}: the group that agreed on no chunks: {mixed.pipeline_counts}, "
+            f"{mixed.route_counts}"
+        )
+    dist.destroy_process_group(chunked)
+    dist.destroy_process_group(mixed)
+    return failures
+
+
 def _rejected_within(
     call: Callable[[], Any], pattern: str, what: str, rank: int, limit_s: float = 10.0
 ) -> list[str]:
@@ -884,7 +974,7 @@ def failure_check(ctx: Ctx, base_seed: int) -> list[str]:
             def boom(post, route=route):
                 raise RuntimeError(f"injected failure ({route})")
 
-            group._gloo = boom
+            group._post_gloo = boom
     results: dict[str, tuple] = {}
 
     def run(route: str) -> None:
@@ -1135,7 +1225,7 @@ def mode_ops(full: bool) -> None:
     cases = op_cases(ctx.world_size, full)
     extras = (
         [group_checks, ddp_check, hsdp_check, funcol_check, async_check, mismatch_check]
-        + [staging_check, timeout_check, failure_check]
+        + [staging_check, pipeline_check, timeout_check, failure_check]
         if full
         else [split_check]
     )

@@ -125,6 +125,7 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
             "async_check",
             "mismatch_check",
             "staging_check",
+            "pipeline_check",
             "timeout_check",
             "failure_check",
         ],

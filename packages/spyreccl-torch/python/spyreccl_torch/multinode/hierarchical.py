@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import itertools
 import os
 import threading
 import time
@@ -69,6 +70,7 @@ from .executor import OrderedExecutor
 from .failures import ABORT_OP, FailureBoard, PeerFailure, wait_sliced
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
+from .pipeline import agree_chunk_bytes, chunk_bounds, proposed_chunk_bytes
 from .reduction import Plan as _Plan
 from .reduction import combine_in_order as _combine_in_order
 from .reduction import exchange_ok as _exchange_ok
@@ -184,6 +186,32 @@ class _BackendView:
         return self._pg.size()
 
 
+class _Stage:
+    """A posted gloo stage: its Work (None: nothing was posted) and what completes its
+    result once the Work is done."""
+
+    __slots__ = ("after", "work")
+
+    def __init__(self, work: Any, after: Callable[[], None]) -> None:
+        self.work = work
+        self.after = after
+
+
+def _block_group_slices(
+    flat: torch.Tensor, members: Sequence[int], n: int, start: int, end: int
+) -> list[torch.Tensor]:
+    """Elements [start, end) of the blocks of `members` (n elements each, rank r's at r * n
+    in `flat`) laid one after the other: the slices of `flat` that hold them."""
+    pieces = []
+    for k in range(start // n if n else 0, len(members)):
+        lo, hi = max(start, k * n), min(end, (k + 1) * n)
+        if lo >= hi:
+            break
+        r = members[k]
+        pieces.append(flat[r * n + lo - k * n : r * n + hi - k * n])
+    return pieces
+
+
 def _timeout_of(timeout: Any) -> datetime.timedelta:
     if isinstance(timeout, datetime.timedelta):
         return timeout
@@ -262,6 +290,17 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         )
         node = topology.node
         local_ranks = topology.local_ranks
+        # Chunk size of the sharded routes' overlapped stages (pipeline.py), the same on
+        # every rank: the stages' order depends on it.
+        self._chunk_bytes = agree_chunk_bytes(
+            store,
+            topology.rank,
+            topology.size,
+            proposed_chunk_bytes(len(local_ranks)),
+            self._timeout,
+        )
+        # Sharded reductions cut into chunks, and the chunks (tests and the benchmark read it).
+        self.pipeline_counts = {"operations": 0, "chunks": 0}
 
         # One store namespace per sub-group: the node's spyreccl rendezvous and every gloo
         # group's connection setup must not see each other's keys.
@@ -553,26 +592,25 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             work.wait()
 
     def _gloo(self, post: Callable[[], Any]) -> None:
-        """Posts a gloo stage (`post` returns its Work) and waits for it. The first gloo
-        stage of an operation waits for the operation's fingerprints first: a rank posts
-        gloo operations only once every rank was seen to call the same collective, so a
-        mismatch never leaves a gloo operation that no peer will match (gloo cannot cancel
-        one: it would stay pending until gloo's timeout). The on-node stages before it
-        overlap the exchange."""
+        """Posts a gloo stage (`post` returns its Work, see _post_gloo) and waits for it."""
+        self._wait_gloo_work(self._post_gloo(post))
+
+    def _post_gloo(self, post: Callable[[], Any]) -> Any:
+        """Posts a gloo stage and returns its Work. The first gloo stage of an operation
+        waits for the operation's fingerprints first: a rank posts gloo operations only once
+        every rank was seen to call the same collective, so a mismatch never leaves a gloo
+        operation that no peer will match (gloo cannot cancel one: it would stay pending
+        until gloo's timeout). The on-node stages before it overlap the exchange. A stage
+        is never started once the group was stopped (an expired wait() on this group's
+        Work, abort()): the check comes before post(), since the peers would complete a
+        posted stage with this rank's data (the check exchange may complete after the group
+        stopped, within one slice of its wait)."""
         if self._gate is not None:
             pending, self._gate = self._gate, None
             self._checker.verify(pending)
-        self._wait_gloo(post)
-
-    def _wait_gloo(self, post: Callable[[], Any]) -> None:
-        """Posts a gloo stage and waits for it. A stage is never started once the group was
-        stopped (an expired wait() on this group's Work, abort()): the check comes before
-        post(), since the peers would complete a posted stage with this rank's data (the
-        check exchange may complete after the group stopped, within one slice of its
-        wait)."""
         if self._stopped is not None:
             raise RuntimeError(f"stopped before a stage: {self._stopped}")
-        self._wait_gloo_work(post())
+        return post()
 
     def _wait_gloo_work(self, work: Any) -> None:
         """Waits for a gloo Work in gloo's own blocking wait (the GIL is released; gloo's
@@ -620,7 +658,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             pass
 
     def _stop(self, why: str) -> None:
-        """Marks the group stopped: no further gloo stage starts (see _wait_gloo)."""
+        """Marks the group stopped: no further gloo stage starts (see _post_gloo)."""
         self._stopped = self._stopped or why
 
     def _is_local(self, peer: int) -> bool:
@@ -632,37 +670,76 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     # -- building blocks -------------------------------------------------------------------
 
+    # The on-node stages that this thread waits for at once are posted as blocking calls
+    # (asyncOp False): spyreccl then runs them on this thread when its progress thread is
+    # idle, instead of handing each to that thread and being woken when it is done.
+
+    @staticmethod
+    def _rs_opts(op: Any, blocking: bool) -> Any:
+        opts = c10d.ReduceScatterOptions()
+        opts.reduceOp = op
+        opts.asyncOp = not blocking
+        return opts
+
+    @staticmethod
+    def _ag_opts(blocking: bool) -> Any:
+        opts = c10d.AllgatherOptions()
+        opts.asyncOp = not blocking
+        return opts
+
     def _local_reduce_to_leader(self, t: torch.Tensor, op: Any, leader: int = 0) -> None:
         opts = c10d.ReduceOptions()
         opts.reduceOp = op
         opts.rootRank = leader
         opts.rootTensor = 0
+        opts.asyncOp = False
         self._wait(self._local.reduce([t], opts))
 
     def _local_broadcast(self, t: torch.Tensor, root: int) -> None:
         opts = c10d.BroadcastOptions()
         opts.rootRank = root
         opts.rootTensor = 0
+        opts.asyncOp = False
         self._wait(self._local.broadcast([t], opts))
 
     def _cross_all_reduce(self, t: torch.Tensor, op: Any) -> None:
         """All-reduces `t` (spyre or host) among this rank's cross group, through the host."""
+        self._finish_stage(self._start_cross_all_reduce(t, op))
+
+    def _start_cross_all_reduce(self, t: torch.Tensor, op: Any) -> _Stage:
+        """Posts the all_reduce of `t` among this rank's cross group (see _cross_all_reduce);
+        `t` holds the result once the returned stage is finished (_finish_stage)."""
         if self._cross is None:
-            return
+            return _Stage(None, lambda: None)
         nbytes = t.numel() * t.element_size()
         size = self._cross.size()
         if _exchange_ok(t, op) and size <= 8 and nbytes <= self._exchange_max_bytes:
             self.cross_counts["exchange"] += 1
-            self._host_exchange_reduce(self._cross, t, op)
-        else:
-            self.cross_counts["ring"] += 1
-            self._host_reduce(self._cross, t, op)
+            return self._start_exchange_reduce(self._cross, t, op)
+        self.cross_counts["ring"] += 1
+        host = self._staging.host(t)
+        view, flip = _gloo_view(host, op)
+        opts = c10d.AllreduceOptions()
+        opts.reduceOp = op
 
-    def _host_exchange_reduce(self, group: Any, t: torch.Tensor, op: Any) -> None:
-        """All-reduces `t` over the gloo `group` by exchanging contributions: one gloo
-        all_to_all gives every rank every rank's host copy, which each combines in group-rank
-        order (the same bits everywhere). gloo's all_to_all is a direct exchange, its
-        all_reduce a ring of 2 (n - 1) steps: measured here with torch 2.13's gloo, 16
+        def after() -> None:
+            if flip:
+                view.bitwise_xor_(_SIGN_BIT)
+            self._staging.commit(t, host)
+
+        return _Stage(self._post_gloo(lambda: self._cross.allreduce([view], opts)), after)
+
+    def _finish_stage(self, stage: _Stage) -> None:
+        """Waits for a posted gloo stage (see _wait_gloo_work) and completes its result."""
+        if stage.work is not None:
+            self._wait_gloo_work(stage.work)
+        stage.after()
+
+    def _start_exchange_reduce(self, group: Any, t: torch.Tensor, op: Any) -> _Stage:
+        """Posts the all_reduce of `t` over the gloo `group` by exchanging contributions:
+        one gloo all_to_all gives every rank every rank's host copy, which each combines in
+        group-rank order (the same bits everywhere). gloo's all_to_all is a direct exchange,
+        its all_reduce a ring of 2 (n - 1) steps: measured here with torch 2.13's gloo, 16
         float64 took 90-118 us against 191-327 us between 2 ranks, 0.6-0.7 ms against
         4.6-5.1 ms between 4 (docs/performance.md). Between 2 nodes it moves the same bytes
         as the ring."""
@@ -672,11 +749,15 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         sent = flat.unsqueeze(0).expand(n, -1).contiguous().reshape(-1)
         got = torch.empty_like(sent)
         splits = [flat.numel()] * n
-        self._gloo(lambda: group.alltoall_base(got, sent, splits, splits, c10d.AllToAllOptions()))
-        # Combined straight into `host` (t's memory where it is a view): `sent` holds the
-        # contribution, so t may be overwritten.
-        _combine_in_order(list(got.view(n, -1).unbind(0)), op, out=flat)
-        self._staging.commit(t, host)
+
+        def after() -> None:
+            # Combined straight into `host` (t's memory where it is a view): `sent` holds
+            # the contribution, so t may be overwritten.
+            _combine_in_order(list(got.view(n, -1).unbind(0)), op, out=flat)
+            self._staging.commit(t, host)
+
+        post = lambda: group.alltoall_base(got, sent, splits, splits, c10d.AllToAllOptions())  # noqa: E731
+        return _Stage(self._post_gloo(post), after)
 
     def _host_reduce(self, group: Any, t: torch.Tensor, op: Any, root: int | None = None) -> None:
         """All-reduces `t` (spyre or host, contiguous) over the gloo `group` in place, or
@@ -717,9 +798,16 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return
         if topo.uniform and local_size > 1 and nbytes >= self._sharded_min_bytes:
             self.route_counts["sharded"] += 1
-            flat, padded, mine = self._reduce_scatter_on_node(work, plan)
-            self._cross_all_reduce(mine, plan.cross_op)
-            self._wait(self._local._allgather_base(padded, mine, c10d.AllgatherOptions()))
+            flat, padded = self._padded_for_node(work)
+            mine = torch.empty(padded.numel() // local_size, dtype=work.dtype, device=work.device)
+            bounds = chunk_bounds(
+                padded.numel(), local_size, padded.element_size(), self._chunk_bytes
+            )
+            chunks = [
+                (padded[a:b], mine[a // local_size : b // local_size])
+                for a, b in itertools.pairwise(bounds)
+            ]
+            self._sharded_stages(chunks, plan, gather=True)
             if padded is not flat:
                 flat.copy_(padded[: flat.numel()])
             return
@@ -729,13 +817,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._cross_all_reduce(work, plan.cross_op)
         self._local_broadcast(work, 0)
 
-    def _reduce_scatter_on_node(
-        self, work: torch.Tensor, plan: _Plan
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The sharded routes' first stage: `work` (zero-padded to a multiple of the node's
-        size when needed) is reduce-scattered on the node. Returns `work` flattened, the
-        padded buffer (the same tensor when no padding was needed) and this rank's reduced
-        shard."""
+    def _padded_for_node(self, work: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`work` flattened, and the same zero-padded to a multiple of the node's size (the
+        same tensor when no padding is needed), for an on-node reduce-scatter."""
         local_size = len(self._topo.local_ranks)
         flat = work.reshape(-1)
         shard = -(-flat.numel() // local_size)
@@ -743,11 +827,66 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if shard * local_size != flat.numel():
             padded = torch.zeros(shard * local_size, dtype=work.dtype, device=work.device)
             padded[: flat.numel()].copy_(flat)
-        mine = torch.empty(shard, dtype=work.dtype, device=work.device)
-        rs = c10d.ReduceScatterOptions()
-        rs.reduceOp = plan.local_op
+        return flat, padded
+
+    def _reduce_scatter_on_node(
+        self, work: torch.Tensor, plan: _Plan
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The sharded routes' first stage: `work` (zero-padded to a multiple of the node's
+        size when needed) is reduce-scattered on the node. Returns `work` flattened, the
+        padded buffer (the same tensor when no padding was needed) and this rank's reduced
+        shard."""
+        flat, padded = self._padded_for_node(work)
+        mine = torch.empty(
+            padded.numel() // len(self._topo.local_ranks), dtype=work.dtype, device=work.device
+        )
+        rs = self._rs_opts(plan.local_op, blocking=True)
         self._wait(self._local._reduce_scatter_base(mine, padded, rs))
         return flat, padded, mine
+
+    def _sharded_stages(
+        self, chunks: list[tuple[torch.Tensor, torch.Tensor]], plan: _Plan, gather: bool
+    ) -> None:
+        """For each (part, shard): reduce-scatters `part` on the node into this rank's
+        `shard`, all-reduces `shard` between the nodes and, with `gather`, all-gathers the
+        node's shards back into `part`. One chunk: one stage after the other. Several: the
+        stages of different chunks overlap (pipeline.py); every rank issues them in the
+        same order: every reduce-scatter, then per chunk, as its exchange between nodes
+        completes, its all-gather."""
+        if len(chunks) == 1:
+            part, shard = chunks[0]
+            self._wait(
+                self._local._reduce_scatter_base(
+                    shard, part, self._rs_opts(plan.local_op, blocking=True)
+                )
+            )
+            self._cross_all_reduce(shard, plan.cross_op)
+            if gather:
+                self._wait(self._local._allgather_base(part, shard, self._ag_opts(blocking=True)))
+            return
+        self.pipeline_counts["operations"] += 1
+        self.pipeline_counts["chunks"] += len(chunks)
+        scatters = [
+            self._local._reduce_scatter_base(shard, part, self._rs_opts(plan.local_op, False))
+            for part, shard in chunks
+        ]
+        stages: list[_Stage] = []
+        try:
+            for (_, shard), scattered in zip(chunks, scatters, strict=True):
+                self._wait(scattered)
+                stages.append(self._start_cross_all_reduce(shard, plan.cross_op))
+            gathers = []
+            for (part, shard), stage in zip(chunks, stages, strict=True):
+                self._finish_stage(stage)
+                if gather:
+                    gathers.append(self._local._allgather_base(part, shard, self._ag_opts(False)))
+            for gathered in gathers:
+                self._wait(gathered)
+        except BaseException:
+            for stage in stages:
+                if stage.work is not None:
+                    self._abandon(stage.work)
+            raise
 
     def _reduce_work(self, work: torch.Tensor, plan: _Plan, root: int) -> None:
         """Reduces `work` (contiguous, the plan's work dtype) to group rank `root`; only the
@@ -767,7 +906,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             flat, padded, mine = self._reduce_scatter_on_node(work, plan)
             self._host_reduce(self._cross, mine, plan.cross_op, root=root_node)
             if topo.node == root_node:
-                self._wait(self._local._allgather_base(padded, mine, c10d.AllgatherOptions()))
+                self._wait(self._local._allgather_base(padded, mine, self._ag_opts(blocking=True)))
                 if padded is not flat and topo.rank == root:
                     flat.copy_(padded[: flat.numel()])
             return
@@ -821,7 +960,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return self._all_gather_sharded(flat_in)
         self.route_counts["leader"] += 1
         node_buf = torch.empty(local_size * n, dtype=inp.dtype, device=inp.device)
-        self._wait(self._local._allgather_base(node_buf, flat_in, c10d.AllgatherOptions()))
+        self._wait(self._local._allgather_base(node_buf, flat_in, self._ag_opts(blocking=True)))
         full = torch.empty(topo.size * n, dtype=inp.dtype, device=inp.device)
         if topo.local_rank == 0:
             # Leaders exchange whole nodes, padded to the largest node (gloo gathers equal
@@ -1015,7 +1154,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         node_buf = torch.empty(
             len(topo.local_ranks) * nodes * n, dtype=flat_in.dtype, device=flat_in.device
         )
-        self._wait(self._local._allgather_base(node_buf, across_dev, c10d.AllgatherOptions()))
+        self._wait(self._local._allgather_base(node_buf, across_dev, self._ag_opts(blocking=True)))
 
         # node_buf holds, for local index j and node k, the block of rank nodes[k][j]: the
         # callers copy each block to its destination (no reordering pass).
@@ -1035,15 +1174,29 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             # nodes (all local indexes at once), and each keeps its own block.
             self.route_counts["sharded"] += 1
             plan = _Plan(op, flat.dtype, topo.size)
-            nodes = len(topo.nodes)
-            order = [m[j] for j in range(len(topo.local_ranks)) for m in topo.nodes]
-            grouped = torch.cat([flat[r * n : (r + 1) * n] for r in order])
+            nodes, local_size = len(topo.nodes), len(topo.local_ranks)
+            # Chunk c of `mine` (elements [s, e) of this rank's nodes * n) is reduce-scattered
+            # from elements [s, e) of every local index's group of blocks: `grouped` holds
+            # those chunk after chunk (one chunk: the groups one after the other).
+            bounds = chunk_bounds(
+                nodes * n,
+                1,
+                flat.element_size() * local_size,
+                self._chunk_bytes,
+            )
+            pieces = []
+            for s, e in itertools.pairwise(bounds):
+                for j in range(local_size):
+                    members = [m[j] for m in topo.nodes]
+                    pieces.extend(_block_group_slices(flat, members, n, s, e))
+            grouped = torch.cat(pieces) if pieces else flat[:0]
             work = plan.prepare(grouped, always_copy=False)
             mine = torch.empty(nodes * n, dtype=work.dtype, device=work.device)
-            rs = c10d.ReduceScatterOptions()
-            rs.reduceOp = plan.local_op
-            self._wait(self._local._reduce_scatter_base(mine, work, rs))
-            self._cross_all_reduce(mine, plan.cross_op)
+            chunks = [
+                (work[s * local_size : e * local_size], mine[s:e])
+                for s, e in itertools.pairwise(bounds)
+            ]
+            self._sharded_stages(chunks, plan, gather=False)
             k = topo.node
             out.copy_(plan.finish(mine[k * n : (k + 1) * n]).reshape(out.shape))
             return
