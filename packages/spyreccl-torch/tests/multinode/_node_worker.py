@@ -832,8 +832,49 @@ def pipeline_check(ctx: Ctx, base_seed: int) -> list[str]:
             f"rank {r}: the group that agreed on no chunks: {mixed.pipeline_counts}, "
             f"{mixed.route_counts}"
         )
+    failures += _gather_layouts(ctx, chunked, case_seed(base_seed, 97_000))
     dist.destroy_process_group(chunked)
     dist.destroy_process_group(mixed)
+    return failures
+
+
+def _poisoned(numel: int, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    """A poisoned flat tensor (complex: through its float32 pairs)."""
+    if dtype.is_complex:
+        return poison_(torch.empty(2 * numel, dtype=torch.float32, device=dev)).view(dtype)
+    return poison_(torch.empty(numel, dtype=dtype, device=dev))
+
+
+def _gather_layouts(ctx: Ctx, group: Any, seed: int) -> list[str]:
+    """all_gather_into_tensor on the sharded route with the input already in its place in
+    the output (FSDP's layout), the input in another rank's place (must be read before it
+    is overwritten), and a non-contiguous output."""
+    r, w = ctx.rank, ctx.world_size
+    dev = _dev(ctx)
+    n = 30_011
+    failures: list[str] = []
+    for i, dtype in enumerate((torch.float32, torch.complex64, torch.uint8, torch.bfloat16)):
+        if dtype.is_complex:  # (real, imaginary) float32 pairs
+            inputs = [x.view(dtype) for x in rank_inputs(seed + i, 2 * n, torch.float32, w)]
+        else:
+            inputs = rank_inputs(seed + i, n, dtype, w)
+        want = torch.cat(inputs)
+        what = f"all_gather_into_tensor {dtype_id(dtype)}"
+        try:
+            out = _poisoned(w * n, dtype, dev)
+            out[r * n : (r + 1) * n].copy_(inputs[r])
+            dist.all_gather_into_tensor(out, out[r * n : (r + 1) * n], group=group)
+            check_exact(out, want, seed + i, w, f"{what}, input in its place")
+            out = _poisoned(w * n, dtype, dev)
+            other = (r + 1) % w
+            out[other * n : (other + 1) * n].copy_(inputs[r])
+            dist.all_gather_into_tensor(out, out[other * n : (other + 1) * n], group=group)
+            check_exact(out, want, seed + i, w, f"{what}, input in rank {other}'s place")
+            out_t = _poisoned(w * n, dtype, dev).view(n, w).t()
+            dist.all_gather_into_tensor(out_t, inputs[r].to(dev), group=group)
+            check_exact(out_t.reshape(-1), want, seed + i, w, f"{what}, non-contiguous output")
+        except AssertionError as exc:
+            failures.append(f"rank {r}: {exc}")
     return failures
 
 

@@ -197,6 +197,33 @@ class _Stage:
         self.after = after
 
 
+def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether flat tensors `a` and `b` are the same elements of the same memory."""
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.numel() == b.numel()
+        and a.data_ptr() == b.data_ptr()
+    )
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory of contiguous `a` and `b` overlaps."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def _own_slice(
+    part: torch.Tensor, local_rank: int, local_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(part, this rank's slice of it): the in-place layout of an on-node reduce-scatter
+    and all-gather of `part` (numel a multiple of local_size)."""
+    size = part.numel() // local_size
+    return part, part[local_rank * size : (local_rank + 1) * size]
+
+
 def _block_group_slices(
     flat: torch.Tensor, members: Sequence[int], n: int, start: int, end: int
 ) -> list[torch.Tensor]:
@@ -799,12 +826,15 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if topo.uniform and local_size > 1 and nbytes >= self._sharded_min_bytes:
             self.route_counts["sharded"] += 1
             flat, padded = self._padded_for_node(work)
-            mine = torch.empty(padded.numel() // local_size, dtype=work.dtype, device=work.device)
             bounds = chunk_bounds(
                 padded.numel(), local_size, padded.element_size(), self._chunk_bytes
             )
+            # In place: each chunk is reduce-scattered into this rank's slice of it, and
+            # all-gathered from there (the core's in-place layouts), so no shard buffer is
+            # allocated (a fresh one of 32 MiB or more costs a page fault per 4 KiB: the
+            # arena returns such blocks to the system when they are freed).
             chunks = [
-                (padded[a:b], mine[a // local_size : b // local_size])
+                _own_slice(padded[a:b], topo.local_rank, local_size)
                 for a, b in itertools.pairwise(bounds)
             ]
             self._sharded_stages(chunks, plan, gather=True)
@@ -848,8 +878,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self, chunks: list[tuple[torch.Tensor, torch.Tensor]], plan: _Plan, gather: bool
     ) -> None:
         """For each (part, shard): reduce-scatters `part` on the node into this rank's
-        `shard`, all-reduces `shard` between the nodes and, with `gather`, all-gathers the
-        node's shards back into `part`. One chunk: one stage after the other. Several: the
+        `shard` (a buffer of its own, or this rank's slice of `part`: in place), all-reduces
+        `shard` between the nodes and, with `gather`, all-gathers the node's shards back
+        into `part`. One chunk: one stage after the other. Several: the
         stages of different chunks overlap (pipeline.py); every rank issues them in the
         same order: every reduce-scatter, then per chunk, as its exchange between nodes
         completes, its all-gather."""
@@ -1001,6 +1032,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
     def _all_gather_into_tensor(self, inp: torch.Tensor, output: torch.Tensor) -> None:
         """All-gathers `inp` into `output` (world size times its elements, rank order)."""
         n = inp.numel()
+        if self._all_gather_in_place(inp, output):
+            return
         direct = output.is_contiguous()
         flat = (
             output.view(-1)
@@ -1139,6 +1172,71 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         topo = self._topo
         return topo.uniform and len(topo.local_ranks) > 1 and nbytes >= self._sharded_min_bytes
 
+    def _all_gather_in_place(self, inp: torch.Tensor, output: torch.Tensor) -> bool:
+        """The sharded all-gather written straight into a contiguous `output`, for nodes of
+        equal size that hold consecutive ranks (the usual launch); False (nothing done)
+        otherwise. This rank's block goes to its place in `output` (unless `inp` is already
+        there, FSDP's layout); then, at the same time, the node all-gathers its ranks'
+        blocks in place (spyreccl) and the ranks of this local index gather theirs between
+        the nodes (gloo), each straight into its place; last, for every other node, the
+        node all-gathers in place the blocks that crossed. No gathered buffer, and no copy
+        of the result into `output` (the general path below makes both)."""
+        topo = self._topo
+        n, local_size = inp.numel(), len(topo.local_ranks)
+        in_order = all(
+            members == tuple(range(k * local_size, (k + 1) * local_size))
+            for k, members in enumerate(topo.nodes)
+        )
+        out = output.view(-1) if output.is_contiguous() else None
+        if (
+            out is None
+            or self._cross is None
+            or not in_order
+            or not self._sharded_ok(output.numel() * output.element_size())
+            or not inp.is_contiguous()
+        ):
+            return False
+        j = topo.local_rank
+        own = out[topo.rank * n : (topo.rank + 1) * n]
+        src = inp.detach().reshape(-1)
+        if not _same_place(src, own):
+            if _overlaps(src, out):
+                return False  # another rank's place: the general path reads it first
+            own.copy_(src)
+        self.route_counts["sharded"] += 1
+        places = [
+            out[(k * local_size + j) * n : (k * local_size + j + 1) * n]
+            for k in range(len(topo.nodes))
+        ]
+        # As bytes: gloo's all-gather moves any dtype so (complex, float8, unsigned).
+        hosts = [self._staging.host_bytes(p, fill=k == topo.node) for k, p in enumerate(places)]
+        sent = hosts[topo.node]
+
+        def after() -> None:
+            for k, (place, host) in enumerate(zip(places, hosts, strict=True)):
+                if k != topo.node:
+                    self._staging.commit(place, host)
+
+        opts = c10d.AllgatherOptions()
+        stage = _Stage(self._post_gloo(lambda: self._cross.allgather([hosts], [sent], opts)), after)
+        node_blocks = [
+            out[k * local_size * n : (k + 1) * local_size * n] for k in range(len(topo.nodes))
+        ]
+        try:
+            mine = self._local._allgather_base(node_blocks[topo.node], own, self._ag_opts(False))
+            self._finish_stage(stage)
+        except BaseException:
+            self._abandon(stage.work)
+            raise
+        gathers = [
+            self._local._allgather_base(node_blocks[k], places[k], self._ag_opts(False))
+            for k in range(len(topo.nodes))
+            if k != topo.node
+        ]
+        for gathered in [mine, *gathers]:
+            self._wait(gathered)
+        return True
+
     def _all_gather_sharded(self, flat_in: torch.Tensor) -> Callable[[int], torch.Tensor]:
         """All-gather on nodes of equal size: the ranks of each local index gather their
         blocks between the nodes (all local indexes at once, each rank sending its block
@@ -1191,14 +1289,23 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                     pieces.extend(_block_group_slices(flat, members, n, s, e))
             grouped = torch.cat(pieces) if pieces else flat[:0]
             work = plan.prepare(grouped, always_copy=False)
-            mine = torch.empty(nodes * n, dtype=work.dtype, device=work.device)
+            # In place (see _all_reduce_work): chunk c's result, elements [s, e) of this
+            # rank's nodes * n, lands in this rank's slice of the chunk.
             chunks = [
-                (work[s * local_size : e * local_size], mine[s:e])
+                _own_slice(work[s * local_size : e * local_size], topo.local_rank, local_size)
                 for s, e in itertools.pairwise(bounds)
             ]
             self._sharded_stages(chunks, plan, gather=False)
-            k = topo.node
-            out.copy_(plan.finish(mine[k * n : (k + 1) * n]).reshape(out.shape))
+            # This rank's block is elements [k n, (k + 1) n) of its nodes * n: the pieces of
+            # the chunks' slices that hold them.
+            lo, hi = topo.node * n, (topo.node + 1) * n
+            pieces = [
+                shard[max(s, lo) - s : min(e, hi) - s]
+                for (s, e), (_, shard) in zip(itertools.pairwise(bounds), chunks, strict=True)
+                if max(s, lo) < min(e, hi)
+            ]
+            result = pieces[0] if len(pieces) == 1 else torch.cat(pieces) if pieces else flat[:0]
+            out.copy_(plan.finish(result).reshape(out.shape))
             return
         plan = _Plan(op, flat.dtype, topo.size)
         work_bytes = flat.numel() * torch.empty((), dtype=plan.work_dtype).element_size()
