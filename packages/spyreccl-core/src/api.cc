@@ -825,4 +825,13 @@ spyrecclResult_t spyrecclMemFree(void* ptr) {
   });
 }
 
+spyrecclResult_t spyrecclMemTrim(size_t* released) {
+  const char* api = "spyrecclMemTrim";
+  return guarded(nullptr, api, [&](bool&) {
+    spyreccl::memory::Arena* arena = spyreccl::memory::Arena::existing();
+    const size_t punched = arena != nullptr ? arena->trim() : 0;
+    if (released != nullptr) *released = punched;
+  });
+}
+
 }  // extern "C"

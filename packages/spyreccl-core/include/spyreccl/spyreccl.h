@@ -627,9 +627,20 @@ SPYRECCL_API spyrecclResult_t spyrecclGroupEnd(void);
  * exhausted). spyrecclMemFree: releases a block from spyrecclMemAlloc (ptr NULL is a
  * no-op); spyrecclInvalidArgument when ptr is not the start of a live block. Messages go
  * to the calling thread's last error. Thread-safe.
+ *
+ * Freed blocks keep their pages for reuse, up to SPYRECCL_ARENA_RETAIN_BYTES of freed
+ * memory per process (default an eighth of physical memory, at most 1 GiB; read when the
+ * arena is created); beyond it their pages go back to the system. A page that went back
+ * costs a page fault and a zeroed page when it is touched again.
+ *
+ * spyrecclMemTrim: returns the pages of every freed block to the system (a caching
+ * allocator's "empty cache"); *released (may be NULL) receives the bytes of freed address
+ * space it covered. Success with 0 when no arena exists or in a forked child (its pages
+ * are its parent's). Thread-safe.
  */
 SPYRECCL_API spyrecclResult_t spyrecclMemAlloc(void** ptr, size_t size);
 SPYRECCL_API spyrecclResult_t spyrecclMemFree(void* ptr);
+SPYRECCL_API spyrecclResult_t spyrecclMemTrim(size_t* released);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -15,6 +15,8 @@
 //   SPYRECCL_DIRECT_MIN_BYTES      smallest collective (bytes per rank) or send/recv message
 //                                  (also larger than two p2p chunks) using them (256 KiB)
 //   SPYRECCL_DUMP_DIR              directory receiving state dumps on timeouts/peer failures
+//   SPYRECCL_ARENA_RETAIN_BYTES    freed memory-arena bytes kept resident for reuse (default
+//                                  an eighth of physical memory, at most 1 GiB; memory/arena.cc)
 #pragma once
 
 #include <cstddef>

@@ -11,9 +11,9 @@
 // Layout: one memfd the size of physical memory (sparse: pages exist only once touched),
 // mapped at a fixed address for the process's lifetime; a best-fit allocator with
 // coalescing hands out page-aligned blocks. Freed blocks stay resident for reuse up to a
-// budget (32 MiB); beyond it, and for blocks of 32 MiB or more, their pages are punched
-// out of the file and go back to the system, so the footprint is live memory plus the
-// budget.
+// budget (SPYRECCL_ARENA_RETAIN_BYTES, default an eighth of physical memory, at most
+// 1 GiB); beyond it their pages are punched out of the file and go back to the system, so
+// the footprint is live memory plus the budget; trim() returns every freed page.
 //
 // fork(): a child must not share its parent's arena (tensors would silently alias across
 // the two processes, where fork promises a private copy). A pthread_atfork handler remaps
@@ -69,6 +69,12 @@ class Arena {
   bool shareable() const { return shareable_; }
   // Bytes currently handed out (for tests and diagnostics).
   size_t bytesInUse() const;
+  // Returns the pages of every freed block to the system (those kept resident for reuse);
+  // the number of bytes of free address space below the high-water mark it punched (0 in
+  // a forked child, whose pages are its parent's).
+  size_t trim();
+  // The budget of freed memory kept resident (see above).
+  size_t retainBudget() const { return retainBudget_; }
 
  private:
   Arena(int fd, uint8_t* base, size_t size);
@@ -81,6 +87,7 @@ class Arena {
   static void privatizeInChild();
   int fd_;
   bool shareable_ = true;
+  size_t retainBudget_ = 0;
   uint8_t* const base_;
   const size_t size_;
   Impl* impl_;

@@ -3,6 +3,7 @@
 // of every collective on arena buffers are the "/arena" and "/mixed" variants in
 // test_collectives.cc.
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -74,6 +75,63 @@ SPY_TEST(memory_alloc_free) {
     SPY_CHECK(holds(big, 64 << 20, 7), "a 64 MiB block does not keep its contents");
     SPY_CHECK_OK(spyrecclMemFree(big), nullptr);
     SPY_CHECK_OK(spyrecclMemFree(nullptr), nullptr);
+  });
+}
+
+// Pages of [p, p + n) resident in this process's memory (mincore), or SIZE_MAX on error.
+size_t residentPages(const void* p, size_t n) {
+  const size_t page = 4096;
+  std::vector<unsigned char> flags((n + page - 1) / page);
+  if (::mincore(const_cast<void*>(p), n, flags.data()) != 0) return SIZE_MAX;
+  return static_cast<size_t>(
+      std::count_if(flags.begin(), flags.end(), [](unsigned char f) { return (f & 1) != 0; }));
+}
+
+// A freed 64 MiB block keeps its pages (within the default budget of freed memory), so the
+// next block placed there costs no page faults; spyrecclMemTrim gives them back.
+SPY_TEST(memory_retain_and_trim) {
+  runRanks(single(), [](RankContext&) {
+    const size_t big = size_t{64} << 20;
+    void* p = nullptr;
+    if (!SPY_CHECK_OK(spyrecclMemAlloc(&p, big), nullptr)) return;
+    fill(p, big, 7);
+    SPY_CHECK_OK(spyrecclMemFree(p), nullptr);
+    size_t resident = residentPages(p, big);
+    SPY_CHECK(resident == big / 4096, "a freed 64 MiB block kept %zu of %zu pages", resident,
+              big / 4096);
+    size_t released = 0;
+    SPY_CHECK_OK(spyrecclMemTrim(&released), nullptr);
+    SPY_CHECK(released >= big, "spyrecclMemTrim released %zu bytes, expected >= %zu", released,
+              big);
+    resident = residentPages(p, big);
+    SPY_CHECK(resident == 0, "%zu pages still resident after spyrecclMemTrim", resident);
+    SPY_CHECK_OK(spyrecclMemTrim(nullptr), nullptr);  // nothing left; NULL allowed
+    void* q = nullptr;                                // the arena still works after a trim
+    if (!SPY_CHECK_OK(spyrecclMemAlloc(&q, big), nullptr)) return;
+    fill(q, big, 9);
+    SPY_CHECK(holds(q, big, 9), "a block allocated after spyrecclMemTrim lost data");
+    SPY_CHECK_OK(spyrecclMemFree(q), nullptr);
+  });
+}
+
+// Beyond SPYRECCL_ARENA_RETAIN_BYTES of freed memory, freed pages go back at once.
+SPY_TEST(memory_retain_budget) {
+  runRanks(single(), [](RankContext&) {
+    ::setenv("SPYRECCL_ARENA_RETAIN_BYTES", "1M", 1);  // read when the arena is created
+    const size_t small = 512 << 10;
+    const size_t big = size_t{4} << 20;
+    void* a = nullptr;
+    void* b = nullptr;
+    if (!SPY_CHECK_OK(spyrecclMemAlloc(&a, small), nullptr)) return;
+    if (!SPY_CHECK_OK(spyrecclMemAlloc(&b, big), nullptr)) return;
+    fill(a, small, 1);
+    fill(b, big, 2);
+    SPY_CHECK_OK(spyrecclMemFree(a), nullptr);
+    SPY_CHECK_OK(spyrecclMemFree(b), nullptr);
+    SPY_CHECK(residentPages(a, small) == small / 4096,
+              "a freed block within the budget lost pages");
+    size_t resident = residentPages(b, big);
+    SPY_CHECK(resident == 0, "a freed block beyond the 1 MiB budget kept %zu pages", resident);
   });
 }
 

@@ -300,9 +300,11 @@ class SpyreHostAllocator final : public c10::DeviceAllocator {
   // Host memory needs no initialisation: ready once the library is loaded.
   bool initialized() override { return true; }
 
-  // Nothing is cached (freed blocks go straight back to the system or the arena), so
-  // there is nothing to release; private pools (CUDA graphs) do not exist here.
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}
+  // Freed blocks go straight back to the system or the arena; the arena keeps the pages of
+  // freed blocks resident for reuse (up to SPYRECCL_ARENA_RETAIN_BYTES), which is what
+  // torch.spyre.empty_cache() / torch.accelerator.empty_cache() hand back to the system,
+  // like a caching allocator's cache. Private pools (CUDA graphs) do not exist here.
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override { (void)spyrecclMemTrim(nullptr); }
 
   // Every spyre operator completes on the calling thread: a block can never be in
   // use by a later stream operation, so there is no dependency to record.
