@@ -831,8 +831,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             )
             # In place: each chunk is reduce-scattered into this rank's slice of it, and
             # all-gathered from there (the core's in-place layouts), so no shard buffer is
-            # allocated (a fresh one of 32 MiB or more costs a page fault per 4 KiB: the
-            # arena returns such blocks to the system when they are freed).
+            # allocated per call (memory traffic, and page faults for blocks beyond what
+            # the device's arena keeps resident: docs/performance.md, "In-place sharded
+            # stages").
             chunks = [
                 _own_slice(padded[a:b], topo.local_rank, local_size)
                 for a, b in itertools.pairwise(bounds)
@@ -880,10 +881,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         """For each (part, shard): reduce-scatters `part` on the node into this rank's
         `shard` (a buffer of its own, or this rank's slice of `part`: in place), all-reduces
         `shard` between the nodes and, with `gather`, all-gathers the node's shards back
-        into `part`. One chunk: one stage after the other. Several: the
-        stages of different chunks overlap (pipeline.py); every rank issues them in the
-        same order: every reduce-scatter, then per chunk, as its exchange between nodes
-        completes, its all-gather."""
+        into `part`. One chunk: one stage after the other. Several: the stages of different
+        chunks overlap (pipeline.py); every rank issues them in the same order: every
+        reduce-scatter, then per chunk, as its exchange between nodes completes, its
+        all-gather."""
         if len(chunks) == 1:
             part, shard = chunks[0]
             self._wait(
