@@ -7,7 +7,7 @@
   subgroups (node-aligned and node-crossing), a 2-d DeviceMesh and DDP across nodes. Failed
   checks are collected (the collectives go on on every rank), exceptions abort the batch.
 - ``kill``: rank $SPYRECCL_MN_VICTIM dies while the others have collectives in flight on
-  three groups, one per route; everyone else records the error each group gives and how
+  groups, one per route; everyone else records the error each group gives and how
   long after the death it came.
 - ``nojoin``: (started without torchrun) the first node of a job whose second node never
   starts: init_process_group must fail within the timeout.
@@ -990,7 +990,7 @@ def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
 
 def failure_check(ctx: Ctx, base_seed: int) -> list[str]:
     """A stage that fails on one rank while every rank stays alive (no death for anybody's
-    transport to notice): on each route at once (flat, leader, sharded, a group each), one
+    transport to notice): on each route at once (flat, leader, sharded, chunked: a group each), one
     rank of node 1 raises in its first stage between nodes. Node 0's ranks wait for it in a
     gloo stage it never enters, its node peer in an on-node stage: every rank must fail
     within seconds, naming the operation, its sequence number, the rank that failed and
@@ -1001,15 +1001,18 @@ def failure_check(ctx: Ctx, base_seed: int) -> list[str]:
     failures: list[str] = []
     # node 1's leader for the routes where it alone crosses or where all do; for the
     # sharded route node 1's second rank (its shard's stage between nodes).
-    injected = {"flat": 2, "leader": 2, "sharded": 3}
+    injected = {"flat": 2, "leader": 2, "sharded": 3, "chunked": 3}
     window = {"SPYRECCL_MULTINODE_FAILURE_WINDOW_S": "0.5"}
     groups = {route: _route_group(ctx, route, extra=window) for route in ROUTE_ENV}
     tensors = {route: torch.full((4096,), float(r), device=_dev(ctx)) for route in groups}
     for route, group in groups.items():
         dist.all_reduce(tensors[route], group=group)
         got = tensors[route].cpu()
-        if not bool((got == 6.0).all()) or group.route_counts[route] != 1:
-            failures.append(f"rank {r}: {route}: {got[:3].tolist()}, {group.route_counts}")
+        if not bool((got == 6.0).all()) or not _route_ok(group, route, 1):
+            failures.append(
+                f"rank {r}: {route}: {got[:3].tolist()}, {group.route_counts}, "
+                f"{group.pipeline_counts}"
+            )
         if r == injected[route]:
 
             def boom(post, route=route):
@@ -1314,7 +1317,25 @@ ROUTE_ENV = {
         "SPYRECCL_MULTINODE_FLAT_MAX_BYTES": "0",
         "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": "4096",
     },
+    # The sharded route cut into 4 KiB chunks whose stages overlap (pipeline.py).
+    "chunked": {
+        "SPYRECCL_MULTINODE_FLAT_MAX_BYTES": "0",
+        "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": "4096",
+        "SPYRECCL_MULTINODE_PIPELINE_CHUNK_BYTES": "4096",
+    },
 }
+# The route_counts key each of them counts under.
+COUNTED_AS = {"chunked": "sharded"}
+
+
+def _route_ok(group: Any, route: str, times: int) -> bool:
+    """Whether `group` (made with ROUTE_ENV[route]) took its route for `times` operations,
+    every one cut into chunks for the chunked one."""
+    counted = COUNTED_AS.get(route, route)
+    if group.route_counts[counted] != times:
+        return False
+    chunked = group.pipeline_counts["operations"]
+    return chunked == times if route == "chunked" else chunked == 0
 
 
 def _group_with_env(ctx: Ctx, env: dict[str, str]):
@@ -1340,7 +1361,7 @@ def _route_group(ctx: Ctx, route: str, check: str = "1", extra: dict[str, str] |
 def mode_kill() -> None:
     """Rank $SPYRECCL_MN_VICTIM dies (exit code $SPYRECCL_MN_VICTIM_EXIT: 0 keeps torchrun's
     agent from terminating the rest of its node) while every other rank has all_reduces in
-    flight on several groups at once, one per route (flat, leader, sharded) and mismatch
+    flight on several groups at once, one per route (flat, leader, sharded, chunked) and mismatch
     check setting ($SPYRECCL_MN_CHECKS, e.g. "1,0"; named "<route>" with the check and
     "<route>/nocheck" without): each group must fail on every surviving rank. Even ranks
     queue async_op=True Works, odd ranks make blocking calls (run on the caller's thread);
@@ -1365,8 +1386,11 @@ def mode_kill() -> None:
         want = float(ctx.world_size**3)
         got = tensors[name].cpu()
         route = name.split("/")[0]
-        if not bool((got == want).all()) or group.route_counts[route] != 3:
-            failures.append(f"{name}: {got[:3].tolist()} != {want}, {group.route_counts}")
+        if not bool((got == want).all()) or not _route_ok(group, route, 3):
+            failures.append(
+                f"{name}: {got[:3].tolist()} != {want}, {group.route_counts}, "
+                f"{group.pipeline_counts}"
+            )
         if group._check_calls != (not name.endswith("/nocheck")):
             failures.append(f"{name}: checking is {group._check_calls}")
         tensors[name].fill_(1.0)

@@ -209,9 +209,9 @@ KILL_DELAY_LIMIT_S = 7.0
 )
 def test_rank_killed_on_one_node_fails_every_rank(tmp_path, victim, victim_exit, survivors, checks):
     """Every surviving rank fails on each of the groups, one per route (flat, leader,
-    sharded) and mismatch-check setting, all in flight when the rank dies, quickly, naming
-    the operation, its sequence number and the dead rank; no shared-memory segment is left
-    behind."""
+    sharded, sharded in overlapped chunks) and mismatch-check setting, all in flight when
+    the rank dies, quickly, naming the operation, its sequence number and the dead rank; no
+    shared-memory segment is left behind."""
     pg_timeout = 20.0
     result = run_job(
         [2, 2],
@@ -237,7 +237,7 @@ def test_rank_killed_on_one_node_fails_every_rank(tmp_path, victim, victim_exit,
         names = [
             route + ("" if check == "1" else "/nocheck")
             for check in checks.split(",")
-            for route in ("flat", "leader", "sharded")
+            for route in ("flat", "leader", "sharded", "chunked")
         ]
         assert sorted(report["errors"]) == sorted(names), (rank, report)
         for route, (error, when) in sorted(report["errors"].items()):
