@@ -939,7 +939,8 @@ def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
     waits for rank 3 in an on-node stage) fails on every rank within seconds, with a message
     naming the sequence number, what differs and each rank's call (no rank returns as if
     it had a result); the failed group refuses later calls.
-    Then with SPYRECCL_MULTINODE_CHECK=0 matching calls still compute right."""
+    Then with SPYRECCL_MULTINODE_CHECK=0 matching calls still compute right; then a
+    mismatch only the reduce op tells apart, and one on the chunked sharded route."""
     failures = []
     r = ctx.rank
     group = dist.new_group(list(range(ctx.world_size)))
@@ -983,6 +984,19 @@ def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
         pattern,
         "mismatched reduce op",
         r,
+    )
+    dist.destroy_process_group(group)
+
+    # The same on the sharded route cut into overlapped chunks (pipeline.py), where every
+    # chunk's on-node stage is queued before the first gloo stage waits for the
+    # fingerprints: rank 3's element count gives its node different chunks.
+    group = _group_with_env(ctx, ROUTE_ENV["chunked"])
+    big = torch.ones(90_000 if r == 3 else 100_000, device=_dev(ctx))
+    pattern = r"mismatched collectives .* at seq 1 \(element count differ\): rank 0: all_reduce"
+    pattern += r"\(numel=100000, torch.float32, RedOpType.SUM\).*rank 3: all_reduce\(numel="
+    pattern += r"90000, torch.float32, RedOpType.SUM\)"
+    failures += _rejected_within(
+        lambda: dist.all_reduce(big, group=group), pattern, "mismatched chunked all_reduce", r
     )
     dist.destroy_process_group(group)
     return failures
