@@ -751,18 +751,22 @@ PIPELINE_CHUNK = 16 * 1024
 
 
 def pipeline_check(ctx: Ctx, base_seed: int) -> list[str]:
-    """Sharded reductions cut into chunks whose stages overlap (multinode/pipeline.py): on
-    a group made with 16 KiB chunks, all_reduce (odd lengths, so the node's padding is cut
-    too) and reduce_scatter_tensor (chunks that straddle rank blocks) in every dtype with
-    SUM and every valid op for float32, int32 and uint64 (gloo's sign-flipped MIN/MAX),
-    against float64 / exact references; the chunk size is agreed by all ranks (one rank
-    proposing 0 turns it off for the group)."""
+    """The sharded routes of large reductions, in every dtype with SUM and every valid op
+    for float32, int32 and uint64 (gloo's sign-flipped MIN/MAX), against float64 / exact
+    references: on a group made with 16 KiB chunks, all_reduce cut into chunks whose stages
+    overlap (multinode/pipeline.py; odd lengths, so the node's padding is cut too) and
+    reduce_scatter_tensor by node (nodes hold consecutive ranks); on the same kind of group
+    told that its nodes do not (the general path: grouped blocks, chunks that straddle rank
+    blocks), reduce_scatter_tensor and reduce_scatter (list). The chunk size is agreed by
+    all ranks (one rank proposing 0 turns it off for the group)."""
     from spyreccl_torch.multinode import HierarchicalProcessGroup
 
     r, w = ctx.rank, ctx.world_size
     sharded = {"SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": "4096"}
     env = {"SPYRECCL_MULTINODE_PIPELINE_CHUNK_BYTES": str(PIPELINE_CHUNK), **sharded}
     chunked = _group_with_env(ctx, env)
+    regrouped = _group_with_env(ctx, env)
+    regrouped._nodes_in_order = False  # as if the nodes held interleaved ranks
     mixed = _group_with_env(
         ctx, {**env, "SPYRECCL_MULTINODE_PIPELINE_CHUNK_BYTES": "0" if r == 1 else "4096"}
     )
@@ -801,23 +805,30 @@ def pipeline_check(ctx: Ctx, base_seed: int) -> list[str]:
             else:
                 check_result(t, expected, dtype, w, seed, f"all_reduce {what}")
             mine = blocks[r].to(dev)
-            out = poison_(torch.empty(n_rs, dtype=dtype, device=dev))
-            dist.reduce_scatter_tensor(out, mine, op=dist_op(op, factor), group=chunked)
             full = reference_reduce(blocks, reference_op(op, factor), dtype)
             expected = full[r * n_rs : (r + 1) * n_rs]
-            if exact:
-                check_exact(out, expected, seed, w, f"reduce_scatter {what}")
-            else:
-                check_result(out, expected, dtype, w, seed, f"reduce_scatter {what}")
-            check_untouched(mine, blocks[r], f"reduce_scatter {what} (input)")
+            for group, kind in ((chunked, "by node"), (regrouped, "regrouped"), (None, "list")):
+                out = poison_(torch.empty(n_rs, dtype=dtype, device=dev))
+                if group is None:  # the list form, on the general path
+                    pieces = list(mine.chunk(w))
+                    dist.reduce_scatter(out, pieces, op=dist_op(op, factor), group=regrouped)
+                else:
+                    dist.reduce_scatter_tensor(out, mine, op=dist_op(op, factor), group=group)
+                label = f"reduce_scatter {kind} {what}"
+                if exact:
+                    check_exact(out, expected, seed, w, label)
+                else:
+                    check_result(out, expected, dtype, w, seed, label)
+                check_untouched(mine, blocks[r], f"{label} (input)")
         except AssertionError as exc:
             failures.append(f"rank {r}: {exc}")
-    counts = chunked.pipeline_counts
-    # Every valid case's all_reduce and reduce_scatter is cut: each moves >= 40 KB per rank
-    # in its work dtype, at least two 16 KiB chunks.
+    # Every valid case's all_reduce, and its reduce_scatters on the general path, are cut:
+    # each moves >= 40 KB per rank in its work dtype, at least two 16 KiB chunks.
     valid = sum(reduction_valid(dtype, op) for dtype, op in cases)
-    if counts["operations"] != 2 * valid or counts["chunks"] < 2 * counts["operations"]:
-        failures.append(f"rank {r}: too few operations were cut into chunks: {counts}")
+    for group, expected_ops in ((chunked, valid), (regrouped, 2 * valid)):
+        counts = group.pipeline_counts
+        if counts["operations"] != expected_ops or counts["chunks"] < 2 * expected_ops:
+            failures.append(f"rank {r}: operations cut into chunks: {counts}, {expected_ops}")
     dtype = torch.float32
     seed = case_seed(base_seed, 96_000)
     inputs = rank_inputs(seed, n_ar, dtype, w)
@@ -834,6 +845,7 @@ def pipeline_check(ctx: Ctx, base_seed: int) -> list[str]:
         )
     failures += _gather_layouts(ctx, chunked, case_seed(base_seed, 97_000))
     dist.destroy_process_group(chunked)
+    dist.destroy_process_group(regrouped)
     dist.destroy_process_group(mixed)
     return failures
 

@@ -315,6 +315,14 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._sharded_min_bytes = int(
             os.environ.get(SHARDED_MIN_BYTES_ENV, DEFAULT_SHARDED_MIN_BYTES)
         )
+        # Nodes of equal size holding consecutive ranks (the usual launch): a node's ranks'
+        # blocks are then contiguous in rank-ordered buffers (in-place all-gather,
+        # reduce_scatter by node).
+        width = len(topology.local_ranks)
+        self._nodes_in_order = topology.uniform and all(
+            members == tuple(range(k * width, (k + 1) * width))
+            for k, members in enumerate(topology.nodes)
+        )
         node = topology.node
         local_ranks = topology.local_ranks
         # Chunk size of the sharded routes' overlapped stages (pipeline.py), the same on
@@ -744,17 +752,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self.cross_counts["exchange"] += 1
             return self._start_exchange_reduce(self._cross, t, op)
         self.cross_counts["ring"] += 1
-        host = self._staging.host(t)
-        view, flip = _gloo_view(host, op)
-        opts = c10d.AllreduceOptions()
-        opts.reduceOp = op
-
-        def after() -> None:
-            if flip:
-                view.bitwise_xor_(_SIGN_BIT)
-            self._staging.commit(t, host)
-
-        return _Stage(self._post_gloo(lambda: self._cross.allreduce([view], opts)), after)
+        return self._start_host_reduce(self._cross, t, op)
 
     def _finish_stage(self, stage: _Stage) -> None:
         """Waits for a posted gloo stage (see _wait_gloo_work) and completes its result."""
@@ -791,23 +789,33 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         reduces it to `root`: then only the root's `t` holds the result, and the other
         ranks' `t` is scratch (gloo's reduce may write partial results into its buffer;
         callers reduce buffers of their own)."""
+        self._finish_stage(self._start_host_reduce(group, t, op, root))
+
+    def _start_host_reduce(
+        self, group: Any, t: torch.Tensor, op: Any, root: int | None = None
+    ) -> _Stage:
+        """Posts _host_reduce's gloo stage; `t` holds the result once it is finished."""
         host = self._staging.host(t)
         view, flip = _gloo_view(host, op)
         if root is None:
             opts = c10d.AllreduceOptions()
             opts.reduceOp = op
-            self._gloo(lambda: group.allreduce([view], opts))
+            post = lambda: group.allreduce([view], opts)  # noqa: E731
         else:
             ropts = c10d.ReduceOptions()
             ropts.reduceOp = op
             ropts.rootRank = root
             ropts.rootTensor = 0
-            self._gloo(lambda: group.reduce([view], ropts))
-            if group.rank() != root:
+            post = lambda: group.reduce([view], ropts)  # noqa: E731
+
+        def after() -> None:
+            if root is not None and group.rank() != root:
                 return
-        if flip:
-            view.bitwise_xor_(_SIGN_BIT)
-        self._staging.commit(t, host)
+            if flip:
+                view.bitwise_xor_(_SIGN_BIT)
+            self._staging.commit(t, host)
+
+        return _Stage(self._post_gloo(post), after)
 
     def _flat_ok(self, nbytes: int, plan: _Plan) -> bool:
         """Whether a reduction of `nbytes` takes the flat route (one gloo all_reduce over
@@ -1184,15 +1192,11 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         of the result into `output` (the general path below makes both)."""
         topo = self._topo
         n, local_size = inp.numel(), len(topo.local_ranks)
-        in_order = all(
-            members == tuple(range(k * local_size, (k + 1) * local_size))
-            for k, members in enumerate(topo.nodes)
-        )
         out = output.view(-1) if output.is_contiguous() else None
         if (
             out is None
             or self._cross is None
-            or not in_order
+            or not self._nodes_in_order
             or not self._sharded_ok(output.numel() * output.element_size())
             or not inp.is_contiguous()
         ):
@@ -1263,10 +1267,18 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
         return block
 
-    def _reduce_scatter_flat(self, flat: torch.Tensor, op: Any, out: torch.Tensor) -> None:
-        """`flat` holds world_size equal blocks; `out` receives the reduction of this rank's."""
+    def _reduce_scatter_flat(
+        self, flat: torch.Tensor, op: Any, out: torch.Tensor, owned: bool
+    ) -> None:
+        """`flat` (contiguous) holds world_size equal blocks; `out` receives the reduction of
+        this rank's. `owned`: `flat` is this call's own buffer, which the routes that reduce
+        in place may overwrite (else they copy it first; the sharded routes only read it)."""
         topo = self._topo
         n = out.numel()
+        if self._sharded_ok(flat.numel() * flat.element_size()) and self._reduce_scatter_by_node(
+            flat, _Plan(op, flat.dtype, topo.size), out
+        ):
+            return
         if self._sharded_ok(flat.numel() * flat.element_size()):
             # Nodes of equal size: local rank j reduces, on its node, the blocks of the ranks
             # with local index j on every node; those ranks then all-reduce them between the
@@ -1315,8 +1327,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self.route_counts["flat"] += 1
             if n == 0:
                 return
-            # `flat` is this call's own buffer: gloo may flip its sign bits (uint64 MIN/MAX).
-            host_in = self._staging.host(plan.prepare(flat, always_copy=False))
+            # gloo may flip the input's sign bits (uint64 MIN/MAX): a buffer of this call's.
+            host_in = self._staging.host(plan.prepare(flat, always_copy=not owned))
             # In place into `out` when the reduction's dtype is out's (then finish() returns
             # its argument, or a new tensor for AVG, copied in by commit).
             host_out = (
@@ -1335,9 +1347,51 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 view_out.bitwise_xor_(_SIGN_BIT)
             self._staging.commit(out, plan.finish(host_out))
             return
+        if not owned:
+            flat = flat.clone()
         self._all_reduce_into(flat, op)
         r = self._topo.rank
         out.copy_(flat[r * n : (r + 1) * n].reshape(out.shape))
+
+    def _reduce_scatter_by_node(self, flat: torch.Tensor, plan: _Plan, out: torch.Tensor) -> bool:
+        """The sharded reduce_scatter on nodes that hold consecutive ranks (False, nothing
+        done, otherwise): node k's ranks' blocks are contiguous in `flat`, so every node
+        reduce-scatters that region straight from the input, which leaves local rank j with
+        its node's partial sum of rank k L + j's block; then the ranks of each local index
+        reduce those partials between the nodes to node k's (one gloo reduce per node,
+        posted as soon as its region's on-node stage is done). Each block crosses between
+        nodes once, to where it is needed, and the input is not regrouped (the general
+        path below copies it and all-reduces twice the bytes between the nodes)."""
+        topo = self._topo
+        if not self._nodes_in_order or self._cross is None:
+            return False
+        self.route_counts["sharded"] += 1
+        n, width, nodes = out.numel(), len(topo.local_ranks), len(topo.nodes)
+        work = plan.prepare(flat, always_copy=False)  # only read: no copy unless widened
+        mine = torch.empty(nodes * n, dtype=work.dtype, device=work.device)
+        parts = [mine[k * n : (k + 1) * n] for k in range(nodes)]
+        scatters = [
+            self._local._reduce_scatter_base(
+                parts[k],
+                work[k * width * n : (k + 1) * width * n],
+                self._rs_opts(plan.local_op, False),
+            )
+            for k in range(nodes)
+        ]
+        stages: list[_Stage] = []
+        try:
+            for k in range(nodes):
+                self._wait(scatters[k])
+                stages.append(self._start_host_reduce(self._cross, parts[k], plan.cross_op, k))
+            for stage in stages:
+                self._finish_stage(stage)
+        except BaseException:
+            for stage in stages:
+                if stage.work is not None:
+                    self._abandon(stage.work)
+            raise
+        out.copy_(plan.finish(parts[topo.node]).reshape(out.shape))
+        return True
 
     def reduce_scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
@@ -1351,7 +1405,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             ins = input_lists[0]
             self._check_list("reduce_scatter", "input_list", ins, out)
             flat = torch.cat([t.detach().reshape(-1) for t in ins])
-            self._reduce_scatter_flat(flat, opts.reduceOp, out)
+            self._reduce_scatter_flat(flat, opts.reduceOp, out, owned=True)
             return outputs
 
         return self._run("reduce_scatter", body, _sig(outputs, opts.reduceOp), opts)
@@ -1363,8 +1417,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
         def body() -> list[torch.Tensor]:
             self._check_numel("reduce_scatter_tensor", inp, output.numel() * self._topo.size)
-            flat = inp.detach().reshape(-1).clone()
-            self._reduce_scatter_flat(flat, opts.reduceOp, output)
+            flat = inp.detach().contiguous().view(-1)
+            self._reduce_scatter_flat(flat, opts.reduceOp, output, owned=False)
             return [output]
 
         return self._run("reduce_scatter_tensor", body, _sig([output], opts.reduceOp), opts)
@@ -1381,8 +1435,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         def body() -> list[torch.Tensor]:
             for out, inp in zip(outputs, inputs, strict=True):
                 self._check_numel("reduce_scatter_tensor", inp, out.numel() * self._topo.size)
-                flat = inp.detach().reshape(-1).clone()
-                self._reduce_scatter_flat(flat, opts.reduceOp, out)
+                flat = inp.detach().contiguous().view(-1)
+                self._reduce_scatter_flat(flat, opts.reduceOp, out, owned=False)
             return outputs
 
         return self._run(
