@@ -34,3 +34,15 @@ def test_sweep_two_nodes_two_ranks(tmp_path):
     routes = {r["bytes"]: r.get("route") for r in spy if r["op"] == "all_reduce"}
     assert routes == {4: "leader", 512: "leader", 65536: "leader"}, routes
     assert not any("route" in r for r in doc["results"] if r["level"] == "gloo")
+
+
+def test_sweep_reports_chunked_stages(tmp_path, monkeypatch):
+    # The rank processes inherit the variable: 512 KiB all_reduces in 64 KiB chunks.
+    monkeypatch.setenv("SPYRECCL_MULTINODE_PIPELINE_CHUNK_BYTES", "65536")
+    out = tmp_path / "sweep.json"
+    argv = ["--nodes", "2", "--nproc", "2", "--ops", "all_reduce", "--min", "512K"]
+    rc = main([*argv, "--max", "512K", "--json", str(out), "--no-plot", *_FAST])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    routes = [r.get("route") for r in doc["results"] if r["level"] == "spyreccl"]
+    assert routes == ["sharded (8 chunks)"], routes

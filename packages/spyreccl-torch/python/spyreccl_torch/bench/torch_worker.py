@@ -135,9 +135,12 @@ def _check(
 
 def _route_probe(dist, step):
     """`step`, wrapped to record which routes its first call took on a multi-node group
-    (HierarchicalProcessGroup.route_counts; nothing for other groups). Later calls go
-    straight to `step`, so the timing loop is not slowed."""
-    counts = getattr(dist.group.WORLD, "route_counts", None)
+    (HierarchicalProcessGroup.route_counts; "sharded (<n> chunks)" when its sharded stages
+    were cut into chunks: pipeline_counts; nothing for other groups). Later calls go straight
+    to `step`, so the timing loop is not slowed."""
+    world = dist.group.WORLD
+    counts = getattr(world, "route_counts", None)
+    chunking = getattr(world, "pipeline_counts", {})
     routes: set[str] = set()
     if step is None or counts is None:
         return step, routes
@@ -147,9 +150,13 @@ def _route_probe(dist, step):
         if not first[0]:
             return step()
         first[0] = False
-        before = dict(counts)
+        before, chunks_before = dict(counts), chunking.get("chunks", 0)
         result = step()
         routes.update(k for k, v in counts.items() if v != before.get(k))
+        chunks = chunking.get("chunks", 0) - chunks_before
+        if chunks and "sharded" in routes:
+            routes.discard("sharded")
+            routes.add(f"sharded ({chunks} chunks)")
         return result
 
     return probed, routes
