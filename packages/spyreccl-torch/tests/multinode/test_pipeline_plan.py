@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import threading
+import time
 
 import pytest
 import torch.distributed as dist
@@ -94,7 +95,9 @@ def test_the_group_agrees_on_the_smallest_proposal():
     timeout = datetime.timedelta(seconds=10)
 
     def rank(r: int) -> None:
-        agreed[r] = pipeline.agree_chunk_bytes(store, r, len(proposals), proposals[r], timeout)
+        agreed[r] = pipeline.agree_chunk_bytes(
+            store, r, len(proposals), lambda: proposals[r], timeout
+        )
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(proposals))]
     for t in threads:
@@ -107,4 +110,31 @@ def test_the_group_agrees_on_the_smallest_proposal():
 def test_agreement_waits_within_the_timeout_for_a_missing_rank():
     store = dist.HashStore()
     with pytest.raises(Exception, match=r"(?i)timeout|timed out"):
-        pipeline.agree_chunk_bytes(store, 0, 2, 4096, datetime.timedelta(milliseconds=200))
+        pipeline.agree_chunk_bytes(store, 0, 2, lambda: 4096, datetime.timedelta(milliseconds=200))
+
+
+def test_a_malformed_proposal_fails_every_rank_at_once(monkeypatch):
+    # Rank 1's variable is malformed: it raises, and rank 0 raises too, naming rank 1,
+    # without waiting for its timeout (60 s here).
+    monkeypatch.setenv(pipeline.CHUNK_BYTES_ENV, "2M")
+    store = dist.HashStore()
+    errors: list[BaseException | None] = [None, None]
+    timeout = datetime.timedelta(seconds=60)
+
+    def rank(r: int, propose) -> None:
+        try:
+            pipeline.agree_chunk_bytes(store, r, 2, propose, timeout)
+        except ValueError as error:
+            errors[r] = error
+
+    bad = threading.Thread(target=rank, args=(1, lambda: pipeline.proposed_chunk_bytes(2)))
+    good = threading.Thread(target=rank, args=(0, lambda: 65536))
+    start = time.monotonic()
+    for t in (bad, good):
+        t.start()
+    for t in (bad, good):
+        t.join(30)
+    assert time.monotonic() - start < 10
+    assert "SPYRECCL_MULTINODE_PIPELINE_CHUNK_BYTES='2M'" in str(errors[1])
+    assert "rank 1 of the new group" in str(errors[0])
+    assert "SPYRECCL_MULTINODE_PIPELINE_CHUNK_BYTES='2M'" in str(errors[0])

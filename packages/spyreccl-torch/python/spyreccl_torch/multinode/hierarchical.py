@@ -331,7 +331,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             store,
             topology.rank,
             topology.size,
-            proposed_chunk_bytes(len(local_ranks)),
+            lambda: proposed_chunk_bytes(len(local_ranks)),
             self._timeout,
         )
         # Sharded reductions cut into chunks, and the chunks (tests and the benchmark read it).

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
 from typing import Any
 
 # Target bytes per chunk of a reduction's work buffer (the whole buffer, before it is
@@ -62,14 +63,25 @@ def proposed_chunk_bytes(ranks_on_node: int) -> int:
 
 
 def agree_chunk_bytes(
-    store: Any, rank: int, size: int, proposal: int, timeout: datetime.timedelta
+    store: Any, rank: int, size: int, propose: Callable[[], int], timeout: datetime.timedelta
 ) -> int:
-    """The smallest proposal of the group's ranks, through the group's store (collective:
-    every rank calls it once, when the group is created)."""
+    """The smallest of the group's ranks' proposals (`propose()` on each), through the
+    group's store (collective: every rank calls it once, when the group is created). A rank
+    whose proposal raises ValueError (a malformed variable) publishes the error before it
+    raises, so that every other rank raises too, naming it, instead of waiting for it."""
     keys = [f"{_KEY_PREFIX}{r}" for r in range(size)]
+    try:
+        proposal = propose()
+    except ValueError as error:
+        store.set(keys[rank], "error: " + str(error).removeprefix("spyreccl: "))
+        raise
     store.set(keys[rank], str(proposal))
     store.wait(keys, timeout)
-    return min(int(v.decode() if isinstance(v, bytes) else v) for v in store.multi_get(keys))
+    values = [v.decode() if isinstance(v, bytes) else str(v) for v in store.multi_get(keys)]
+    for r, value in enumerate(values):
+        if value.startswith("error: "):
+            raise ValueError(f"spyreccl: rank {r} of the new group: {value[len('error: ') :]}")
+    return min(int(v) for v in values)
 
 
 def chunk_bounds(numel: int, granule: int, element_size: int, chunk_bytes: int) -> list[int]:
