@@ -1227,19 +1227,19 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         node_blocks = [
             out[k * local_size * n : (k + 1) * local_size * n] for k in range(len(topo.nodes))
         ]
+        # The on-node stages run on this thread (blocking calls) while gloo's thread moves
+        # the blocks between the nodes: 5-22 % less time at 1-16 MiB than handing them to
+        # spyreccl's progress thread, on the 2-CPU VM (two alternated runs).
+        opts = self._ag_opts(blocking=True)
         try:
-            mine = self._local._allgather_base(node_blocks[topo.node], own, self._ag_opts(False))
+            self._wait(self._local._allgather_base(node_blocks[topo.node], own, opts))
             self._finish_stage(stage)
         except BaseException:
             self._abandon(stage.work)
             raise
-        gathers = [
-            self._local._allgather_base(node_blocks[k], places[k], self._ag_opts(False))
-            for k in range(len(topo.nodes))
-            if k != topo.node
-        ]
-        for gathered in [mine, *gathers]:
-            self._wait(gathered)
+        for k in range(len(topo.nodes)):
+            if k != topo.node:
+                self._wait(self._local._allgather_base(node_blocks[k], places[k], opts))
         return True
 
     def _all_gather_sharded(self, flat_in: torch.Tensor) -> Callable[[int], torch.Tensor]:
@@ -1370,6 +1370,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         work = plan.prepare(flat, always_copy=False)  # only read: no copy unless widened
         mine = torch.empty(nodes * n, dtype=work.dtype, device=work.device)
         parts = [mine[k * n : (k + 1) * n] for k in range(nodes)]
+        # Every region's on-node stage is queued at once (spyreccl's progress thread runs them
+        # back to back) while gloo's thread reduces the regions done. Running them on this
+        # thread instead was 8 % slower at 16 MiB on the 2-CPU VM (two alternated runs).
         scatters = [
             self._local._reduce_scatter_base(
                 parts[k],
