@@ -672,6 +672,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
         wait_sliced(work, between)
 
+    def _abandon_stages(self, stages: Sequence[_Stage]) -> None:
+        """Notes the posted gloo stages of an operation that failed on this rank (_abandon)."""
+        for stage in stages:
+            if stage.work is not None:
+                self._abandon(stage.work)
+
     def _abandon(self, work: Any) -> None:
         """Notes a gloo Work that this rank no longer waits for (see shutdown)."""
         self._abandoned = [w for w in self._abandoned if not w.is_completed()]
@@ -923,9 +929,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             for gathered in gathers:
                 self._wait(gathered)
         except BaseException:
-            for stage in stages:
-                if stage.work is not None:
-                    self._abandon(stage.work)
+            self._abandon_stages(stages)
             raise
 
     def _reduce_work(self, work: torch.Tensor, plan: _Plan, root: int) -> None:
@@ -1235,7 +1239,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._wait(self._local._allgather_base(node_blocks[topo.node], own, opts))
             self._finish_stage(stage)
         except BaseException:
-            self._abandon(stage.work)
+            self._abandon_stages([stage])
             raise
         for k in range(len(topo.nodes)):
             if k != topo.node:
@@ -1389,9 +1393,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             for stage in stages:
                 self._finish_stage(stage)
         except BaseException:
-            for stage in stages:
-                if stage.work is not None:
-                    self._abandon(stage.work)
+            self._abandon_stages(stages)
             raise
         out.copy_(plan.finish(parts[topo.node]).reshape(out.shape))
         return True
