@@ -74,7 +74,7 @@ from .pipeline import agree_chunk_bytes, chunk_bounds, proposed_chunk_bytes
 from .reduction import Plan as _Plan
 from .reduction import combine_in_order as _combine_in_order
 from .reduction import exchange_ok as _exchange_ok
-from .staging import HostStaging, zero_copy_available
+from .staging import HostStaging, same_memory, zero_copy_available
 from .topology import Topology
 from .works import AsyncWork, ThenWork
 
@@ -195,16 +195,6 @@ class _Stage:
     def __init__(self, work: Any, after: Callable[[], None]) -> None:
         self.work = work
         self.after = after
-
-
-def _same_place(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether flat tensors `a` and `b` are the same elements of the same memory."""
-    return (
-        a.device == b.device
-        and a.dtype == b.dtype
-        and a.numel() == b.numel()
-        and a.data_ptr() == b.data_ptr()
-    )
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -1208,7 +1198,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         j = topo.local_rank
         own = out[topo.rank * n : (topo.rank + 1) * n]
         src = inp.detach().reshape(-1)
-        if not _same_place(src, own):
+        if src.dtype != own.dtype or not same_memory(own, src):
             if _overlaps(src, out):
                 return False  # another rank's place: the general path reads it first
             own.copy_(src)
@@ -1226,8 +1216,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 if k != topo.node:
                     self._staging.commit(place, host)
 
-        opts = c10d.AllgatherOptions()
-        stage = _Stage(self._post_gloo(lambda: self._cross.allgather([hosts], [sent], opts)), after)
+        gloo_opts = c10d.AllgatherOptions()
+        stage = _Stage(
+            self._post_gloo(lambda: self._cross.allgather([hosts], [sent], gloo_opts)), after
+        )
         node_blocks = [
             out[k * local_size * n : (k + 1) * local_size * n] for k in range(len(topo.nodes))
         ]
@@ -1279,16 +1271,15 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         in place may overwrite (else they copy it first; the sharded routes only read it)."""
         topo = self._topo
         n = out.numel()
-        if self._sharded_ok(flat.numel() * flat.element_size()) and self._reduce_scatter_by_node(
-            flat, _Plan(op, flat.dtype, topo.size), out
-        ):
-            return
+        plan = _Plan(op, flat.dtype, topo.size)
         if self._sharded_ok(flat.numel() * flat.element_size()):
-            # Nodes of equal size: local rank j reduces, on its node, the blocks of the ranks
-            # with local index j on every node; those ranks then all-reduce them between the
-            # nodes (all local indexes at once), and each keeps its own block.
+            if self._reduce_scatter_by_node(flat, plan, out):
+                return
+            # Nodes of equal size in another order: local rank j reduces, on its node, the
+            # blocks of the ranks with local index j on every node; those ranks then
+            # all-reduce them between the nodes (all local indexes at once), and each keeps
+            # its own block.
             self.route_counts["sharded"] += 1
-            plan = _Plan(op, flat.dtype, topo.size)
             nodes, local_size = len(topo.nodes), len(topo.local_ranks)
             # Chunk c of `mine` (elements [s, e) of this rank's nodes * n) is reduce-scattered
             # from elements [s, e) of every local index's group of blocks: `grouped` holds
@@ -1324,7 +1315,6 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             result = pieces[0] if len(pieces) == 1 else torch.cat(pieces) if pieces else flat[:0]
             out.copy_(plan.finish(result).reshape(out.shape))
             return
-        plan = _Plan(op, flat.dtype, topo.size)
         work_bytes = flat.numel() * torch.empty((), dtype=plan.work_dtype).element_size()
         if self._flat_ok(work_bytes, plan):
             # One gloo reduce_scatter over every rank: each rank receives only its block.

@@ -41,9 +41,10 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
 
 
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether `b` (a host tensor) is `a`'s own memory: a view made by HostStaging, or `a`
-    itself. Views keep the data pointer, so comparing it (and the size) tells."""
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `b` is `a`'s own memory: the same start and the same number of bytes (`a`
+    itself, a view of it such as HostStaging's, or a slice of the same storage). Views keep
+    the data pointer, so comparing it (and the size) tells."""
     same_size = a.numel() * a.element_size() == b.numel() * b.element_size()
     return same_size and a.data_ptr() == b.data_ptr()
 
@@ -137,7 +138,7 @@ class HostStaging:
         """Makes `t` hold `host`'s elements (same number of bytes; `host` from :meth:`host`
         or :meth:`host_bytes`, or a result computed on the host): nothing when `host` is
         `t`'s own memory, else one copy, through a view of `t` where there is one."""
-        if _same_memory(t, host):
+        if same_memory(t, host):
             return
         values = host.view(t.dtype) if host.dtype != t.dtype else host
         values = values.reshape(t.shape)
