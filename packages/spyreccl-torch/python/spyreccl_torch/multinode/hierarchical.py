@@ -1005,13 +1005,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             block = n * inp.element_size()
             mine = self._staging.padded_bytes(node_buf, widest * block)
             full_bytes = self._staging.host_bytes(full, fill=False)
-            in_order = all(
-                members == list(range(k * widest, (k + 1) * widest))
-                for k, members in enumerate(topo.nodes)
-            )
             gathered = (
                 full_bytes
-                if in_order
+                if self._nodes_in_order
                 else torch.empty(len(topo.nodes) * widest * block, dtype=torch.uint8)
             )
             self._gloo(lambda: self._cross._allgather_base(gathered, mine, c10d.AllgatherOptions()))
