@@ -85,6 +85,9 @@ class Arena {
   static void lockForFork();
   static void unlockAfterFork();
   static void privatizeInChild();
+  // Gives the pages of [off, off + len) back to the system (the caller holds the lock and
+  // has checked that this arena is shareable).
+  void punch(size_t off, size_t len) const;
   int fd_;
   bool shareable_ = true;
   size_t retainBudget_ = 0;
