@@ -1014,6 +1014,69 @@ def mismatch_check(ctx: Ctx, base_seed: int) -> list[str]:
     return failures
 
 
+def node_check_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """The mismatch check node by node (node_check.py). Each node agrees within itself but
+    the nodes call different collectives, so only the leaders' exchange sees it: on the
+    leader route the other ranks post no gloo stage and learn it from their leader's
+    outcome alone, on the flat route their first gloo stage waits for it, and on the sharded
+    route they wait for it before their stage between nodes. Every rank fails within
+    seconds with MismatchError naming both calls, and leaves its output as it was. Then a
+    group with checking on runs matching calls of every kind, with arguments rejected on
+    every rank in between: the node's control group stays in step and the results are right.
+    """
+    failures: list[str] = []
+    r, world = ctx.rank, ctx.world_size
+    topo = dist.group.WORLD.topology
+    node = topo.node
+    for route, numel in (("leader", 7), ("flat", 7), ("sharded", 4096)):
+        group = _route_group(ctx, route)
+        pg = group._get_backend(_dev(ctx))._pg
+        kinds = (type(pg._check_local).__name__, pg._check_leaders is not None)
+        expected_kinds = ("ProcessGroupSpyreccl", topo.local_rank == 0)
+        if kinds != expected_kinds:
+            failures.append(f"rank {r}: control groups {kinds}, expected {expected_kinds}")
+        count = numel + node  # node 1 calls one element more
+        poison = torch.full((count,), float("nan"), device=_dev(ctx))
+        pattern = r"mismatched collectives .* at seq 1 \(element count differ\): rank 0: "
+        pattern += rf"all_reduce\(numel={numel}, .*rank 3: all_reduce\(numel={numel + 1}, "
+        failures += _rejected_within(
+            lambda p=poison, g=group: dist.all_reduce(p, group=g),
+            pattern,
+            f"{route}: nodes differ",
+            r,
+        )
+        if not bool(poison.isnan().all()):
+            failures.append(f"rank {r}: {route}: the mismatched all_reduce wrote its output")
+        dist.destroy_process_group(group)
+
+    group = _route_group(ctx, "leader")
+    gen = torch.Generator().manual_seed(base_seed + 77)
+    for step in range(6):
+        values = torch.randn(world, 33, generator=gen, dtype=torch.float64)
+        t = values[r].to(torch.float32).to(_dev(ctx))
+        if step % 2:
+            # Rejected on every rank before anything moves (an output of the wrong size).
+            expect_rejection(
+                lambda t=t: dist.all_gather_into_tensor(
+                    torch.empty(5, device=_dev(ctx)), t, group=group
+                ),
+                "all_gather_into_tensor",
+                "an output of the wrong size",
+            )
+        dist.all_reduce(t, group=group, async_op=step == 4)
+        dist.barrier(group=group)
+        expected = values.to(torch.float32).to(torch.float64).sum(0)
+        if not torch.allclose(t.cpu().double(), expected, rtol=1e-5, atol=1e-5):
+            failures.append(f"rank {r}: step {step}: all_reduce after the checks is wrong")
+        out = torch.full((world * 33,), float("nan"), device=_dev(ctx))
+        mine = values[r].to(torch.float32)
+        dist.all_gather_into_tensor(out, mine.to(_dev(ctx)), group=group)
+        if not torch.equal(out.cpu().view(world, 33), values.to(torch.float32)):
+            failures.append(f"rank {r}: step {step}: all_gather after the checks is wrong")
+    dist.destroy_process_group(group)
+    return failures
+
+
 def failure_check(ctx: Ctx, base_seed: int) -> list[str]:
     """A stage that fails on one rank while every rank stays alive (no death for anybody's
     transport to notice): on each route at once (flat, leader, sharded, chunked: a group each), one
@@ -1295,7 +1358,7 @@ def mode_ops(full: bool) -> None:
     cases = op_cases(ctx.world_size, full)
     extras = (
         [group_checks, ddp_check, hsdp_check, funcol_check, async_check, mismatch_check]
-        + [staging_check, pipeline_check, timeout_check, failure_check]
+        + [staging_check, pipeline_check, node_check_check, timeout_check, failure_check]
         if full
         else [split_check]
     )

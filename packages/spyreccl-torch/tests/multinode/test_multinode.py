@@ -126,6 +126,7 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
             "mismatch_check",
             "staging_check",
             "pipeline_check",
+            "node_check_check",
             "timeout_check",
             "failure_check",
         ],

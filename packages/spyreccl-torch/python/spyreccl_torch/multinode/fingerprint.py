@@ -14,6 +14,10 @@ so a mismatch never returns data as if it were right. A barrier is the exchange 
 Why a separate gloo group: the data groups' operation order must not depend on whether
 checking is on.
 
+With checking on, a group compares the digests node by node instead (node_check.py: shared
+memory within a node, gloo among the leaders only); this module's exchange over every rank
+still names the calls of a mismatch and serves barriers when checking is off.
+
 Why the first gloo stage waits for the exchange instead of being posted alongside it (which
 would hide the exchange's round trip, 300-400 us on an idle 16-core machine, behind the
 data stage): gloo does not survive mismatched operations. Measured with torch 2.13's gloo
@@ -142,7 +146,13 @@ class PendingCheck:
         self.done = threading.Event()
 
 
-def _digest(row: list[int]) -> int:
+def fingerprint_row(op_name: str, seq: int, sig: Sequence[int]) -> list[int]:
+    """One operation's fingerprint: operation, sequence number, the signature's length and
+    fields, zero-padded to a fixed row (all-gathered to name each rank's call)."""
+    return [code(op_name), seq, len(sig), *sig, *([0] * (_ROW - 3 - len(sig)))]
+
+
+def digest_of(row: list[int]) -> int:
     """62 bits of a hash of the fingerprint (so that its negation is exact in int64)."""
     data = b"".join(int(v).to_bytes(8, "little", signed=True) for v in row)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 2
@@ -197,8 +207,8 @@ class CallChecker:
     def post(self, op_name: str, seq: int, sig: Sequence[int], compare: bool = True) -> Any:
         """Starts the exchange of this rank's fingerprint; `compare` False: only the
         exchange (a barrier; checking is off)."""
-        row = [code(op_name), seq, len(sig), *sig, *([0] * (_ROW - 3 - len(sig)))]
-        digest = _digest(row) if compare else 0
+        row = fingerprint_row(op_name, seq, sig)
+        digest = digest_of(row) if compare else 0
         sums = torch.tensor([digest, -digest], dtype=torch.int64)
         opts = c10d.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
@@ -232,15 +242,26 @@ class CallChecker:
             return
         pending.mismatched = True
         if pending.message is None:
-            pending.message = self._describe(pending)
+            pending.message = self.describe(pending)
         raise MismatchError(pending.message)
+
+    def settle(self, pending: PendingCheck, wait_s: float) -> bool:
+        """Waits up to `wait_s` for the exchange's outcome (after a stage failed: was a
+        mismatch the cause?); whether the fingerprints disagreed."""
+        pending.done.wait(wait_s)
+        return pending.mismatched
+
+    def finish(self, pending: PendingCheck) -> None:
+        """Completes this rank's part of an exchange whose operation ended early (arguments
+        rejected before anything moved; the group stays usable). Every rank posted its part
+        already: nothing is left to do."""
 
     @staticmethod
     def _differs(pending: PendingCheck) -> bool:
         top, neg_bottom = pending.sums.tolist()
         return top != pending.digest or -neg_bottom != pending.digest
 
-    def _describe(self, pending: PendingCheck) -> str:
+    def describe(self, pending: PendingCheck) -> str:
         """Gathers every rank's fingerprint and names each rank's call."""
         seq = pending.mine[1]
         mine = torch.tensor(pending.mine, dtype=torch.int64)

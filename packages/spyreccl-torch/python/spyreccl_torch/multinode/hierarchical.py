@@ -8,8 +8,10 @@ A group whose ranks are on several nodes is therefore built from:
   that has one (the "leaders" group for local index 0 exists on every node);
 - ``flat``: a gloo group over every rank, for what has no useful hierarchy here: CPU tensors,
   all_to_all, gather, scatter, send/recv between nodes and the flat route below;
-- ``control``: a gloo group over every rank for the mismatch check and barriers
-  (fingerprint.py).
+- ``control``: a gloo group over every rank for barriers without checking and for naming
+  the calls of a mismatch (fingerprint.py);
+- with checking on, ``check_local`` (spyreccl, the node's ranks) and ``check_leaders`` (gloo,
+  the leaders), which compare every operation's fingerprints node by node (node_check.py).
 
 gloo moves host memory: on the emulated spyre device (host memory) its stages read and write
 the spyre tensors in place through CPU views, elsewhere through host copies (staging.py). Data
@@ -42,7 +44,7 @@ Operations on spyre tensors run on the group's executor (executor.py): one threa
 that runs them in issue order, so ``async_op=True`` returns at once and the caller computes
 while the stages run; a blocking call with nothing queued runs on the caller's thread. Every
 collective's fingerprint is checked across all ranks while its on-node stages run, and
-before its first gloo stage (fingerprint.py, _gloo).
+before its first gloo stage (node_check.py, fingerprint.py, _gloo).
 
 torch lets a Python class act as a whole process group
 (``ProcessGroup`` subclasses, see torch's PyProcessGroup), not as a backend, so this class is
@@ -70,6 +72,7 @@ from .executor import OrderedExecutor
 from .failures import ABORT_OP, FailureBoard, PeerFailure, wait_sliced
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
+from .node_check import NodeChecker
 from .pipeline import agree_chunk_bytes, chunk_bounds, proposed_chunk_bytes
 from .reduction import Plan as _Plan
 from .reduction import combine_in_order as _combine_in_order
@@ -363,7 +366,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             topology.size,
             self._timeout,
         )
-        self._checker = CallChecker(
+        self._checker: CallChecker | NodeChecker = CallChecker(
             self._check_group,
             topology.size,
             self._label,
@@ -371,6 +374,42 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._on_exchange_error,
             self._wait_gloo_work,
         )
+        # With checking on, fingerprints are compared node by node (node_check.py): within a
+        # node over a spyreccl group of its own, between nodes among the leaders only.
+        self._check_local = None
+        self._check_leaders = None
+        if self._check_calls:
+            if len(local_ranks) > 1:
+                check_options = options.__copy__()
+                check_options.timeout = self._timeout
+                check_options.group_name = f"{group_name}/node{node}/control"
+                check_options.global_ranks_in_group = local_options.global_ranks_in_group
+                self._check_local = _C.ProcessGroupSpyreccl(
+                    dist.PrefixStore(f"spyreccl/control-node{node}/", store),
+                    topology.local_rank,
+                    len(local_ranks),
+                    check_options,
+                )
+            leaders = topology.cross_ranks(0)
+            if topology.local_rank == 0:
+                self._check_leaders = dist.ProcessGroupGloo(
+                    dist.PrefixStore("spyreccl/control-leaders/", store),
+                    leaders.index(topology.rank),
+                    len(leaders),
+                    self._timeout,
+                )
+            self._checker = NodeChecker(
+                self._checker,
+                self._check_local,
+                self._check_leaders,
+                topology.local_rank,
+                len(local_ranks),
+                torch.device(_SPYRE),
+                self._on_mismatch,
+                self._on_exchange_error,
+                self._wait_gloo_work,
+                self._published_cause,
+            )
         self._shut_down = False
         self._pid = os.getpid()  # a child forked later inherits the group, not its threads
         _LIVE.add(self)
@@ -475,6 +514,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 # ranks' reports (so a dead peer costs no extra wait).
                 rejected = isinstance(error, ValueError)
                 if pending is not None:
+                    if rejected:
+                        checker.finish(pending)  # the group stays usable: keep it in step
                     self._abandon(pending.work)
                 cause = self._mismatch_behind(pending, error, None if rejected else 0.2)
                 if isinstance(cause, ValueError):
@@ -510,11 +551,11 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return error
         if wait_s is None:
             wait_s = min(self._failure_window_s, self._timeout.total_seconds())
-        pending.done.wait(wait_s)
-        if not pending.mismatched:
+        checker = self._checker
+        if checker is None or not checker.settle(pending, wait_s):
             return error
         try:
-            self._checker.verify(pending)
+            checker.verify(pending)
         except MismatchError as mismatch:
             return mismatch
         except Exception:
@@ -534,6 +575,13 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         """A wait() on `work` ran out of time: the group fails (its sub-groups are aborted, so
         the executor's stage stops too)."""
         what = f"{work.op_name} seq {work.seq}"
+        error = dist.DistBackendError(
+            f"spyreccl: {what} did not complete within {limit:g} s on {self._label()} "
+            f"(the group timeout, or the wait's); the group is aborted"
+        )
+        # The Work carries the timeout before the aborts below make its running stage fail
+        # with an error of its own.
+        work.fail(error)
         if self._failed is None:
             self._failed = f"{what} timed out"
         self._stop(f"{what} timed out")
@@ -544,15 +592,19 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             work.op_name, work.seq, f"a wait() ran out after {limit:g} s; the group was aborted"
         )
         self._board.report()  # not silent: the others need not wait for this rank's report
-        return dist.DistBackendError(
-            f"spyreccl: {what} did not complete within {limit:g} s on {self._label()} "
-            f"(the group timeout, or the wait's); the group is aborted"
-        )
+        return error
 
     def _fail(self, op_name: str, seq: int, error: BaseException) -> RuntimeError:
         first = self._failed is None
         self._failed = self._failed or f"{op_name} seq {seq}"
         mismatch = self._mismatch
+        mismatched = isinstance(error, MismatchError) or (
+            mismatch is not None and mismatch.message is not None
+        )
+        if first and not mismatched and not isinstance(error, PeerFailure):
+            # Published before the aborts below, so that a rank of this node that they stop
+            # finds this failure as the cause (see _published_cause).
+            self._board.publish(op_name, seq, error)
         # This node's ranks that wait for this one in an on-node stage fail at once (the
         # core reports the abort to them), the other nodes' through the published failure.
         self._abort_children()
@@ -565,8 +617,6 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return dist.DistBackendError(
                 f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}"
             )
-        if not isinstance(error, PeerFailure):
-            self._board.publish(op_name, seq, error)
         silent = self._who_failed()
         # The failure that started it all, when this rank's error is a consequence of it (a
         # stage aborted by a peer, a gloo error because a peer gave up, or what this rank's
@@ -601,8 +651,19 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             f"stuck elsewhere): {names}"
         )
 
+    def _children(self) -> tuple[Any, ...]:
+        """The sub-groups (None where this rank has none)."""
+        return (
+            self._local,
+            self._check_local,
+            self._cross,
+            self._flat,
+            self._check_group,
+            self._check_leaders,
+        )
+
     def _abort_children(self) -> None:
-        for child in (self._local, self._cross, self._flat, self._check_group):
+        for child in self._children():
             if child is None:
                 continue
             try:
@@ -651,16 +712,20 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             if self._stopped is not None:
                 why = RuntimeError(f"stopped while waiting for a gloo stage: {self._stopped}")
             else:
-                record = self._board.published()
-                if record is not None:
-                    why = PeerFailure(
-                        f"stopped waiting for the other ranks: {FailureBoard.describe(record)}"
-                    )
+                why = self._published_cause(None)
             if why is not None:
                 self._abandon(work)
                 raise why
 
         wait_sliced(work, between)
+
+    def _published_cause(self, error: BaseException | None) -> BaseException | None:
+        """The failure another rank published, as the reason this rank stopped waiting
+        (PeerFailure); `error` when none was published."""
+        record = self._board.published()
+        if record is None:
+            return error
+        return PeerFailure(f"stopped waiting for the other ranks: {FailureBoard.describe(record)}")
 
     def _abandon_stages(self, stages: Sequence[_Stage]) -> None:
         """Notes the posted gloo stages of an operation that failed on this rank (_abandon)."""
@@ -670,6 +735,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
     def _abandon(self, work: Any) -> None:
         """Notes a gloo Work that this rank no longer waits for (see shutdown)."""
+        if work is None:
+            return  # a check that posted no gloo operation on this rank (node_check.py)
         self._abandoned = [w for w in self._abandoned if not w.is_completed()]
         if not work.is_completed():
             self._abandoned.append(work)
@@ -1754,14 +1821,20 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         # Queued operations finish first (bounded: each stage has the group timeout).
         self._executor.close(self._timeout.total_seconds())
         self._local.shutdown()
-        gloo = [g for g in (self._cross, self._flat, self._check_group) if g is not None]
+        if self._check_local is not None:
+            self._check_local.shutdown()
+        gloo = [
+            g
+            for g in (self._cross, self._flat, self._check_group, self._check_leaders)
+            if g is not None
+        ]
         abandoned = any(not w.is_completed() for w in self._abandoned)
         self._abandoned = []
         if self._stopped is not None or abandoned:
             # An abandoned gloo operation stays pending until gloo's timeout, and a gloo
             # group's destructor waits for it: a thread of its own keeps the groups until
             # then, so that destroy_process_group does not wait.
-            self._cross = self._flat = self._check_group = None
+            self._cross = self._flat = self._check_group = self._check_leaders = None
             self._checker = None
             linger = self._timeout.total_seconds() + 5.0
             threading.Thread(
@@ -1779,14 +1852,14 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         # stage's tensors then; their Python objects need the GIL, which Python refuses by
         # ending the thread, and the process aborts (seen 1 run in 8 of a 2 x 2 job whose
         # script ended right after its last all_reduce).
-        self._cross = self._flat = self._check_group = None
+        self._cross = self._flat = self._check_group = self._check_leaders = None
         self._checker = None
         child = None
         gloo.clear()
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout = timeout
-        for child in (self._local, self._cross, self._flat, self._check_group):
+        for child in self._children():
             if child is not None:
                 child.set_timeout(timeout)
 

@@ -1,0 +1,238 @@
+"""The mismatch check node by node: shared memory within each node, gloo between leaders only.
+
+The flat check (fingerprint.CallChecker) is one gloo all_reduce over every rank per
+operation. Its round trip is the largest part of a small operation's time: an 8-byte
+all_reduce on 2 simulated nodes x 2 ranks took 711 us with it and 388 us without on an idle
+16-core machine, and 2.6-3.2 ms against 1.1 ms on the 2-CPU development VM
+(docs/performance.md). Most of those ranks share a node, where agreeing costs microseconds.
+So, per operation:
+
+1. The ranks of each node all_reduce (MAX) [d, -d], d the digest of their fingerprint, over a
+   spyreccl communicator of the node's own (shared memory): every rank of the node then
+   knows whether the node agrees.
+2. Each node's leader (local rank 0) all_reduces (MAX) the node's pair with the other
+   leaders over a gloo group of the leaders alone, posted without waiting: the operation's
+   on-node stages run while it travels, as with the flat check.
+3. A leader, when it verifies (before its first gloo stage, or at the end of the
+   operation), sends the outcome to the other ranks of its node, which receive it when they
+   verify.
+
+What the flat check guarantees still holds: no rank posts a gloo data stage before it holds
+the outcome (a non-leader's comes from its leader, after the leaders' exchange); an
+operation completes only once every rank was seen to call the same collective; a
+disagreement fails every rank with MismatchError naming each rank's call (the fingerprints
+are gathered over the flat control group, as before). A disagreement within a node is known
+to the whole node after step 1, which stops the node's data stages at once; one between
+nodes is seen by the leaders' callback, which stops theirs (the abort reaches the node's
+other ranks), and a rank whose stage was stopped learns why from the outcome.
+
+Why the outcome is a send and not a broadcast: a leader verifies before its stage between
+nodes, while the node's other ranks may already wait for it in the on-node stage after
+that (the leader route's broadcast). A broadcast's root waits for every rank to arrive, so it
+would wait for ranks that wait for it; a send of two words completes without its receiver.
+
+Every step runs on the thread that runs the group's operations, in their order, so the
+node's control communicator sees the same sequence of calls on every rank of the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+
+from .fingerprint import CallChecker, MismatchError, PendingCheck, digest_of, fingerprint_row
+
+# Leaders that exchange their pairs with one all_to_all (see NodeChecker._exchange).
+EXCHANGE_MAX_LEADERS = 8
+
+
+def _max_opts(blocking: bool) -> Any:
+    opts = c10d.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    opts.asyncOp = not blocking
+    return opts
+
+
+class NodePending(PendingCheck):
+    """One operation's check in flight, node by node (NodeChecker)."""
+
+    def __init__(self, sums: torch.Tensor, mine: list[int], digest: int, op_name: str) -> None:
+        super().__init__(None, sums, mine, digest, op_name)
+        self.sent = False  # a leader: the outcome went to the node's other ranks
+        self.received = False  # a non-leader: the outcome came from the leader
+        self.failure: BaseException | None = None  # the exchange or the receive failed
+
+
+class NodeChecker:
+    """See the module docstring. `flat` is the group's CallChecker over every rank: it names
+    the calls of a mismatch and serves the exchanges that do not compare (barriers with
+    checking off). `local`: the node's spyreccl control group (None when the node has one
+    rank); `leaders`: the leaders' gloo group (on leaders only)."""
+
+    def __init__(
+        self,
+        flat: CallChecker,
+        local: Any,
+        leaders: Any,
+        local_rank: int,
+        local_size: int,
+        device: torch.device,
+        on_mismatch: Callable[[PendingCheck], None],
+        on_error: Callable[[PendingCheck, BaseException], None],
+        wait: Callable[[Any], None],
+        explain: Callable[[BaseException], BaseException | None],
+    ) -> None:
+        self._flat = flat
+        self._local = local if local_size > 1 else None
+        self._leaders = leaders
+        self._leader = local_rank == 0
+        self._others = range(1, local_size) if self._leader else range(0)
+        self._on_mismatch = on_mismatch
+        self._on_error = on_error
+        self._wait = wait
+        # A receive that failed: the failure another rank published, when there is one (the
+        # leader aborted the node's control group because of it).
+        self._explain = explain
+        self._device = device
+        # One buffer for the node's all_reduce and one for the outcome a non-leader receives:
+        # each is read back before the next operation's check uses it.
+        self._pair = torch.empty(2, dtype=torch.int64, device=device)
+        self._outcome = torch.empty(2, dtype=torch.int64, device=device)
+        from .. import _C  # loaded before this package (spyreccl_torch/__init__.py)
+
+        self._add_callback = _C._add_guarded_callback
+
+    def post(self, op_name: str, seq: int, sig: Any, compare: bool = True) -> PendingCheck:
+        if not compare:
+            return self._flat.post(op_name, seq, sig, False)
+        row = fingerprint_row(op_name, seq, sig)
+        digest = digest_of(row)
+        pair = [digest, -digest]
+        if self._local is not None:
+            self._pair.copy_(torch.tensor(pair, dtype=torch.int64))
+            self._local.allreduce([self._pair], _max_opts(blocking=True)).wait()
+            pair = self._pair.tolist()
+        pending = NodePending(torch.tensor(pair, dtype=torch.int64), row, digest, op_name)
+        node_differs = pair != [digest, -digest]
+        if self._leader and self._leaders is not None:
+            pending.work, outcome = self._exchange(pending.sums)
+
+            def received(failure: str | None) -> None:
+                if failure is not None:
+                    pending.failure = RuntimeError(failure)
+                    pending.done.set()
+                    self._on_error(pending, pending.failure)
+                    return
+                pending.sums = outcome()
+                pending.mismatched = CallChecker._differs(pending)
+                pending.done.set()
+                if pending.mismatched and not node_differs:
+                    self._on_mismatch(pending)
+
+            self._add_callback(pending.work, received)
+        elif self._leader:
+            pending.done.set()  # a group on one node: the node's outcome is everyone's
+        if node_differs:
+            # The whole node sees it now: stop its data stages (see the module docstring).
+            pending.mismatched = True
+            self._on_mismatch(pending)
+        return pending
+
+    def _exchange(self, pair: torch.Tensor) -> tuple[Any, Callable[[], torch.Tensor]]:
+        """Posts the leaders' exchange of their nodes' pairs; returns its Work and a getter of
+        the outcome (the pairs' element-wise maximum) once it completed. Up to
+        EXCHANGE_MAX_LEADERS leaders: one gloo all_to_all gives every leader every pair
+        (gloo's all_to_all is a direct exchange, its all_reduce a ring of 2 (n - 1) steps;
+        between 2 ranks 90-118 us against 191-327 us on the 2-CPU VM, docs/performance.md,
+        "Multiple nodes: small-message routes and the check"); more leaders: gloo's all_reduce."""
+        n = self._leaders.size()
+        if n > EXCHANGE_MAX_LEADERS:
+            work = self._leaders.allreduce([pair], _max_opts(blocking=False))
+            return work, lambda: pair
+        sent = pair.repeat(n)
+        got = torch.empty_like(sent)
+        splits = [2] * n
+        work = self._leaders.alltoall_base(got, sent, splits, splits, c10d.AllToAllOptions())
+        return work, lambda: got.view(n, 2).amax(dim=0)
+
+    def _send_outcome(self, pending: NodePending) -> None:
+        if pending.sent or self._local is None:
+            return
+        pending.sent = True
+        outcome = pending.sums.to(self._device)
+        for p in self._others:
+            self._local.send([outcome], p, 0).wait()
+
+    def _receive_outcome(self, pending: NodePending) -> None:
+        if pending.failure is not None:
+            raise pending.failure
+        if pending.received:
+            return
+        try:
+            self._local.recv([self._outcome], 0, 0).wait()
+        except Exception as error:
+            pending.failure = self._explain(error) or error
+            pending.done.set()
+            raise pending.failure from error
+        pending.sums = torch.tensor(self._outcome.tolist(), dtype=torch.int64)
+        pending.received = True
+        pending.mismatched = CallChecker._differs(pending)
+        pending.done.set()
+
+    def _complete(self, pending: NodePending) -> None:
+        """This rank's part of the check: a leader waits for the leaders' exchange and sends
+        the outcome to its node, another rank receives it."""
+        if self._leader:
+            if pending.work is not None:
+                self._wait(pending.work)  # gloo's error, or a failure another rank published
+            self._send_outcome(pending)
+        else:
+            self._receive_outcome(pending)
+
+    def verify(self, pending: PendingCheck) -> None:
+        """As CallChecker.verify: raises MismatchError when the fingerprints disagreed."""
+        if not isinstance(pending, NodePending):
+            self._flat.verify(pending)
+            return
+        self._complete(pending)
+        if not CallChecker._differs(pending):
+            return
+        pending.mismatched = True
+        if pending.message is None:
+            pending.message = self._flat.describe(pending)
+        raise MismatchError(pending.message)
+
+    def settle(self, pending: PendingCheck, wait_s: float) -> bool:
+        """As CallChecker.settle. A leader whose exchange completed also sends the outcome,
+        so that its node's ranks learn it; a non-leader receives it (its leader sends it, or
+        fails, which aborts the node's control group and ends the receive)."""
+        if not isinstance(pending, NodePending):
+            return self._flat.settle(pending, wait_s)
+        if self._leader:
+            pending.done.wait(wait_s)
+            if pending.done.is_set() and pending.failure is None:
+                try:
+                    self._send_outcome(pending)
+                except Exception:
+                    pass  # the node's control group failed: its ranks see that instead
+        elif not pending.mismatched:
+            try:
+                self._receive_outcome(pending)
+            except Exception:
+                pass
+        return pending.mismatched
+
+    def finish(self, pending: PendingCheck) -> None:
+        """As CallChecker.finish; here the leaders' exchange must be waited for and the
+        outcome sent and received, so that the node's control group stays in step."""
+        if not isinstance(pending, NodePending):
+            self._flat.finish(pending)
+            return
+        try:
+            self._complete(pending)
+        except Exception:
+            pass
