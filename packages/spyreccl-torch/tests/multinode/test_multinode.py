@@ -138,6 +138,9 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
         # 64 KiB per rank) are exchanges, the large ones gloo's ring.
         cross = report["cross"]
         assert cross["exchange"] > 0 and cross["ring"] > 0, (rank, cross)
+        # The leaders' small leader-route reductions travel in the check's exchange
+        # (node_check.py); the other ranks never carry.
+        assert (cross["carried"] > 0) == (rank in (0, 2)), (rank, cross)
     report = result.reports[0]
     print(f"2x2: {report['cases']} cases in {report['seconds']:.1f} s; {_mode_note(result)}")
 

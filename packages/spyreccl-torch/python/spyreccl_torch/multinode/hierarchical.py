@@ -72,7 +72,7 @@ from .executor import OrderedExecutor
 from .failures import ABORT_OP, FailureBoard, PeerFailure, wait_sliced
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
-from .node_check import NodeChecker
+from .node_check import CARRY_MAX_BYTES, NodeChecker
 from .pipeline import agree_chunk_bytes, chunk_bounds, proposed_chunk_bytes
 from .reduction import Plan as _Plan
 from .reduction import combine_in_order as _combine_in_order
@@ -285,8 +285,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         # How many operations took each route (tests and the benchmark read it).
         self.route_counts = {"leader": 0, "sharded": 0, "flat": 0}
         # How the reductions between nodes (the cross stages) were done: "exchange" (gloo
-        # all_to_all and an in-order combine) or "ring" (gloo's all_reduce).
-        self.cross_counts = {"exchange": 0, "ring": 0}
+        # all_to_all and an in-order combine), "ring" (gloo's all_reduce) or "carried" (in the
+        # leaders' check exchange, node_check.py).
+        self.cross_counts = {"exchange": 0, "ring": 0, "carried": 0}
         # The gloo stages' host buffers (staging.py): spyre memory itself where the
         # emulated device is active; staging_counts counts the copies made otherwise.
         self._staging = HostStaging(zero_copy_available())
@@ -462,6 +463,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         signature: Sequence[int] = (),
         opts: Any = None,
         exchange: bool = False,
+        carry: bool = False,
     ) -> dist.Work:
         """Queues one operation with its sequence number on the group's executor and returns
         its Work. A failure names both and leaves the group unusable (its sub-groups are
@@ -473,7 +475,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         group stays usable. With checking on, `signature` (sizes, dtype, root, op: what every
         rank must agree on) travels to every rank alongside the operation. `exchange`: post the
         control exchange even with checking off (barriers: the exchange is the barrier);
-        `body` finds it in self._exchange."""
+        `body` finds it in self._exchange. `carry`: a leader's check exchange waits for the
+        reduction between the nodes, which travels in it (_carry_cross)."""
         if self._failed is not None:
             raise dist.DistBackendError(
                 f"spyreccl: {op_name} on {self._label()}: the group failed earlier "
@@ -495,7 +498,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 return
             pending = None
             try:
-                if self._check_calls or exchange:
+                if carry:
+                    pending = checker.post(op_name, seq, signature, carry=True)
+                elif self._check_calls or exchange:
                     pending = checker.post(op_name, seq, signature, self._check_calls)
                 self._gate = self._exchange = pending  # _gate: see _gloo
                 with torch.no_grad():  # grad mode is per thread: the caller's does not apply
@@ -885,16 +890,26 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         every rank). Not for PREMUL_SUM: gloo has no kernel for it."""
         return nbytes <= self._flat_max_bytes and plan.kind != _RedOp.PREMUL_SUM
 
+    def _reduction_route(self, nbytes: int, plan: _Plan) -> str:
+        """The route of an all_reduce of `nbytes` (after widening): flat, sharded or leader."""
+        if self._flat_ok(nbytes, plan):
+            return "flat"
+        topo = self._topo
+        if topo.uniform and len(topo.local_ranks) > 1 and nbytes >= self._sharded_min_bytes:
+            return "sharded"
+        return "leader"
+
     def _all_reduce_work(self, work: torch.Tensor, plan: _Plan) -> None:
         """All-reduces `work` (contiguous, the plan's work dtype) in place over the group."""
         topo = self._topo
         local_size = len(topo.local_ranks)
         nbytes = work.numel() * work.element_size()
-        if self._flat_ok(nbytes, plan):
+        route = self._reduction_route(nbytes, plan)
+        if route == "flat":
             self.route_counts["flat"] += 1
             self._host_reduce(self._flat, work, plan.local_op)
             return
-        if topo.uniform and local_size > 1 and nbytes >= self._sharded_min_bytes:
+        if route == "sharded":
             self.route_counts["sharded"] += 1
             flat, padded = self._padded_for_node(work)
             bounds = chunk_bounds(
@@ -915,9 +930,47 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return
         self.route_counts["leader"] += 1
         self._local_reduce_to_leader(work, plan.local_op)
-        if topo.local_rank == 0:
+        if topo.local_rank == 0 and not self._carry_cross(work, plan.cross_op):
             self._cross_all_reduce(work, plan.cross_op)
         self._local_broadcast(work, 0)
+
+    def _carries(self, tensors: Sequence[torch.Tensor], op: Any) -> bool:
+        """Whether an all_reduce of `tensors` on this leader takes the leader route with a
+        reduction between the nodes small enough to travel in the check's exchange
+        (node_check.py, NodeChecker.carry): the same answer on every leader for the same
+        call, since it depends on the call and the group's settings only."""
+        checker = self._checker
+        if not isinstance(checker, NodeChecker) or not checker.carries or len(tensors) != 1:
+            return False
+        t = tensors[0]
+        try:
+            plan = _Plan(op, t.dtype, self._topo.size)
+        except ValueError:
+            return False  # rejected in the operation itself
+        nbytes = t.numel() * plan.work_dtype.itemsize
+        return (
+            0 < nbytes <= min(CARRY_MAX_BYTES, self._exchange_max_bytes)
+            and self._reduction_route(nbytes, plan) == "leader"
+            and _exchange_ok(torch.empty(0, dtype=plan.work_dtype), plan.cross_op)
+        )
+
+    def _carry_cross(self, work: torch.Tensor, op: Any) -> bool:
+        """The leaders' reduction of `work` in this operation's check exchange, when the
+        exchange was deferred for it (see _carries); False: nothing done."""
+        pending = self._gate
+        checker = self._checker
+        deferred = getattr(pending, "deferred", False) and pending.work is None
+        if not deferred or not isinstance(checker, NodeChecker):
+            return False
+        if self._stopped is not None:
+            raise RuntimeError(f"stopped before a stage: {self._stopped}")  # as _post_gloo
+        host = self._staging.host(work)
+        if not checker.carry(pending, host.reshape(-1), op):
+            return False
+        self._gate = None
+        self._staging.commit(work, host)
+        self.cross_counts["carried"] += 1
+        return True
 
     def _padded_for_node(self, work: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`work` flattened, and the same zero-padded to a multiple of the node's size (the
@@ -1122,7 +1175,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 self._all_reduce_into(t, opts.reduceOp)
             return tensors
 
-        return self._run("all_reduce", body, _sig(tensors, opts.reduceOp), opts)
+        carry = self._carries(tensors, opts.reduceOp)
+        return self._run("all_reduce", body, _sig(tensors, opts.reduceOp), opts, carry=carry)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else c10d.AllreduceCoalescedOptions()

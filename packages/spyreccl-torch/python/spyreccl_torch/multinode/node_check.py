@@ -45,9 +45,20 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from .fingerprint import CallChecker, MismatchError, PendingCheck, digest_of, fingerprint_row
+from .reduction import combine_in_order as _combine_in_order
 
-# Leaders that exchange their pairs with one all_to_all (see NodeChecker._exchange).
+# Leaders that exchange frames with one all_to_all (see NodeChecker._post_exchange); with
+# more, the leaders all_reduce their pairs and nothing travels with them.
 EXCHANGE_MAX_LEADERS = 8
+# The largest reduction (bytes) a leader's frame carries (NodeChecker.carry), and the frame:
+# a header of three int64 (the node's pair, the bytes carried) and that many bytes. Every
+# exchange sends a whole frame, whatever it carries, so that the leaders' exchanges have one
+# size whatever each leader's operation is (gloo terminates a process that receives a
+# message of another size than it expects: fingerprint.py). gloo's all_to_all of 16 or of
+# 1024 float64 per rank between 2 ranks took the same time (docs/performance.md).
+CARRY_MAX_BYTES = 4096
+_HEADER = 3
+_FRAME = _HEADER + CARRY_MAX_BYTES // 8
 
 
 def _max_opts(blocking: bool) -> Any:
@@ -62,8 +73,12 @@ class NodePending(PendingCheck):
 
     def __init__(self, sums: torch.Tensor, mine: list[int], digest: int, op_name: str) -> None:
         super().__init__(None, sums, mine, digest, op_name)
+        self.pair = sums  # this node's pair
         self.sent = False  # a leader: the outcome went to the node's other ranks
         self.received = False  # a non-leader: the outcome came from the leader
+        self.deferred = False  # a leader: the exchange waits for data to carry (carry)
+        self.stopped = False  # the node's data stages were stopped for a mismatch
+        self.frames: torch.Tensor | None = None  # a leader: every leader's frame, received
         self.failure: BaseException | None = None  # the exchange or the receive failed
 
 
@@ -98,6 +113,9 @@ class NodeChecker:
         # leader aborted the node's control group because of it).
         self._explain = explain
         self._device = device
+        self._nleaders = leaders.size() if leaders is not None else 1
+        # Whether a leader's frames can carry a reduction between the nodes (carry).
+        self.carries = self._leader and 1 < self._nleaders <= EXCHANGE_MAX_LEADERS
         # One buffer for the node's all_reduce and one for the outcome a non-leader receives:
         # each is read back before the next operation's check uses it.
         self._pair = torch.empty(2, dtype=torch.int64, device=device)
@@ -106,7 +124,11 @@ class NodeChecker:
 
         self._add_callback = _C._add_guarded_callback
 
-    def post(self, op_name: str, seq: int, sig: Any, compare: bool = True) -> PendingCheck:
+    def post(
+        self, op_name: str, seq: int, sig: Any, compare: bool = True, carry: bool = False
+    ) -> PendingCheck:
+        """Starts the check of an operation. `carry`: this leader will hand the operation's
+        reduction between the nodes to carry(), and its exchange waits for it."""
         if not compare:
             return self._flat.post(op_name, seq, sig, False)
         row = fingerprint_row(op_name, seq, sig)
@@ -119,45 +141,94 @@ class NodeChecker:
         pending = NodePending(torch.tensor(pair, dtype=torch.int64), row, digest, op_name)
         node_differs = pair != [digest, -digest]
         if self._leader and self._leaders is not None:
-            pending.work, outcome = self._exchange(pending.sums)
+            if carry and self.carries:
+                pending.deferred = True
+            else:
+                self._post_exchange(pending)
 
-            def received(failure: str | None) -> None:
-                if failure is not None:
-                    pending.failure = RuntimeError(failure)
-                    pending.done.set()
-                    self._on_error(pending, pending.failure)
-                    return
-                pending.sums = outcome()
-                pending.mismatched = CallChecker._differs(pending)
-                pending.done.set()
-                if pending.mismatched and not node_differs:
-                    self._on_mismatch(pending)
+                def received(failure: str | None) -> None:
+                    if failure is not None:
+                        pending.failure = RuntimeError(failure)
+                        pending.done.set()
+                        self._on_error(pending, pending.failure)
+                        return
+                    self._read_outcome(pending)
+                    if pending.mismatched:
+                        self._stop(pending)
 
-            self._add_callback(pending.work, received)
+                self._add_callback(pending.work, received)
         elif self._leader:
             pending.done.set()  # a group on one node: the node's outcome is everyone's
         if node_differs:
             # The whole node sees it now: stop its data stages (see the module docstring).
             pending.mismatched = True
-            self._on_mismatch(pending)
+            self._stop(pending)
         return pending
 
-    def _exchange(self, pair: torch.Tensor) -> tuple[Any, Callable[[], torch.Tensor]]:
-        """Posts the leaders' exchange of their nodes' pairs; returns its Work and a getter of
-        the outcome (the pairs' element-wise maximum) once it completed. Up to
-        EXCHANGE_MAX_LEADERS leaders: one gloo all_to_all gives every leader every pair
-        (gloo's all_to_all is a direct exchange, its all_reduce a ring of 2 (n - 1) steps;
-        between 2 ranks 90-118 us against 191-327 us on the 2-CPU VM, docs/performance.md,
-        "Multiple nodes: small-message routes and the check"); more leaders: gloo's all_reduce."""
-        n = self._leaders.size()
+    def _stop(self, pending: NodePending) -> None:
+        """Stops the node's data stages of a mismatched operation, once."""
+        if not pending.stopped:
+            pending.stopped = True
+            self._on_mismatch(pending)
+
+    def _post_exchange(self, pending: NodePending, payload: torch.Tensor | None = None) -> None:
+        """Posts the leaders' exchange of this node's pair (and `payload`, a contiguous host
+        tensor of at most CARRY_MAX_BYTES, see carry). Up to EXCHANGE_MAX_LEADERS leaders:
+        one gloo all_to_all of frames gives every leader every frame (gloo's all_to_all is a
+        direct exchange, its all_reduce a ring of 2 (n - 1) steps: between 2 ranks 90-118 us
+        against 191-327 us on the 2-CPU VM, docs/performance.md, "Multiple nodes:
+        small-message routes and the check"); more leaders: gloo's all_reduce of the pairs."""
+        n = self._nleaders
         if n > EXCHANGE_MAX_LEADERS:
-            work = self._leaders.allreduce([pair], _max_opts(blocking=False))
-            return work, lambda: pair
-        sent = pair.repeat(n)
-        got = torch.empty_like(sent)
-        splits = [2] * n
-        work = self._leaders.alltoall_base(got, sent, splits, splits, c10d.AllToAllOptions())
-        return work, lambda: got.view(n, 2).amax(dim=0)
+            pending.work = self._leaders.allreduce([pending.sums], _max_opts(blocking=False))
+            return
+        frame = torch.zeros(_FRAME, dtype=torch.int64)
+        frame[:2] = pending.pair
+        if payload is not None:
+            nbytes = payload.numel() * payload.element_size()
+            frame[2] = nbytes
+            frame.view(torch.uint8)[_HEADER * 8 : _HEADER * 8 + nbytes].copy_(
+                payload.view(torch.uint8)
+            )
+        sent = frame.repeat(n)
+        pending.frames = torch.empty_like(sent)
+        splits = [_FRAME] * n
+        pending.work = self._leaders.alltoall_base(
+            pending.frames, sent, splits, splits, c10d.AllToAllOptions()
+        )
+
+    def _read_outcome(self, pending: NodePending) -> None:
+        """The outcome over every node, once the leaders' exchange completed."""
+        if pending.frames is not None:
+            pending.sums = pending.frames.view(self._nleaders, _FRAME)[:, :2].amax(dim=0)
+        pending.mismatched = CallChecker._differs(pending)
+        pending.done.set()
+
+    def carry(self, pending: PendingCheck, flat: torch.Tensor, op: Any) -> bool:
+        """On a leader whose operation deferred its exchange (post's `carry`): sends `flat`
+        (this node's partial result, contiguous on the host, at most CARRY_MAX_BYTES) in this
+        operation's exchange and, once the fingerprints agree, reduces every node's part into
+        `flat` in node order (the same bits on every leader): the leaders' check and their
+        reduction in one round trip instead of two. False (nothing done): the exchange was
+        not deferred for it."""
+        if not isinstance(pending, NodePending) or not pending.deferred:
+            return False
+        if pending.work is not None:
+            return False
+        self._post_exchange(pending, flat)
+        self.verify(pending)  # raises MismatchError when the fingerprints disagree
+        rows = pending.frames.view(self._nleaders, _FRAME)
+        nbytes = flat.numel() * flat.element_size()
+        if rows[:, 2].ne(nbytes).any():
+            # The same calls on every rank, yet not every leader carried the same bytes: the
+            # groups' settings differ between ranks (they must not: user guide).
+            raise RuntimeError(
+                f"the leaders carried {rows[:, 2].tolist()} bytes of the same reduction; "
+                "SPYRECCL_MULTINODE_* settings must be the same on every rank"
+            )
+        raw = rows.view(torch.uint8)[:, _HEADER * 8 : _HEADER * 8 + nbytes]
+        _combine_in_order([part.view(flat.dtype) for part in raw.unbind(0)], op, out=flat)
+        return True
 
     def _send_outcome(self, pending: NodePending) -> None:
         if pending.sent or self._local is None:
@@ -184,11 +255,16 @@ class NodeChecker:
         pending.done.set()
 
     def _complete(self, pending: NodePending) -> None:
-        """This rank's part of the check: a leader waits for the leaders' exchange and sends
-        the outcome to its node, another rank receives it."""
+        """This rank's part of the check: a leader waits for the leaders' exchange (posting
+        it first when it was deferred and nothing came to carry) and sends the outcome to its
+        node, another rank receives it."""
         if self._leader:
+            if pending.deferred and pending.work is None:
+                self._post_exchange(pending)
             if pending.work is not None:
                 self._wait(pending.work)  # gloo's error, or a failure another rank published
+                if not pending.done.is_set():
+                    self._read_outcome(pending)
             self._send_outcome(pending)
         else:
             self._receive_outcome(pending)
@@ -202,6 +278,10 @@ class NodeChecker:
         if not CallChecker._differs(pending):
             return
         pending.mismatched = True
+        # Unless the exchange's callback or the node's disagreement did (a carrying exchange
+        # has no callback): stop the node's data stages before gathering the calls, for
+        # which every rank must come out of them.
+        self._stop(pending)
         if pending.message is None:
             pending.message = self._flat.describe(pending)
         raise MismatchError(pending.message)
@@ -209,11 +289,13 @@ class NodeChecker:
     def settle(self, pending: PendingCheck, wait_s: float) -> bool:
         """As CallChecker.settle. A leader whose exchange completed also sends the outcome,
         so that its node's ranks learn it; a non-leader receives it (its leader sends it, or
-        fails, which aborts the node's control group and ends the receive)."""
+        fails, which aborts the node's control group and ends the receive). A leader whose
+        exchange was deferred and never posted knows its node's outcome only."""
         if not isinstance(pending, NodePending):
             return self._flat.settle(pending, wait_s)
         if self._leader:
-            pending.done.wait(wait_s)
+            if pending.work is not None:
+                pending.done.wait(wait_s)
             if pending.done.is_set() and pending.failure is None:
                 try:
                     self._send_outcome(pending)
