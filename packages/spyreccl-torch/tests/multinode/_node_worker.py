@@ -1048,10 +1048,28 @@ def node_check_check(ctx: Ctx, base_seed: int) -> list[str]:
         if not bool(poison.isnan().all()):
             failures.append(f"rank {r}: {route}: the mismatched all_reduce wrote its output")
         dist.destroy_process_group(group)
+    # A small broadcast travels in the leaders' check exchange too: here each node
+    # broadcasts from a root of its own (rank 0 on node 0, rank 2 on node 1).
+    group = dist.new_group(list(range(world)))
+    src = 2 * node
+    pattern = r"mismatched collectives .* at seq 1 \(root differ\): rank 0: broadcast\(numel=7, "
+    pattern += r"torch.float32, root=0\).*rank 3: broadcast\(numel=7, torch.float32, root=2\)"
+    payload = torch.full((7,), float(r), device=_dev(ctx))
+    failures += _rejected_within(
+        lambda: dist.broadcast(payload, src=src, group=group), pattern, "broadcast roots", r
+    )
+    dist.destroy_process_group(group)
 
     group = _route_group(ctx, "leader")
     gen = torch.Generator().manual_seed(base_seed + 77)
     for step in range(6):
+        # A small broadcast (carried in the check's exchange) from a root on either node.
+        values = torch.randn(9 + step, generator=gen, dtype=torch.float64)
+        root = (step * 3) % world
+        b = (values if r == root else torch.full_like(values, float("nan"))).to(_dev(ctx))
+        dist.broadcast(b, src=root, group=group)
+        if not torch.equal(b.cpu(), values):
+            failures.append(f"rank {r}: step {step}: broadcast from rank {root} is wrong")
         values = torch.randn(world, 33, generator=gen, dtype=torch.float64)
         t = values[r].to(torch.float32).to(_dev(ctx))
         if step % 2:

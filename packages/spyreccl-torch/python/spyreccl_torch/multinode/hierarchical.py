@@ -934,15 +934,18 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._cross_all_reduce(work, plan.cross_op)
         self._local_broadcast(work, 0)
 
-    def _carries(self, tensors: Sequence[torch.Tensor], op: Any) -> bool:
-        """Whether an all_reduce of `tensors` on this leader takes the leader route with a
-        reduction between the nodes small enough to travel in the check's exchange
-        (node_check.py, NodeChecker.carry): the same answer on every leader for the same
-        call, since it depends on the call and the group's settings only."""
+    def _carries(self, tensors: Sequence[torch.Tensor], op: Any = None) -> bool:
+        """Whether this leader's stage between the nodes of an all_reduce (`op` given) or a
+        broadcast of `tensors` travels in the check's exchange (node_check.py,
+        NodeChecker.carry): an all_reduce on the leader route, or a broadcast, of at most
+        CARRY_MAX_BYTES between the nodes. The same answer on every leader for the same call:
+        it depends on the call and the group's settings only."""
         checker = self._checker
         if not isinstance(checker, NodeChecker) or not checker.carries or len(tensors) != 1:
             return False
         t = tensors[0]
+        if op is None:
+            return 0 < t.numel() * t.element_size() <= CARRY_MAX_BYTES
         try:
             plan = _Plan(op, t.dtype, self._topo.size)
         except ValueError:
@@ -954,22 +957,42 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             and _exchange_ok(torch.empty(0, dtype=plan.work_dtype), plan.cross_op)
         )
 
-    def _carry_cross(self, work: torch.Tensor, op: Any) -> bool:
-        """The leaders' reduction of `work` in this operation's check exchange, when the
-        exchange was deferred for it (see _carries); False: nothing done."""
+    def _carry(self, payload: torch.Tensor | None) -> list[torch.Tensor] | None:
+        """Sends `payload` (flat uint8 on the host, None: nothing) in this operation's check
+        exchange among the leaders and returns every leader's, in node order, when the
+        exchange was deferred for it (see _carries); None: nothing done."""
         pending = self._gate
         checker = self._checker
         deferred = getattr(pending, "deferred", False) and pending.work is None
         if not deferred or not isinstance(checker, NodeChecker):
-            return False
+            return None
         if self._stopped is not None:
             raise RuntimeError(f"stopped before a stage: {self._stopped}")  # as _post_gloo
-        host = self._staging.host(work)
-        if not checker.carry(pending, host.reshape(-1), op):
-            return False
         self._gate = None
-        self._staging.commit(work, host)
         self.cross_counts["carried"] += 1
+        return checker.carry(pending, payload)
+
+    def _carry_cross(self, work: torch.Tensor, op: Any) -> bool:
+        """The leaders' reduction of `work` in this operation's check exchange (_carry),
+        reduced in node order on every leader (the same bits everywhere); False: nothing
+        done."""
+        if not getattr(self._gate, "deferred", False):
+            return False
+        host = self._staging.host(work)
+        flat = host.reshape(-1)
+        parts = self._carry(flat.view(torch.uint8))
+        if parts is None:
+            return False
+        nbytes = flat.numel() * flat.element_size()
+        if any(part.numel() != nbytes for part in parts):
+            # The same calls on every rank, yet the leaders carried different sizes: the
+            # group's settings differ between ranks (they must not: user guide).
+            raise RuntimeError(
+                f"the leaders carried {[part.numel() for part in parts]} bytes of the same "
+                "all_reduce; SPYRECCL_MULTINODE_* settings must be the same on every rank"
+            )
+        _combine_in_order([part.view(flat.dtype) for part in parts], op, out=flat)
+        self._staging.commit(work, host)
         return True
 
     def _padded_for_node(self, work: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1092,10 +1115,16 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._local_broadcast(buf, topo.local_rank_of[root])
         if topo.local_rank == 0 and self._cross is not None:
             host = self._staging.host_bytes(buf, fill=topo.node == root_node)
-            opts = c10d.BroadcastOptions()
-            opts.rootRank = root_node  # the leaders' group lists the nodes in order
-            opts.rootTensor = 0
-            self._gloo(lambda: self._cross.broadcast([host], opts))
+            # The leaders' group lists the nodes in order.
+            parts = self._carry(host if topo.node == root_node else None)
+            if parts is not None:
+                if topo.node != root_node:
+                    host.copy_(parts[root_node])
+            else:
+                opts = c10d.BroadcastOptions()
+                opts.rootRank = root_node
+                opts.rootTensor = 0
+                self._gloo(lambda: self._cross.broadcast([host], opts))
             if topo.node != root_node:
                 self._staging.commit(buf, host)
         if topo.node != root_node:
@@ -1225,7 +1254,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._broadcast_into(tensors[0], opts.rootRank)
             return tensors
 
-        return self._run("broadcast", body, _sig(tensors, None, opts.rootRank), opts)
+        carry = self._carries(tensors)
+        return self._run("broadcast", body, _sig(tensors, None, opts.rootRank), opts, carry=carry)
 
     def allgather(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None

@@ -52,7 +52,6 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from .fingerprint import CallChecker, MismatchError, PendingCheck, digest_of, fingerprint_row
-from .reduction import combine_in_order as _combine_in_order
 
 # Leaders that exchange frames with one all_to_all (see NodeChecker._post_exchange); with
 # more, the leaders all_reduce their pairs and nothing travels with them.
@@ -192,11 +191,9 @@ class NodeChecker:
         frame = torch.zeros(_FRAME, dtype=torch.int64)
         frame[:2] = pending.pair
         if payload is not None:
-            nbytes = payload.numel() * payload.element_size()
+            nbytes = payload.numel()
             frame[2] = nbytes
-            frame.view(torch.uint8)[_HEADER * 8 : _HEADER * 8 + nbytes].copy_(
-                payload.view(torch.uint8)
-            )
+            frame.view(torch.uint8)[_HEADER * 8 : _HEADER * 8 + nbytes].copy_(payload)
         sent = frame.repeat(n)
         pending.frames = torch.empty_like(sent)
         splits = [_FRAME] * n
@@ -211,31 +208,24 @@ class NodeChecker:
         pending.mismatched = CallChecker._differs(pending)
         pending.done.set()
 
-    def carry(self, pending: PendingCheck, flat: torch.Tensor, op: Any) -> bool:
-        """On a leader whose operation deferred its exchange (post's `carry`): sends `flat`
-        (this node's partial result, contiguous on the host, at most CARRY_MAX_BYTES) in this
-        operation's exchange and, once the fingerprints agree, reduces every node's part into
-        `flat` in node order (the same bits on every leader): the leaders' check and their
-        reduction in one round trip instead of two. False (nothing done): the exchange was
-        not deferred for it."""
+    def carry(
+        self, pending: PendingCheck, payload: torch.Tensor | None
+    ) -> list[torch.Tensor] | None:
+        """On a leader whose operation deferred its exchange (post's `carry`): sends
+        `payload` (flat uint8 on the host, at most CARRY_MAX_BYTES; None: nothing) in this
+        operation's exchange and, once every rank was seen to call the same collective,
+        returns every leader's payload in node order (views of the received frames): the
+        leaders' check and their data stage in one round trip instead of two. Raises
+        MismatchError as verify does; None (nothing done): the exchange was not deferred."""
         if not isinstance(pending, NodePending) or not pending.deferred:
-            return False
+            return None
         if pending.work is not None:
-            return False
-        self._post_exchange(pending, flat)
-        self.verify(pending)  # raises MismatchError when the fingerprints disagree
+            return None
+        self._post_exchange(pending, payload)
+        self.verify(pending)
         rows = pending.frames.view(self._nleaders, _FRAME)
-        nbytes = flat.numel() * flat.element_size()
-        if rows[:, 2].ne(nbytes).any():
-            # The same calls on every rank, yet not every leader carried the same bytes: the
-            # groups' settings differ between ranks (they must not: user guide).
-            raise RuntimeError(
-                f"the leaders carried {rows[:, 2].tolist()} bytes of the same reduction; "
-                "SPYRECCL_MULTINODE_* settings must be the same on every rank"
-            )
-        raw = rows.view(torch.uint8)[:, _HEADER * 8 : _HEADER * 8 + nbytes]
-        _combine_in_order([part.view(flat.dtype) for part in raw.unbind(0)], op, out=flat)
-        return True
+        raw = rows.view(torch.uint8)[:, _HEADER * 8 :]
+        return [part[:nbytes] for part, nbytes in zip(raw, rows[:, 2].tolist(), strict=True)]
 
     def _send_outcome(self, pending: NodePending) -> None:
         if pending.sent or self._local is None:
