@@ -358,9 +358,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._flat = dist.ProcessGroupGloo(
             dist.PrefixStore("spyreccl/flat/", store), topology.rank, topology.size, self._timeout
         )
-        # The control group: fingerprints and barriers (see
-        # fingerprint.py); a gloo group of its own, so that the data groups' operation order
-        # does not depend on whether checking is on.
+        # The control group: barriers without checking, and gathering the calls of a
+        # mismatch (see fingerprint.py); a gloo group of its own, so that the data groups'
+        # operation order does not depend on whether checking is on.
         self._check_group = dist.ProcessGroupGloo(
             dist.PrefixStore("spyreccl/control/", store),
             topology.rank,
