@@ -969,8 +969,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if self._stopped is not None:
             raise RuntimeError(f"stopped before a stage: {self._stopped}")  # as _post_gloo
         self._gate = None
+        parts = checker.carry(pending, payload)
         self.cross_counts["carried"] += 1
-        return checker.carry(pending, payload)
+        return parts
 
     def _carry_cross(self, work: torch.Tensor, op: Any) -> bool:
         """The leaders' reduction of `work` in this operation's check exchange (_carry),
