@@ -1091,6 +1091,16 @@ def node_check_check(ctx: Ctx, base_seed: int) -> list[str]:
         dist.all_gather_into_tensor(out, mine.to(_dev(ctx)), group=group)
         if not torch.equal(out.cpu().view(world, 33), values.to(torch.float32)):
             failures.append(f"rank {r}: step {step}: all_gather after the checks is wrong")
+        outs = [torch.full((33,), float("nan"), device=_dev(ctx)) for _ in range(world)]
+        dist.all_gather(outs, mine.to(_dev(ctx)), group=group)
+        if not torch.equal(torch.stack([o.cpu() for o in outs]), values.to(torch.float32)):
+            failures.append(f"rank {r}: step {step}: all_gather (list) is wrong")
+    pg = group._get_backend(_dev(ctx))._pg
+    carried = pg.cross_counts["carried"]
+    # Per step on a leader: a broadcast, an all_reduce and two all_gathers (the rejected
+    # all_gather_into_tensor posts its check alone).
+    if carried != (4 * 6 if topo.local_rank == 0 else 0):
+        failures.append(f"rank {r}: {carried} stages carried in the check, expected 24 on leaders")
     dist.destroy_process_group(group)
     return failures
 

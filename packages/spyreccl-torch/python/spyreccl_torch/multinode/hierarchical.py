@@ -1153,8 +1153,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             # reads the node's blocks and writes the gathered ones in place.
             widest = max(len(m) for m in topo.nodes)
             block = n * inp.element_size()
-            mine = self._staging.padded_bytes(node_buf, widest * block)
             full_bytes = self._staging.host_bytes(full, fill=False)
+            if self._carry_gather(node_buf, block, full_bytes):
+                self._staging.commit(full, full_bytes)
+                self._local_broadcast(full, 0)
+                return lambda r: full[r * n : (r + 1) * n]
+            mine = self._staging.padded_bytes(node_buf, widest * block)
             gathered = (
                 full_bytes
                 if self._nodes_in_order
@@ -1171,6 +1175,40 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._staging.commit(full, full_bytes)
         self._local_broadcast(full, 0)
         return lambda r: full[r * n : (r + 1) * n]
+
+    def _carry_gather(self, node_buf: torch.Tensor, block: int, full_bytes: torch.Tensor) -> bool:
+        """The leaders' all-gather of whole nodes in this operation's check exchange (_carry):
+        every rank's `block` bytes to its place in `full_bytes`; False: nothing done (the
+        exchange was not deferred for it)."""
+        if not getattr(self._gate, "deferred", False):
+            return False
+        parts = self._carry(self._staging.host_bytes(node_buf))
+        if parts is None:
+            return False
+        for node, members in enumerate(self._topo.nodes):
+            if parts[node].numel() != len(members) * block:
+                raise RuntimeError(
+                    f"node {node}'s leader carried {parts[node].numel()} bytes of the same "
+                    f"all_gather, expected {len(members) * block}"
+                )
+            for i, r in enumerate(members):
+                full_bytes[r * block : (r + 1) * block].copy_(
+                    parts[node][i * block : (i + 1) * block]
+                )
+        return True
+
+    def _carries_gather(self, inputs: Sequence[torch.Tensor]) -> bool:
+        """Whether this leader's stage between the nodes of an all_gather of `inputs` travels
+        in the check's exchange (node_check.py): the leader route, the widest node's blocks
+        at most CARRY_MAX_BYTES. The same answer on every leader for the same call."""
+        checker = self._checker
+        if not isinstance(checker, NodeChecker) or not checker.carries or len(inputs) != 1:
+            return False
+        block = inputs[0].numel() * inputs[0].element_size()
+        widest = max(len(m) for m in self._topo.nodes)
+        return 0 < widest * block <= CARRY_MAX_BYTES and not self._sharded_ok(
+            self._topo.size * block
+        )
 
     def _all_gather_into(self, inp: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
         """All-gathers `inp` into one output per rank."""
@@ -1272,7 +1310,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._all_gather_into(inp, outs)
             return outs
 
-        return self._run("all_gather", body, _sig(inputs), opts)
+        carry = self._carries_gather(inputs)
+        return self._run("all_gather", body, _sig(inputs), opts, carry=carry)
 
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -1297,7 +1336,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._all_gather_into_tensor(inp, output)
             return [output]
 
-        return self._run("all_gather_into_tensor", body, _sig([inp]), opts)
+        carry = self._carries_gather([inp])
+        return self._run("all_gather_into_tensor", body, _sig([inp]), opts, carry=carry)
 
     all_gather_single = _allgather_base
 

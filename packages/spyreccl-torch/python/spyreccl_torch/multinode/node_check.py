@@ -17,12 +17,13 @@ So, per operation:
    operation), sends the outcome to the other ranks of its node, which receive it when they
    verify.
 
-A small all_reduce on the leader route (at most CARRY_MAX_BYTES between the nodes) would
-otherwise pay two round trips among the leaders one after the other: the check's, then the
-reduction's. There the leader posts its exchange only once its node's partial result is
-ready, and the result travels in it (NodeChecker.carry): one round trip. Every exchange among
-the leaders sends one fixed-size frame, carrying or not, so that the leaders' exchanges
-match in size whatever each of them called.
+A small all_reduce on the leader route (at most CARRY_MAX_BYTES between the nodes), and a
+small broadcast or leader-route all_gather, would otherwise pay two round trips among the
+leaders one after the other: the check's, then the data's. There the leader posts its
+exchange only once its node's part is ready, and the part travels in it
+(NodeChecker.carry): one round trip. Every exchange among the leaders sends one fixed-size
+frame, carrying or not, so that the leaders' exchanges match in size whatever each of them
+called.
 
 What the flat check guarantees still holds: no rank posts a gloo data stage before it holds
 the outcome (a non-leader's comes from its leader, after the leaders' exchange); an
