@@ -29,10 +29,12 @@ def test_sweep_two_nodes_two_ranks(tmp_path):
     assert sizes == [4, 512, 65536]
     spy = [r for r in doc["results"] if r["level"] == "spyreccl" and r["bytes"]]
     assert spy and all(r["speedup_vs_gloo"] > 0 for r in spy)
-    # The route each case took on the multi-node group (default: leader below 256 KiB);
-    # gloo's rows have none.
+    # The route each case took on the multi-node group (default: leader below 256 KiB, its
+    # stage between the nodes carried in the mismatch check's exchange up to 4 KiB); gloo's
+    # rows have none.
     routes = {r["bytes"]: r.get("route") for r in spy if r["op"] == "all_reduce"}
-    assert routes == {4: "leader", 512: "leader", 65536: "leader"}, routes
+    carried = "leader (carried in the check)"
+    assert routes == {4: carried, 512: carried, 65536: "leader"}, routes
     assert not any("route" in r for r in doc["results"] if r["level"] == "gloo")
 
 
@@ -46,3 +48,15 @@ def test_sweep_reports_chunked_stages(tmp_path, monkeypatch):
     doc = json.loads(out.read_text())
     routes = [r.get("route") for r in doc["results"] if r["level"] == "spyreccl"]
     assert routes == ["sharded (8 chunks)"], routes
+
+
+def test_sweep_reports_stages_carried_in_the_check(tmp_path):
+    # Small all_reduces on the leader route travel in the leaders' check exchange
+    # (node_check.py); 64 KiB ones (above its 4 KiB frame) take a stage of their own.
+    out = tmp_path / "sweep.json"
+    argv = ["--nodes", "2", "--nproc", "2", "--ops", "all_reduce", "--min", "1K"]
+    rc = main([*argv, "--max", "64K", "--factor", "64", "--json", str(out), "--no-plot", *_FAST])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    routes = [r.get("route") for r in doc["results"] if r["level"] == "spyreccl"]
+    assert routes == ["leader (carried in the check)", "leader"], routes

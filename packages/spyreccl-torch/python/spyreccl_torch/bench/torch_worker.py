@@ -136,11 +136,14 @@ def _check(
 def _route_probe(dist, step):
     """`step`, wrapped to record which routes its first call took on a multi-node group
     (HierarchicalProcessGroup.route_counts; "sharded (<n> chunks)" when its sharded stages
-    were cut into chunks: pipeline_counts; nothing for other groups). Later calls go straight
-    to `step`, so the timing loop is not slowed."""
+    were cut into chunks: pipeline_counts; "leader (carried in the check)" when the leaders'
+    stage travelled in the mismatch check's exchange: cross_counts, as seen from rank 0, a
+    leader; nothing for other groups). Later calls go straight to `step`, so the timing loop
+    is not slowed."""
     world = dist.group.WORLD
     counts = getattr(world, "route_counts", None)
     chunking = getattr(world, "pipeline_counts", {})
+    cross = getattr(world, "cross_counts", {})
     routes: set[str] = set()
     if step is None or counts is None:
         return step, routes
@@ -151,12 +154,16 @@ def _route_probe(dist, step):
             return step()
         first[0] = False
         before, chunks_before = dict(counts), chunking.get("chunks", 0)
+        carried_before = cross.get("carried", 0)
         result = step()
         routes.update(k for k, v in counts.items() if v != before.get(k))
         chunks = chunking.get("chunks", 0) - chunks_before
         if chunks and "sharded" in routes:
             routes.discard("sharded")
             routes.add(f"sharded ({chunks} chunks)")
+        if cross.get("carried", 0) != carried_before and "leader" in routes:
+            routes.discard("leader")
+            routes.add("leader (carried in the check)")
         return result
 
     return probed, routes
