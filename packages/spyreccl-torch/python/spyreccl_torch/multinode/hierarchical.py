@@ -816,7 +816,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return _Stage(None, lambda: None)
         nbytes = t.numel() * t.element_size()
         size = self._cross.size()
-        if _exchange_ok(t, op) and size <= 8 and nbytes <= self._exchange_max_bytes:
+        if _exchange_ok(t.dtype, op) and size <= 8 and nbytes <= self._exchange_max_bytes:
             self.cross_counts["exchange"] += 1
             return self._start_exchange_reduce(self._cross, t, op)
         self.cross_counts["ring"] += 1
@@ -894,10 +894,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         """The route of an all_reduce of `nbytes` (after widening): flat, sharded or leader."""
         if self._flat_ok(nbytes, plan):
             return "flat"
-        topo = self._topo
-        if topo.uniform and len(topo.local_ranks) > 1 and nbytes >= self._sharded_min_bytes:
-            return "sharded"
-        return "leader"
+        return "sharded" if self._sharded_ok(nbytes) else "leader"
 
     def _all_reduce_work(self, work: torch.Tensor, plan: _Plan) -> None:
         """All-reduces `work` (contiguous, the plan's work dtype) in place over the group."""
@@ -940,8 +937,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         NodeChecker.carry): an all_reduce on the leader route, or a broadcast, of at most
         CARRY_MAX_BYTES between the nodes. The same answer on every leader for the same call:
         it depends on the call and the group's settings only."""
-        checker = self._checker
-        if not isinstance(checker, NodeChecker) or not checker.carries or len(tensors) != 1:
+        if not self._carry_capable(tensors):
             return False
         t = tensors[0]
         if op is None:
@@ -954,22 +950,28 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         return (
             0 < nbytes <= min(CARRY_MAX_BYTES, self._exchange_max_bytes)
             and self._reduction_route(nbytes, plan) == "leader"
-            and _exchange_ok(torch.empty(0, dtype=plan.work_dtype), plan.cross_op)
+            and _exchange_ok(plan.work_dtype, plan.cross_op)
         )
 
-    def _carry(self, payload: torch.Tensor | None) -> list[torch.Tensor] | None:
-        """Sends `payload` (flat uint8 on the host, None: nothing) in this operation's check
-        exchange among the leaders and returns every leader's, in node order, when the
-        exchange was deferred for it (see _carries); None: nothing done."""
-        pending = self._gate
+    def _carry_capable(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether this rank's stage between the nodes for one tensor could travel in the
+        check's exchange at all (a leader of up to EXCHANGE_MAX_LEADERS, checking on)."""
         checker = self._checker
-        deferred = getattr(pending, "deferred", False) and pending.work is None
-        if not deferred or not isinstance(checker, NodeChecker):
-            return None
+        return isinstance(checker, NodeChecker) and checker.carries and len(tensors) == 1
+
+    def _carrying(self) -> bool:
+        """Whether the running operation's check exchange waits for data to carry (it was
+        deferred for it: _carries, _carries_gather)."""
+        return NodeChecker.waiting_to_carry(self._gate)
+
+    def _carry(self, payload: torch.Tensor | None) -> list[torch.Tensor]:
+        """Sends `payload` (flat uint8 on the host, None: nothing) in this operation's check
+        exchange among the leaders and returns every leader's, in node order (only while
+        _carrying())."""
         if self._stopped is not None:
             raise RuntimeError(f"stopped before a stage: {self._stopped}")  # as _post_gloo
-        self._gate = None
-        parts = checker.carry(pending, payload)
+        pending, self._gate = self._gate, None
+        parts = self._checker.carry(pending, payload)
         self.cross_counts["carried"] += 1
         return parts
 
@@ -977,13 +979,11 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         """The leaders' reduction of `work` in this operation's check exchange (_carry),
         reduced in node order on every leader (the same bits everywhere); False: nothing
         done."""
-        if not getattr(self._gate, "deferred", False):
+        if not self._carrying():
             return False
         host = self._staging.host(work)
         flat = host.reshape(-1)
         parts = self._carry(flat.view(torch.uint8))
-        if parts is None:
-            return False
         nbytes = flat.numel() * flat.element_size()
         if any(part.numel() != nbytes for part in parts):
             # The same calls on every rank, yet the leaders carried different sizes: the
@@ -1116,14 +1116,14 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._local_broadcast(buf, topo.local_rank_of[root])
         if topo.local_rank == 0 and self._cross is not None:
             host = self._staging.host_bytes(buf, fill=topo.node == root_node)
-            # The leaders' group lists the nodes in order.
-            parts = self._carry(host if topo.node == root_node else None)
-            if parts is not None:
+            if self._carrying():
+                # The leaders' exchange lists the nodes in order.
+                parts = self._carry(host if topo.node == root_node else None)
                 if topo.node != root_node:
                     host.copy_(parts[root_node])
             else:
                 opts = c10d.BroadcastOptions()
-                opts.rootRank = root_node
+                opts.rootRank = root_node  # the leaders' group lists the nodes in order
                 opts.rootTensor = 0
                 self._gloo(lambda: self._cross.broadcast([host], opts))
             if topo.node != root_node:
@@ -1180,11 +1180,9 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         """The leaders' all-gather of whole nodes in this operation's check exchange (_carry):
         every rank's `block` bytes to its place in `full_bytes`; False: nothing done (the
         exchange was not deferred for it)."""
-        if not getattr(self._gate, "deferred", False):
+        if not self._carrying():
             return False
         parts = self._carry(self._staging.host_bytes(node_buf))
-        if parts is None:
-            return False
         for node, members in enumerate(self._topo.nodes):
             if parts[node].numel() != len(members) * block:
                 raise RuntimeError(
@@ -1201,8 +1199,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         """Whether this leader's stage between the nodes of an all_gather of `inputs` travels
         in the check's exchange (node_check.py): the leader route, the widest node's blocks
         at most CARRY_MAX_BYTES. The same answer on every leader for the same call."""
-        checker = self._checker
-        if not isinstance(checker, NodeChecker) or not checker.carries or len(inputs) != 1:
+        if not self._carry_capable(inputs):
             return False
         block = inputs[0].numel() * inputs[0].element_size()
         widest = max(len(m) for m in self._topo.nodes)

@@ -179,8 +179,8 @@ class NodeChecker:
             self._on_mismatch(pending)
 
     def _post_exchange(self, pending: NodePending, payload: torch.Tensor | None = None) -> None:
-        """Posts the leaders' exchange of this node's pair (and `payload`, a contiguous host
-        tensor of at most CARRY_MAX_BYTES, see carry). Up to EXCHANGE_MAX_LEADERS leaders:
+        """Posts the leaders' exchange of this node's pair (and `payload`, flat uint8 on the
+        host, at most CARRY_MAX_BYTES, see carry). Up to EXCHANGE_MAX_LEADERS leaders:
         one gloo all_to_all of frames gives every leader every frame (gloo's all_to_all is a
         direct exchange, its all_reduce a ring of 2 (n - 1) steps: between 2 ranks 90-118 us
         against 191-327 us on the 2-CPU VM, docs/performance.md, "Multiple nodes:
@@ -218,15 +218,19 @@ class NodeChecker:
         returns every leader's payload in node order (views of the received frames): the
         leaders' check and their data stage in one round trip instead of two. Raises
         MismatchError as verify does; None (nothing done): the exchange was not deferred."""
-        if not isinstance(pending, NodePending) or not pending.deferred:
-            return None
-        if pending.work is not None:
+        if not self.waiting_to_carry(pending):
             return None
         self._post_exchange(pending, payload)
         self.verify(pending)
         rows = pending.frames.view(self._nleaders, _FRAME)
         raw = rows.view(torch.uint8)[:, _HEADER * 8 :]
         return [part[:nbytes] for part, nbytes in zip(raw, rows[:, 2].tolist(), strict=True)]
+
+    @staticmethod
+    def waiting_to_carry(pending: PendingCheck | None) -> bool:
+        """Whether `pending`'s exchange was deferred for data to carry (post's `carry`) and
+        is not posted yet."""
+        return isinstance(pending, NodePending) and pending.deferred and pending.work is None
 
     def _send_outcome(self, pending: NodePending) -> None:
         if pending.sent or self._local is None:

@@ -105,11 +105,11 @@ _EXCHANGE_DTYPES = frozenset(
 )
 
 
-def exchange_ok(t: torch.Tensor, op: Any) -> bool:
-    """Whether combine_in_order can reduce `t` (a stage's work tensor) with `op` (a stage's
-    op: AVG and PREMUL_SUM are SUM between nodes, see Plan)."""
+def exchange_ok(dtype: torch.dtype, op: Any) -> bool:
+    """Whether combine_in_order can reduce a stage's work tensor of `dtype` with `op` (a
+    stage's op: AVG and PREMUL_SUM are SUM between nodes, see Plan)."""
     kind = op.op if hasattr(op, "op") else op
-    return kind in _COMBINE and t.dtype in _EXCHANGE_DTYPES
+    return kind in _COMBINE and dtype in _EXCHANGE_DTYPES
 
 
 def combine_in_order(
