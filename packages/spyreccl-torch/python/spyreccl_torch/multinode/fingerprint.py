@@ -37,6 +37,7 @@ sharded routes start with one), and with async_op=True the caller's computation.
 from __future__ import annotations
 
 import hashlib
+import struct
 import threading
 import zlib
 from collections.abc import Callable, Sequence
@@ -53,8 +54,25 @@ _ROW = 9  # op, seq, number of signature fields, up to 6 fields
 
 def code(text: str) -> int:
     """A stable integer for a name (the same in every process, unlike hash())."""
-    value = zlib.crc32(text.encode())
-    _NAMES.setdefault(value, text)
+    value = _CODES.get(text)
+    if value is None:
+        value = _CODES[text] = zlib.crc32(text.encode())
+        _NAMES.setdefault(value, text)
+    return value
+
+
+# Every operation's fingerprint is computed on the critical path of a small collective
+# (tens of microseconds of Python per call add up: docs/performance.md, "The small path's
+# Python cost"), so the codes of names, dtypes and reduce ops are looked up, not recomputed.
+_CODES: dict[str, int] = {}
+_OBJECT_CODES: dict[Any, int] = {}
+
+
+def _code_of(obj: Any) -> int:
+    """code(str(obj)) for a dtype or a reduce-op kind, cached by the object."""
+    value = _OBJECT_CODES.get(obj)
+    if value is None:
+        value = _OBJECT_CODES[obj] = code(str(obj))
     return value
 
 
@@ -96,12 +114,8 @@ def signature(
     if dtype is None and tensors:
         dtype = tensors[0].dtype
     kind = (op.op if hasattr(op, "op") else op) if op is not None else None
-    return (
-        sum(t.numel() for t in tensors),
-        code(str(dtype)),
-        code(str(kind)),
-        int(root),
-    )
+    numel = tensors[0].numel() if len(tensors) == 1 else sum(t.numel() for t in tensors)
+    return (numel, _code_of(dtype), _code_of(kind), int(root))
 
 
 def describe_call(row: list[int]) -> str:
@@ -154,7 +168,7 @@ def fingerprint_row(op_name: str, seq: int, sig: Sequence[int]) -> list[int]:
 
 def digest_of(row: list[int]) -> int:
     """62 bits of a hash of the fingerprint (so that its negation is exact in int64)."""
-    data = b"".join(int(v).to_bytes(8, "little", signed=True) for v in row)
+    data = struct.pack(f"<{len(row)}q", *row)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 2
 
 
@@ -258,7 +272,8 @@ class CallChecker:
 
     @staticmethod
     def _differs(pending: PendingCheck) -> bool:
-        top, neg_bottom = pending.sums.tolist()
+        sums = pending.sums
+        top, neg_bottom = sums if isinstance(sums, list) else sums.tolist()
         return top != pending.digest or -neg_bottom != pending.digest
 
     def describe(self, pending: PendingCheck) -> str:

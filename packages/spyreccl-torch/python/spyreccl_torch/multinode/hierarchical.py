@@ -232,6 +232,18 @@ def _block_group_slices(
     return pieces
 
 
+def _without_grad(body: Callable[[], Any]) -> Any:
+    """body() with autograd off (grad mode is per thread: the caller's does not apply);
+    torch.no_grad() as a context manager costs microseconds per small operation."""
+    if not torch.is_grad_enabled():
+        return body()
+    torch._C._set_grad_enabled(False)
+    try:
+        return body()
+    finally:
+        torch._C._set_grad_enabled(True)
+
+
 def _timeout_of(timeout: Any) -> datetime.timedelta:
     if isinstance(timeout, datetime.timedelta):
         return timeout
@@ -277,6 +289,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._desc = ""
         self._global_ranks = list(global_ranks) or list(range(topology.size))
         self._seq = 0  # collectives (every rank counts the same ones)
+        self._plans: dict[tuple[Any, torch.dtype], _Plan] = {}  # see _plan
         self._p2p_seq = 0  # sends and receives (only the two ranks involved count them)
         self._failed: str | None = None
         self._coalesced: list[Any] | None = None
@@ -503,8 +516,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 elif self._check_calls or exchange:
                     pending = checker.post(op_name, seq, signature, self._check_calls)
                 self._gate = self._exchange = pending  # _gate: see _gloo
-                with torch.no_grad():  # grad mode is per thread: the caller's does not apply
-                    result = body()
+                result = _without_grad(body)
                 if pending is not None and self._gate is not None:
                     # No gloo stage on this rank: the result is only final once every rank
                     # was seen to call the same collective.
@@ -885,6 +897,18 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
         return _Stage(self._post_gloo(post), after)
 
+    def _plan(self, op: Any, dtype: torch.dtype) -> _Plan:
+        """The reduction plan of `op` on `dtype` (reduction.Plan; raises ValueError for what
+        spyreccl does not define). Plans depend on the op's kind and the dtype only, except
+        PREMUL_SUM's (its factor), so the others are made once per group."""
+        kind = op.op if hasattr(op, "op") else op
+        if kind == _RedOp.PREMUL_SUM:
+            return _Plan(op, dtype, self._topo.size)
+        plan = self._plans.get((kind, dtype))
+        if plan is None:
+            plan = self._plans[(kind, dtype)] = _Plan(op, dtype, self._topo.size)
+        return plan
+
     def _flat_ok(self, nbytes: int, plan: _Plan) -> bool:
         """Whether a reduction of `nbytes` takes the flat route (one gloo all_reduce over
         every rank). Not for PREMUL_SUM: gloo has no kernel for it."""
@@ -943,7 +967,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if op is None:
             return 0 < t.numel() * t.element_size() <= CARRY_MAX_BYTES
         try:
-            plan = _Plan(op, t.dtype, self._topo.size)
+            plan = self._plan(op, t.dtype)
         except ValueError:
             return False  # rejected in the operation itself
         nbytes = t.numel() * plan.work_dtype.itemsize
@@ -1100,7 +1124,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._local_broadcast(work, via)
 
     def _all_reduce_into(self, t: torch.Tensor, op: Any) -> None:
-        plan = _Plan(op, t.dtype, self._topo.size)
+        plan = self._plan(op, t.dtype)
         work = plan.prepare(t, always_copy=not t.is_contiguous())
         self._all_reduce_work(work, plan)
         result = plan.finish(work)
@@ -1271,7 +1295,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
 
         def body() -> list[torch.Tensor]:
             t = tensors[0]
-            plan = _Plan(opts.reduceOp, t.dtype, self._topo.size)
+            plan = self._plan(opts.reduceOp, t.dtype)
             # Only the root's tensor changes: everyone reduces a copy.
             work = plan.prepare(t, always_copy=True).contiguous()
             self._reduce_work(work, plan, opts.rootRank)
@@ -1456,7 +1480,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         in place may overwrite (else they copy it first; the sharded routes only read it)."""
         topo = self._topo
         n = out.numel()
-        plan = _Plan(op, flat.dtype, topo.size)
+        plan = self._plan(op, flat.dtype)
         if self._sharded_ok(flat.numel() * flat.element_size()):
             if self._reduce_scatter_by_node(flat, plan, out):
                 return

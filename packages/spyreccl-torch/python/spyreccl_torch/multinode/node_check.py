@@ -48,11 +48,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from .fingerprint import CallChecker, MismatchError, PendingCheck, digest_of, fingerprint_row
+from .staging import zero_copy_available
 
 # Leaders that exchange frames with one all_to_all (see NodeChecker._post_exchange); with
 # more, the leaders all_reduce their pairs and nothing travels with them.
@@ -75,17 +77,32 @@ def _max_opts(blocking: bool) -> Any:
     return opts
 
 
+def _host_array(t: torch.Tensor) -> np.ndarray | None:
+    """A numpy array over `t`'s memory (a spyre tensor of the emulated device, or a CPU
+    tensor), None where there is no host view (a real Spyre runtime). The check's words are
+    read and written through it: a torch operation per word (a few microseconds each) was a
+    large part of the check's cost (docs/performance.md, "The small path's Python cost")."""
+    if t.device.type == "cpu":
+        return t.numpy()
+    if not zero_copy_available():
+        return None
+    from ..device import host_view
+
+    return host_view(t).numpy()
+
+
 class NodePending(PendingCheck):
     """One operation's check in flight, node by node (NodeChecker)."""
 
-    def __init__(self, sums: torch.Tensor, mine: list[int], digest: int, op_name: str) -> None:
-        super().__init__(None, sums, mine, digest, op_name)
-        self.pair = sums  # this node's pair
+    def __init__(self, pair: list[int], mine: list[int], digest: int, op_name: str) -> None:
+        super().__init__(None, pair, mine, digest, op_name)
+        self.pair = pair  # this node's pair
         self.sent = False  # a leader: the outcome went to the node's other ranks
         self.received = False  # a non-leader: the outcome came from the leader
         self.deferred = False  # a leader: the exchange waits for data to carry (carry)
         self.stopped = False  # the node's data stages were stopped for a mismatch
         self.frames: torch.Tensor | None = None  # a leader: every leader's frame, received
+        self.counts: list[int] = []  # a leader: the bytes each leader's frame carried
         self.failure: BaseException | None = None  # the exchange or the receive failed
 
 
@@ -123,10 +140,30 @@ class NodeChecker:
         self._nleaders = leaders.size() if leaders is not None else 1
         # Whether a leader's frames can carry a reduction between the nodes (carry).
         self.carries = self._leader and 1 < self._nleaders <= EXCHANGE_MAX_LEADERS
-        # One buffer for the node's all_reduce and one for the outcome a non-leader receives:
-        # each is read back before the next operation's check uses it.
+        # One buffer for the node's all_reduce, one for the outcome a non-leader receives and
+        # one for the outcome a leader sends: each is read back (or sent) before the next
+        # operation's check uses it.
         self._pair = torch.empty(2, dtype=torch.int64, device=device)
         self._outcome = torch.empty(2, dtype=torch.int64, device=device)
+        self._outcome_sent = torch.empty(2, dtype=torch.int64, device=device)
+        self._pair_np = _host_array(self._pair)
+        self._outcome_np = _host_array(self._outcome)
+        self._outcome_sent_np = _host_array(self._outcome_sent)
+        self._max_blocking = _max_opts(blocking=True)
+        # The leaders' frames, sent and received: one exchange is in flight at a time (an
+        # operation's check completes before the operation does, and the group runs its
+        # operations one after the other), so two buffers serve every exchange.
+        if self._leader and 1 < self._nleaders <= EXCHANGE_MAX_LEADERS:
+            n = self._nleaders
+            self._sent = torch.zeros(n * _FRAME, dtype=torch.int64)
+            self._got = torch.zeros(n * _FRAME, dtype=torch.int64)
+            self._sent_np = self._sent.numpy().reshape(n, _FRAME)
+            self._sent_bytes = self._sent_np.view(np.uint8)  # n rows of _FRAME * 8 bytes
+            self._got_np = self._got.numpy().reshape(n, _FRAME)
+            raw = self._got.view(n, _FRAME).view(torch.uint8)[:, _HEADER * 8 :]
+            self._got_parts = list(raw.unbind(0))  # each leader's carried bytes (a view)
+            self._splits = [_FRAME] * n
+            self._a2a_opts = c10d.AllToAllOptions()
         from .. import _C  # loaded before this package (spyreccl_torch/__init__.py)
 
         self._add_callback = _C._add_guarded_callback
@@ -142,10 +179,13 @@ class NodeChecker:
         digest = digest_of(row)
         pair = [digest, -digest]
         if self._local is not None:
-            self._pair.copy_(torch.tensor(pair, dtype=torch.int64))
-            self._local.allreduce([self._pair], _max_opts(blocking=True)).wait()
-            pair = self._pair.tolist()
-        pending = NodePending(torch.tensor(pair, dtype=torch.int64), row, digest, op_name)
+            if self._pair_np is not None:
+                self._pair_np[:] = pair
+            else:
+                self._pair.copy_(torch.tensor(pair, dtype=torch.int64))
+            self._local.allreduce([self._pair], self._max_blocking).wait()
+            pair = self._pair_np.tolist() if self._pair_np is not None else self._pair.tolist()
+        pending = NodePending(pair, row, digest, op_name)
         node_differs = pair != [digest, -digest]
         if self._leader and self._leaders is not None:
             if carry and self.carries:
@@ -187,25 +227,29 @@ class NodeChecker:
         small-message routes and the check"); more leaders: gloo's all_reduce of the pairs."""
         n = self._nleaders
         if n > EXCHANGE_MAX_LEADERS:
+            pending.sums = torch.tensor(pending.pair, dtype=torch.int64)
             pending.work = self._leaders.allreduce([pending.sums], _max_opts(blocking=False))
             return
-        frame = torch.zeros(_FRAME, dtype=torch.int64)
-        frame[:2] = pending.pair
-        if payload is not None:
-            nbytes = payload.numel()
-            frame[2] = nbytes
-            frame.view(torch.uint8)[_HEADER * 8 : _HEADER * 8 + nbytes].copy_(payload)
-        sent = frame.repeat(n)
-        pending.frames = torch.empty_like(sent)
-        splits = [_FRAME] * n
+        # The same frame to every leader. Bytes past those carried are left as they are:
+        # a receiver reads the count in the header.
+        nbytes = 0 if payload is None else payload.numel()
+        self._sent_np[:, :_HEADER] = (pending.pair[0], pending.pair[1], nbytes)
+        if nbytes:
+            start = _HEADER * 8
+            self._sent_bytes[:, start : start + nbytes] = payload.numpy()
+        pending.frames = self._got
         pending.work = self._leaders.alltoall_base(
-            pending.frames, sent, splits, splits, c10d.AllToAllOptions()
+            self._got, self._sent, self._splits, self._splits, self._a2a_opts
         )
 
     def _read_outcome(self, pending: NodePending) -> None:
         """The outcome over every node, once the leaders' exchange completed."""
         if pending.frames is not None:
-            pending.sums = pending.frames.view(self._nleaders, _FRAME)[:, :2].amax(dim=0)
+            # Plain Python over a handful of words: numpy's reductions cost microseconds
+            # each on arrays this small.
+            headers = self._got_np[:, :_HEADER].tolist()
+            pending.counts = [h[2] for h in headers]
+            pending.sums = [max(h[0] for h in headers), max(h[1] for h in headers)]
         pending.mismatched = CallChecker._differs(pending)
         pending.done.set()
 
@@ -222,9 +266,7 @@ class NodeChecker:
             return None
         self._post_exchange(pending, payload)
         self.verify(pending)
-        rows = pending.frames.view(self._nleaders, _FRAME)
-        raw = rows.view(torch.uint8)[:, _HEADER * 8 :]
-        return [part[:nbytes] for part, nbytes in zip(raw, rows[:, 2].tolist(), strict=True)]
+        return [part[:n] for part, n in zip(self._got_parts, pending.counts, strict=True)]
 
     @staticmethod
     def waiting_to_carry(pending: PendingCheck | None) -> bool:
@@ -236,7 +278,12 @@ class NodeChecker:
         if pending.sent or self._local is None:
             return
         pending.sent = True
-        outcome = pending.sums.to(self._device)
+        sums = pending.sums if isinstance(pending.sums, list) else pending.sums.tolist()
+        if self._outcome_sent_np is not None:
+            self._outcome_sent_np[:] = sums
+            outcome = self._outcome_sent
+        else:
+            outcome = torch.tensor(sums, dtype=torch.int64).to(self._device)
         for p in self._others:
             self._local.send([outcome], p, 0).wait()
 
@@ -251,7 +298,8 @@ class NodeChecker:
             pending.failure = self._explain(error) or error
             pending.done.set()
             raise pending.failure from error
-        pending.sums = torch.tensor(self._outcome.tolist(), dtype=torch.int64)
+        received = self._outcome_np if self._outcome_np is not None else self._outcome
+        pending.sums = received.tolist()
         pending.received = True
         pending.mismatched = CallChecker._differs(pending)
         pending.done.set()

@@ -58,7 +58,9 @@ class AsyncWork(dist.Work):
         self._lock = threading.Lock()
         self._result: list[torch.Tensor] = []
         self._error: BaseException | None = None
-        self._future: Future = Future()
+        # Made when first asked for (get_future): most Works are only waited for, and a
+        # torch Future costs microseconds to make and to complete on every small operation.
+        self._future: Future | None = None
 
     # -- completion (the executor's side) ---------------------------------------------------
 
@@ -68,7 +70,9 @@ class AsyncWork(dist.Work):
                 return  # already failed by a timed-out wait
             self._result = result if result is not None else []
             self._event.set()
-        self._future.set_result(self._result)
+            future = self._future
+        if future is not None:
+            future.set_result(self._result)
 
     def fail(self, error: BaseException) -> None:
         # Kept without its traceback: the traceback's frames hold this Work and its group,
@@ -81,7 +85,9 @@ class AsyncWork(dist.Work):
                 return
             self._error = error
             self._event.set()
-        self._future.set_exception(error)
+            future = self._future
+        if future is not None:
+            future.set_exception(error)
 
     # -- the caller's side -------------------------------------------------------------------
 
@@ -108,7 +114,21 @@ class AsyncWork(dist.Work):
         return self._result
 
     def get_future(self) -> Future:
-        return self._future
+        """Completed (or failed) by the thread that runs the operation; already complete
+        when the operation is (complete() and fail() publish the outcome and read whether a
+        future exists under one lock, so exactly one of the two sides completes it)."""
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            future = self._future = Future()
+            if not self._event.is_set():
+                return future
+            error = self._error
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(self._result)
+        return future
 
     def synchronize(self) -> None:
         pass
