@@ -290,6 +290,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._global_ranks = list(global_ranks) or list(range(topology.size))
         self._seq = 0  # collectives (every rank counts the same ones)
         self._plans: dict[tuple[Any, torch.dtype], _Plan] = {}  # see _plan
+        self._broadcast_opts: dict[int, Any] = {}  # see _local_broadcast
+        self._carried_calls: dict[tuple[int, torch.dtype, Any], bool] = {}  # see _carries
         self._p2p_seq = 0  # sends and receives (only the two ranks involved count them)
         self._failed: str | None = None
         self._coalesced: list[Any] | None = None
@@ -811,10 +813,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._wait(self._local.reduce([t], opts))
 
     def _local_broadcast(self, t: torch.Tensor, root: int) -> None:
-        opts = c10d.BroadcastOptions()
-        opts.rootRank = root
-        opts.rootTensor = 0
-        opts.asyncOp = False
+        opts = self._broadcast_opts.get(root)
+        if opts is None:  # made once per root: options cost microseconds to build
+            opts = self._broadcast_opts[root] = c10d.BroadcastOptions()
+            opts.rootRank = root
+            opts.rootTensor = 0
+            opts.asyncOp = False
         self._wait(self._local.broadcast([t], opts))
 
     def _cross_all_reduce(self, t: torch.Tensor, op: Any) -> None:
@@ -966,16 +970,23 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         t = tensors[0]
         if op is None:
             return 0 < t.numel() * t.element_size() <= CARRY_MAX_BYTES
-        try:
-            plan = self._plan(op, t.dtype)
-        except ValueError:
-            return False  # rejected in the operation itself
-        nbytes = t.numel() * plan.work_dtype.itemsize
-        return (
-            0 < nbytes <= min(CARRY_MAX_BYTES, self._exchange_max_bytes)
-            and self._reduction_route(nbytes, plan) == "leader"
-            and _exchange_ok(plan.work_dtype, plan.cross_op)
-        )
+        kind = op.op if hasattr(op, "op") else op
+        key = (t.numel(), t.dtype, kind)
+        carried = self._carried_calls.get(key)
+        if carried is None:
+            try:
+                plan = self._plan(op, t.dtype)
+            except ValueError:
+                return False  # rejected in the operation itself
+            nbytes = t.numel() * plan.work_dtype.itemsize
+            carried = (
+                0 < nbytes <= min(CARRY_MAX_BYTES, self._exchange_max_bytes)
+                and self._reduction_route(nbytes, plan) == "leader"
+                and _exchange_ok(plan.work_dtype, plan.cross_op)
+            )
+            if len(self._carried_calls) < 256:  # a training loop repeats a few shapes
+                self._carried_calls[key] = carried
+        return carried
 
     def _carry_capable(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Whether this rank's stage between the nodes for one tensor could travel in the
