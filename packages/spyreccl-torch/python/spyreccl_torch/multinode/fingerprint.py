@@ -147,7 +147,12 @@ class PendingCheck:
     """One operation's exchange in flight (see CallChecker)."""
 
     def __init__(
-        self, work: Any, sums: torch.Tensor, mine: list[int], digest: int, op_name: str = ""
+        self,
+        work: Any,
+        sums: torch.Tensor | list[int],
+        mine: list[int],
+        digest: int,
+        op_name: str = "",
     ) -> None:
         self.work = work
         self.op_name = op_name

@@ -150,16 +150,19 @@ class NodeChecker:
         self._outcome_np = _host_array(self._outcome)
         self._outcome_sent_np = _host_array(self._outcome_sent)
         self._max_blocking = _max_opts(blocking=True)
-        # The leaders' frames, sent and received: one exchange is in flight at a time (an
+        # The leaders' frames, sent and received. One exchange is in flight at a time (an
         # operation's check completes before the operation does, and the group runs its
-        # operations one after the other), so two buffers serve every exchange.
+        # operations one after the other), so one buffer serves every exchange's frames
+        # sent, and one the frames received by exchanges that this thread reads itself
+        # (deferred ones, see carry). An exchange read by its completion callback gets a
+        # buffer of its own: the callback may run late (it needs the interpreter lock),
+        # when the next operation's exchange already writes into the shared one.
         if self._leader and 1 < self._nleaders <= EXCHANGE_MAX_LEADERS:
             n = self._nleaders
             self._sent = torch.zeros(n * _FRAME, dtype=torch.int64)
             self._got = torch.zeros(n * _FRAME, dtype=torch.int64)
             self._sent_np = self._sent.numpy().reshape(n, _FRAME)
             self._sent_bytes = self._sent_np.view(np.uint8)  # n rows of _FRAME * 8 bytes
-            self._got_np = self._got.numpy().reshape(n, _FRAME)
             raw = self._got.view(n, _FRAME).view(torch.uint8)[:, _HEADER * 8 :]
             self._got_parts = list(raw.unbind(0))  # each leader's carried bytes (a view)
             self._splits = [_FRAME] * n
@@ -236,10 +239,13 @@ class NodeChecker:
         self._sent_np[:, :_HEADER] = (pending.pair[0], pending.pair[1], nbytes)
         if nbytes:
             start = _HEADER * 8
-            self._sent_bytes[:, start : start + nbytes] = payload.numpy()
-        pending.frames = self._got
+            self._sent_bytes[:, start : start + nbytes] = payload.detach().numpy()
+        # A deferred exchange is read on this thread (carry, _complete); the others by
+        # their callback (post): see __init__.
+        got = self._got if pending.deferred else torch.empty_like(self._got)
+        pending.frames = got
         pending.work = self._leaders.alltoall_base(
-            self._got, self._sent, self._splits, self._splits, self._a2a_opts
+            got, self._sent, self._splits, self._splits, self._a2a_opts
         )
 
     def _read_outcome(self, pending: NodePending) -> None:
@@ -247,7 +253,8 @@ class NodeChecker:
         if pending.frames is not None:
             # Plain Python over a handful of words: numpy's reductions cost microseconds
             # each on arrays this small.
-            headers = self._got_np[:, :_HEADER].tolist()
+            headers = pending.frames.numpy().reshape(self._nleaders, _FRAME)[:, :_HEADER]
+            headers = headers.tolist()
             pending.counts = [h[2] for h in headers]
             pending.sums = [max(h[0] for h in headers), max(h[1] for h in headers)]
         pending.mismatched = CallChecker._differs(pending)
@@ -264,7 +271,7 @@ class NodeChecker:
         MismatchError as verify does; None (nothing done): the exchange was not deferred."""
         if not self.waiting_to_carry(pending):
             return None
-        self._post_exchange(pending, payload)
+        self._post_exchange(pending, payload)  # deferred: into self._got
         self.verify(pending)
         return [part[:n] for part, n in zip(self._got_parts, pending.counts, strict=True)]
 
