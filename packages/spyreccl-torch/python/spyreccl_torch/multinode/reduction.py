@@ -120,7 +120,11 @@ def combine_in_order(
     overlapping them) when given."""
     kind = op.op if hasattr(op, "op") else op
     fn = _COMBINE[kind]
-    acc = parts[0].clone() if out is None else out.copy_(parts[0])
-    for part in parts[1:]:
+    if len(parts) == 1:
+        return parts[0].clone() if out is None else out.copy_(parts[0])
+    # The first two parts straight into the result: one operation fewer than copying the
+    # first one there (small reductions of two nodes are a handful of operations in all).
+    acc = fn(parts[0], parts[1]) if out is None else fn(parts[0], parts[1], out=out)
+    for part in parts[2:]:
         fn(acc, part, out=acc)
     return acc
