@@ -1059,6 +1059,22 @@ def node_check_check(ctx: Ctx, base_seed: int) -> list[str]:
         lambda: dist.broadcast(payload, src=src, group=group), pattern, "broadcast roots", r
     )
     dist.destroy_process_group(group)
+    # A small all_to_all_single travels in the check as well: here node 1's ranks send
+    # blocks of 3 elements where node 0's send 2.
+    group = dist.new_group(list(range(world)))
+    per = 2 + node
+    sent = torch.arange(world * per, dtype=torch.float32, device=_dev(ctx))
+    got = torch.full((world * per,), float("nan"), device=_dev(ctx))
+    pattern = r"mismatched collectives .* at seq 1 \(element count differ\): rank 0: "
+    pattern += (
+        rf"all_to_all_single\(numel={world * 2}, .*rank 3: all_to_all_single\(numel={world * 3}, "
+    )
+    failures += _rejected_within(
+        lambda: dist.all_to_all_single(got, sent, group=group), pattern, "all_to_all sizes", r
+    )
+    if not bool(got.isnan().all()):
+        failures.append(f"rank {r}: the mismatched all_to_all_single wrote its output")
+    dist.destroy_process_group(group)
 
     group = _route_group(ctx, "leader")
     gen = torch.Generator().manual_seed(base_seed + 77)
@@ -1095,12 +1111,26 @@ def node_check_check(ctx: Ctx, base_seed: int) -> list[str]:
         dist.all_gather(outs, mine.to(_dev(ctx)), group=group)
         if not torch.equal(torch.stack([o.cpu() for o in outs]), values.to(torch.float32)):
             failures.append(f"rank {r}: step {step}: all_gather (list) is wrong")
+        # Small all_to_all_single (carried): split sizes as an MoE layer exchanges them
+        # (counts[s][d]: what rank s sends rank d), and float64 blocks in place.
+        counts = torch.randint(0, 1000, (world, world), generator=gen)
+        got = torch.full((world,), -1, dtype=torch.int64, device=_dev(ctx))
+        dist.all_to_all_single(got, counts[r].to(_dev(ctx)), group=group)
+        if not torch.equal(got.cpu(), counts[:, r]):
+            failures.append(f"rank {r}: step {step}: all_to_all_single of counts is wrong")
+        per = step + 1
+        blocks = torch.randn(world, world * per, generator=gen, dtype=torch.float64)
+        x = blocks[r].to(_dev(ctx))
+        dist.all_to_all_single(x, x, group=group)
+        expected = torch.cat([blocks[s][r * per : (r + 1) * per] for s in range(world)])
+        if not torch.equal(x.cpu(), expected):
+            failures.append(f"rank {r}: step {step}: all_to_all_single in place is wrong")
     pg = group._get_backend(_dev(ctx))._pg
     carried = pg.cross_counts["carried"]
-    # Per step on a leader: a broadcast, an all_reduce and two all_gathers (the rejected
-    # all_gather_into_tensor posts its check alone).
-    if carried != (4 * 6 if topo.local_rank == 0 else 0):
-        failures.append(f"rank {r}: {carried} stages carried in the check, expected 24 on leaders")
+    # Per step on a leader: a broadcast, an all_reduce, two all_gathers and two
+    # all_to_all_singles (the rejected all_gather_into_tensor posts its check alone).
+    if carried != (6 * 6 if topo.local_rank == 0 else 0):
+        failures.append(f"rank {r}: {carried} stages carried in the check, expected 36 on leaders")
     dist.destroy_process_group(group)
     return failures
 

@@ -72,7 +72,7 @@ from .executor import OrderedExecutor
 from .failures import ABORT_OP, FailureBoard, PeerFailure, wait_sliced
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
-from .node_check import CARRY_MAX_BYTES, NodeChecker
+from .node_check import CARRY_MAX_BYTES, EXCHANGE_MAX_LEADERS, NodeChecker
 from .pipeline import agree_chunk_bytes, chunk_bounds, proposed_chunk_bytes
 from .reduction import Plan as _Plan
 from .reduction import combine_in_order as _combine_in_order
@@ -189,6 +189,36 @@ class _BackendView:
         return self._pg.size()
 
 
+class _A2ALayout:
+    """The block layout of a carried all_to_all_single (_carried_all_to_all), from a topology:
+
+    - remote_of_mine: the ranks outside this rank's node, in rank order (the receivers of
+      what the node sends in the leaders' exchange, after each local sender's blocks);
+    - other_nodes: the other nodes, in order (their parts, concatenated, are what the leader
+      broadcasts on its node);
+    - local_senders: this node's ranks (their blocks come from the node's all-gather);
+    - remote_senders / remote_slots: every rank on another node, and where its block for this
+      rank sits in the broadcast buffer, counted in blocks."""
+
+    def __init__(self, topo: Topology) -> None:
+        world, me = topo.size, topo.rank
+        self.remote_of_mine = [r for r in range(world) if topo.node_of[r] != topo.node]
+        self.other_nodes = [k for k in range(len(topo.nodes)) if k != topo.node]
+        self.local_senders = list(topo.local_ranks)
+        self.remote_senders: list[int] = []
+        self.remote_slots: list[int] = []
+        offset = 0
+        for k in self.other_nodes:
+            members = topo.nodes[k]
+            receivers = [r for r in range(world) if topo.node_of[r] != k]
+            where = receivers.index(me)
+            for i, sender in enumerate(members):
+                self.remote_senders.append(sender)
+                self.remote_slots.append(offset + i * len(receivers) + where)
+            offset += len(members) * len(receivers)
+        self.received_blocks = offset
+
+
 class _Stage:
     """A posted gloo stage: its Work (None: nothing was posted) and what completes its
     result once the Work is done."""
@@ -292,6 +322,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._plans: dict[tuple[Any, torch.dtype], _Plan] = {}  # see _plan
         self._broadcast_opts: dict[int, Any] = {}  # see _local_broadcast
         self._carried_calls: dict[tuple[int, torch.dtype, Any], bool] = {}  # see _carries
+        self._a2a_plan: _A2ALayout | None = None  # see _a2a_layout
         self._p2p_seq = 0  # sends and receives (only the two ranks involved count them)
         self._failed: str | None = None
         self._coalesced: list[Any] | None = None
@@ -1731,6 +1762,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return self._flat.alltoall_base(
                 output, inp, output_split_sizes, input_split_sizes, opts
             )
+        if self._a2a_carried(output, inp, output_split_sizes, input_split_sizes):
+            return self._carried_all_to_all(output, inp, opts)
 
         def body() -> list[torch.Tensor]:
             # gloo on host bytes: splits count rows (dim 0), scaled to bytes per row.
@@ -1763,6 +1796,98 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         return self._run("all_to_all_single", body, _sig([], None, -1, inp.dtype), opts)
 
     all_to_all_single = alltoall_base
+
+    def _a2a_carried(
+        self,
+        output: torch.Tensor,
+        inp: torch.Tensor,
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+    ) -> bool:
+        """Whether an all_to_all_single travels in the check (_carried_all_to_all): checking
+        on, 2 to EXCHANGE_MAX_LEADERS nodes, no split sizes (equal blocks), and what a node
+        sends to the others at most CARRY_MAX_BYTES on every node. Decided alike on every rank
+        from the call and the topology."""
+        if not isinstance(self._checker, NodeChecker) or output_split_sizes or input_split_sizes:
+            return False
+        topo = self._topo
+        if not 1 < len(topo.nodes) <= EXCHANGE_MAX_LEADERS:
+            return False
+        if output.dtype != inp.dtype or output.numel() != inp.numel():
+            return False  # gloo's own error on the usual path names it
+        world = topo.size
+        nbytes = inp.numel() * inp.element_size()
+        if nbytes == 0 or nbytes % world:
+            return False
+        widest = max(len(m) * (world - len(m)) for m in topo.nodes)
+        return widest * (nbytes // world) <= CARRY_MAX_BYTES
+
+    def _carried_all_to_all(self, output: torch.Tensor, inp: torch.Tensor, opts: Any) -> Any:
+        """A small all_to_all_single between nodes in the check's exchange: the node's ranks
+        all-gather their inputs in shared memory (each then holds its blocks from its own
+        node), the leaders exchange what their node sends to the others in the check's frame
+        (_carry), and each leader broadcasts what its node received. Otherwise the check's
+        round trip among the leaders and the outcome come first, then one gloo all_to_all
+        over every rank (on the 2-CPU VM 2.8 ms against gloo's 1.2 ms for 8 bytes a pair:
+        docs/performance.md, "Small all_to_all in the check")."""
+        topo = self._topo
+        world, me = topo.size, topo.rank
+        members = topo.local_ranks
+        width = len(members)
+        plan = self._a2a_layout()
+
+        def body() -> list[torch.Tensor]:
+            flat_in = inp.detach().reshape(-1).view(torch.uint8)
+            block = flat_in.numel() // world
+            if width > 1:
+                node_in = torch.empty(width * world * block, dtype=torch.uint8, device=inp.device)
+                self._wait(
+                    self._local._allgather_base(
+                        node_in, flat_in.contiguous(), self._ag_opts(blocking=True)
+                    )
+                )
+            else:
+                node_in = flat_in
+            rows = self._staging.host_bytes(node_in).view(width, world, block)
+            received = torch.empty(
+                plan.received_blocks * block, dtype=torch.uint8, device=inp.device
+            )
+            received_host = self._staging.host_bytes(received, fill=False)
+            if topo.local_rank == 0:
+                # What this node sends to the other nodes' ranks: sender by sender (local
+                # order), receivers in rank order. Taken before the output is written (the
+                # output may be the input).
+                parts = self._carry(rows[:, plan.remote_of_mine, :].reshape(-1))
+                for k, part in enumerate(parts):
+                    want = len(topo.nodes[k]) * (world - len(topo.nodes[k])) * block
+                    if part.numel() != want:
+                        raise RuntimeError(
+                            f"the leaders carried {[p.numel() for p in parts]} bytes of the "
+                            "same all_to_all_single; SPYRECCL_MULTINODE_* settings must be "
+                            "the same on every rank"
+                        )
+                torch.cat([parts[k] for k in plan.other_nodes], out=received_host)
+                self._staging.commit(received, received_host)
+            if width > 1:
+                self._local_broadcast(received, 0)
+                received_host = self._staging.host_bytes(received)
+            out = self._staging.host_bytes(output, fill=False).view(world, block)
+            out[plan.local_senders] = rows[:, me, :]
+            out[plan.remote_senders] = received_host.view(-1, block)[plan.remote_slots]
+            self._staging.commit(output, out.reshape(-1))
+            return [output]
+
+        # The element count is part of what the ranks must agree on here (equal blocks): a
+        # rank that passed split sizes while another did not is a mismatch on this path.
+        sig = _sig([inp], None, -1, inp.dtype)
+        return self._run("all_to_all_single", body, sig, opts, carry=True)
+
+    def _a2a_layout(self) -> _A2ALayout:
+        """Where a carried all_to_all's blocks go (_carried_all_to_all); the group's topology
+        alone decides it, so it is worked out once."""
+        if self._a2a_plan is None:
+            self._a2a_plan = _A2ALayout(self._topo)
+        return self._a2a_plan
 
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
