@@ -52,11 +52,17 @@ def test_sweep_reports_chunked_stages(tmp_path, monkeypatch):
 
 def test_sweep_reports_stages_carried_in_the_check(tmp_path):
     # Small all_reduces on the leader route travel in the leaders' check exchange
-    # (node_check.py); 64 KiB ones (above its 4 KiB frame) take a stage of their own.
+    # (node_check.py); 64 KiB ones (above its 4 KiB frame) take a stage of their own. So do
+    # small all_to_all_singles (1 KiB: each node sends the other 1 KiB), which have no
+    # route of their own; at 64 KiB they take the flat gloo group, also without one.
     out = tmp_path / "sweep.json"
-    argv = ["--nodes", "2", "--nproc", "2", "--ops", "all_reduce", "--min", "1K"]
+    ops = "all_reduce,all_to_all_single"
+    argv = ["--nodes", "2", "--nproc", "2", "--ops", ops, "--min", "1K"]
     rc = main([*argv, "--max", "64K", "--factor", "64", "--json", str(out), "--no-plot", *_FAST])
     assert rc == 0
     doc = json.loads(out.read_text())
-    routes = [r.get("route") for r in doc["results"] if r["level"] == "spyreccl"]
+    spy = [r for r in doc["results"] if r["level"] == "spyreccl"]
+    routes = [r.get("route") for r in spy if r["op"] == "all_reduce"]
     assert routes == ["leader (carried in the check)", "leader"], routes
+    routes = [r.get("route") for r in spy if r["op"] == "all_to_all_single"]
+    assert routes == ["carried in the check", None], routes

@@ -137,9 +137,10 @@ def _route_probe(dist, step):
     """`step`, wrapped to record which routes its first call took on a multi-node group
     (HierarchicalProcessGroup.route_counts; "sharded (<n> chunks)" when its sharded stages
     were cut into chunks: pipeline_counts; "leader (carried in the check)" when the leaders'
-    stage travelled in the mismatch check's exchange: cross_counts, as seen from rank 0, a
-    leader; nothing for other groups). Later calls go straight to `step`, so the timing loop
-    is not slowed."""
+    stage travelled in the mismatch check's exchange, "carried in the check" for an operation
+    without routes whose exchange between nodes did (a small broadcast or all_to_all_single):
+    cross_counts, as seen from rank 0, a leader; nothing for other groups). Later calls go
+    straight to `step`, so the timing loop is not slowed."""
     world = dist.group.WORLD
     counts = getattr(world, "route_counts", None)
     chunking = getattr(world, "pipeline_counts", {})
@@ -161,9 +162,12 @@ def _route_probe(dist, step):
         if chunks and "sharded" in routes:
             routes.discard("sharded")
             routes.add(f"sharded ({chunks} chunks)")
-        if cross.get("carried", 0) != carried_before and "leader" in routes:
-            routes.discard("leader")
-            routes.add("leader (carried in the check)")
+        if cross.get("carried", 0) != carried_before:
+            if "leader" in routes:
+                routes.discard("leader")
+                routes.add("leader (carried in the check)")
+            elif not routes:  # an operation without routes: a small broadcast, all_to_all
+                routes.add("carried in the check")
         return result
 
     return probed, routes
