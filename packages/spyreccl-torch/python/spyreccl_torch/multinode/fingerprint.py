@@ -47,6 +47,8 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
+from .reduction import op_kind
+
 _RedOp = dist.ReduceOp.RedOpType
 _NAMES: dict[int, str] = {}
 _ROW = 9  # op, seq, number of signature fields, up to 6 fields
@@ -113,7 +115,7 @@ def signature(
     """What every rank of a collective must agree on: element count, dtype, reduce op, root."""
     if dtype is None and tensors:
         dtype = tensors[0].dtype
-    kind = (op.op if hasattr(op, "op") else op) if op is not None else None
+    kind = op_kind(op) if op is not None else None
     numel = tensors[0].numel() if len(tensors) == 1 else sum(t.numel() for t in tensors)
     return (numel, _code_of(dtype), _code_of(kind), int(root))
 

@@ -77,6 +77,7 @@ from .pipeline import agree_chunk_bytes, chunk_bounds, proposed_chunk_bytes
 from .reduction import Plan as _Plan
 from .reduction import combine_in_order as _combine_in_order
 from .reduction import exchange_ok as _exchange_ok
+from .reduction import op_kind as _op_kind
 from .staging import HostStaging, same_memory, zero_copy_available
 from .topology import Topology
 from .works import AsyncWork, ThenWork
@@ -285,7 +286,7 @@ def _gloo_view(host: torch.Tensor, op: Any) -> tuple[torch.Tensor, bool]:
     flipped (flip them back in the result). gloo reduces neither complex nor uint64
     tensors: complex sums are sums of (real, imaginary) pairs; uint64 wraps like int64 for
     SUM/PRODUCT/bitwise ops, and keeps its order for MIN/MAX once the sign bit is flipped."""
-    kind = op.op if hasattr(op, "op") else op
+    kind = _op_kind(op)
     if host.is_complex():
         return torch.view_as_real(host), False
     if host.dtype == torch.uint64:
@@ -936,7 +937,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         """The reduction plan of `op` on `dtype` (reduction.Plan; raises ValueError for what
         spyreccl does not define). Plans depend on the op's kind and the dtype only, except
         PREMUL_SUM's (its factor), so the others are made once per group."""
-        kind = op.op if hasattr(op, "op") else op
+        kind = _op_kind(op)
         if kind == _RedOp.PREMUL_SUM:
             return _Plan(op, dtype, self._topo.size)
         plan = self._plans.get((kind, dtype))
@@ -1001,7 +1002,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         t = tensors[0]
         if op is None:
             return 0 < t.numel() * t.element_size() <= CARRY_MAX_BYTES
-        kind = op.op if hasattr(op, "op") else op
+        kind = _op_kind(op)
         key = (t.numel(), t.dtype, kind)
         carried = self._carried_calls.get(key)
         if carried is None:
@@ -1030,15 +1031,25 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         deferred for it: _carries, _carries_gather)."""
         return NodeChecker.waiting_to_carry(self._gate)
 
-    def _carry(self, payload: torch.Tensor | None) -> list[torch.Tensor]:
+    def _carry(
+        self, payload: torch.Tensor | None, what: str, expected: Sequence[int] | None = None
+    ) -> list[torch.Tensor]:
         """Sends `payload` (flat uint8 on the host, None: nothing) in this operation's check
         exchange among the leaders and returns every leader's, in node order (only while
-        _carrying())."""
+        _carrying()). `expected`: the bytes each node's leader must have carried for the
+        operation `what`, the same calls on every rank (the check said so); other sizes mean
+        the group's settings differ between ranks (they must not: user guide)."""
         if self._stopped is not None:
             raise RuntimeError(f"stopped before a stage: {self._stopped}")  # as _post_gloo
         pending, self._gate = self._gate, None
         parts = self._checker.carry(pending, payload)
         self.cross_counts["carried"] += 1
+        sizes = [part.numel() for part in parts]
+        if expected is not None and sizes != list(expected):
+            raise RuntimeError(
+                f"the leaders carried {sizes} bytes of the same {what}, expected "
+                f"{list(expected)}; SPYRECCL_MULTINODE_* settings must be the same on every rank"
+            )
         return parts
 
     def _carry_cross(self, work: torch.Tensor, op: Any) -> bool:
@@ -1049,15 +1060,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             return False
         host = self._staging.host(work)
         flat = host.reshape(-1)
-        parts = self._carry(flat.view(torch.uint8))
         nbytes = flat.numel() * flat.element_size()
-        if any(part.numel() != nbytes for part in parts):
-            # The same calls on every rank, yet the leaders carried different sizes: the
-            # group's settings differ between ranks (they must not: user guide).
-            raise RuntimeError(
-                f"the leaders carried {[part.numel() for part in parts]} bytes of the same "
-                "all_reduce; SPYRECCL_MULTINODE_* settings must be the same on every rank"
-            )
+        parts = self._carry(flat.view(torch.uint8), "all_reduce", [nbytes] * len(self._topo.nodes))
         _combine_in_order([part.view(flat.dtype) for part in parts], op, out=flat)
         self._staging.commit(work, host)
         return True
@@ -1184,7 +1188,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             host = self._staging.host_bytes(buf, fill=topo.node == root_node)
             if self._carrying():
                 # The leaders' exchange lists the nodes in order.
-                parts = self._carry(host if topo.node == root_node else None)
+                parts = self._carry(host if topo.node == root_node else None, "broadcast")
                 if topo.node != root_node:
                     host.copy_(parts[root_node])
             else:
@@ -1248,13 +1252,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         exchange was not deferred for it)."""
         if not self._carrying():
             return False
-        parts = self._carry(self._staging.host_bytes(node_buf))
-        for node, members in enumerate(self._topo.nodes):
-            if parts[node].numel() != len(members) * block:
-                raise RuntimeError(
-                    f"node {node}'s leader carried {parts[node].numel()} bytes of the same "
-                    f"all_gather, expected {len(members) * block}"
-                )
+        nodes = self._topo.nodes
+        expected = [len(members) * block for members in nodes]
+        parts = self._carry(self._staging.host_bytes(node_buf), "all_gather", expected)
+        for node, members in enumerate(nodes):
             for i, r in enumerate(members):
                 full_bytes[r * block : (r + 1) * block].copy_(
                     parts[node][i * block : (i + 1) * block]
@@ -1842,9 +1843,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             if width > 1:
                 node_in = torch.empty(width * world * block, dtype=torch.uint8, device=inp.device)
                 self._wait(
-                    self._local._allgather_base(
-                        node_in, flat_in.contiguous(), self._ag_opts(blocking=True)
-                    )
+                    self._local._allgather_base(node_in, flat_in, self._ag_opts(blocking=True))
                 )
             else:
                 node_in = flat_in
@@ -1852,25 +1851,21 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             received = torch.empty(
                 plan.received_blocks * block, dtype=torch.uint8, device=inp.device
             )
-            received_host = self._staging.host_bytes(received, fill=False)
-            if topo.local_rank == 0:
+            leader = topo.local_rank == 0
+            if leader:
                 # What this node sends to the other nodes' ranks: sender by sender (local
                 # order), receivers in rank order. Taken before the output is written (the
                 # output may be the input).
-                parts = self._carry(rows[:, plan.remote_of_mine, :].reshape(-1))
-                for k, part in enumerate(parts):
-                    want = len(topo.nodes[k]) * (world - len(topo.nodes[k])) * block
-                    if part.numel() != want:
-                        raise RuntimeError(
-                            f"the leaders carried {[p.numel() for p in parts]} bytes of the "
-                            "same all_to_all_single; SPYRECCL_MULTINODE_* settings must be "
-                            "the same on every rank"
-                        )
+                expected = [len(m) * (world - len(m)) * block for m in topo.nodes]
+                payload = rows[:, plan.remote_of_mine, :].reshape(-1)
+                parts = self._carry(payload, "all_to_all_single", expected)
+                received_host = self._staging.host_bytes(received, fill=False)
                 torch.cat([parts[k] for k in plan.other_nodes], out=received_host)
                 self._staging.commit(received, received_host)
             if width > 1:
                 self._local_broadcast(received, 0)
-                received_host = self._staging.host_bytes(received)
+                if not leader:
+                    received_host = self._staging.host_bytes(received)
             out = self._staging.host_bytes(output, fill=False).view(world, block)
             out[plan.local_senders] = rows[:, me, :]
             out[plan.remote_senders] = received_host.view(-1, block)[plan.remote_slots]

@@ -77,18 +77,29 @@ def _max_opts(blocking: bool) -> Any:
     return opts
 
 
-def _host_array(t: torch.Tensor) -> np.ndarray | None:
-    """A numpy array over `t`'s memory (a spyre tensor of the emulated device, or a CPU
-    tensor), None where there is no host view (a real Spyre runtime). The check's words are
-    read and written through it: a torch operation per word (a few microseconds each) was a
-    large part of the check's cost (docs/performance.md, "The small path's Python cost")."""
-    if t.device.type == "cpu":
-        return t.numpy()
-    if not zero_copy_available():
-        return None
-    from ..device import host_view
+class _Words:
+    """Two int64 on the device (the node's pair, an outcome), read and written through a
+    numpy view of their memory where there is one (the emulated device): a torch operation
+    per word (a few microseconds each) was a large part of the check's cost
+    (docs/performance.md, "The small path's Python cost"). Without a host view (a real Spyre
+    runtime) through torch."""
 
-    return host_view(t).numpy()
+    def __init__(self, device: torch.device) -> None:
+        self.tensor = torch.empty(2, dtype=torch.int64, device=device)
+        self._array: np.ndarray | None = None
+        if zero_copy_available():
+            from ..device import host_view
+
+            self._array = host_view(self.tensor).numpy()
+
+    def write(self, values: list[int]) -> None:
+        if self._array is not None:
+            self._array[:] = values
+        else:
+            self.tensor.copy_(torch.tensor(values, dtype=torch.int64))
+
+    def read(self) -> list[int]:
+        return (self._array if self._array is not None else self.tensor).tolist()
 
 
 class NodePending(PendingCheck):
@@ -136,19 +147,15 @@ class NodeChecker:
         # A receive that failed: the failure another rank published, when there is one (the
         # leader aborted the node's control group because of it).
         self._explain = explain
-        self._device = device
         self._nleaders = leaders.size() if leaders is not None else 1
         # Whether a leader's frames can carry a reduction between the nodes (carry).
         self.carries = self._leader and 1 < self._nleaders <= EXCHANGE_MAX_LEADERS
         # One buffer for the node's all_reduce, one for the outcome a non-leader receives and
         # one for the outcome a leader sends: each is read back (or sent) before the next
         # operation's check uses it.
-        self._pair = torch.empty(2, dtype=torch.int64, device=device)
-        self._outcome = torch.empty(2, dtype=torch.int64, device=device)
-        self._outcome_sent = torch.empty(2, dtype=torch.int64, device=device)
-        self._pair_np = _host_array(self._pair)
-        self._outcome_np = _host_array(self._outcome)
-        self._outcome_sent_np = _host_array(self._outcome_sent)
+        self._pair = _Words(device)
+        self._outcome = _Words(device)
+        self._outcome_sent = _Words(device)
         self._max_blocking = _max_opts(blocking=True)
         # The leaders' frames, sent and received. One exchange is in flight at a time (an
         # operation's check completes before the operation does, and the group runs its
@@ -157,7 +164,7 @@ class NodeChecker:
         # (deferred ones, see carry). An exchange read by its completion callback gets a
         # buffer of its own: the callback may run late (it needs the interpreter lock),
         # when the next operation's exchange already writes into the shared one.
-        if self._leader and 1 < self._nleaders <= EXCHANGE_MAX_LEADERS:
+        if self.carries:
             n = self._nleaders
             self._sent = torch.zeros(n * _FRAME, dtype=torch.int64)
             self._got = torch.zeros(n * _FRAME, dtype=torch.int64)
@@ -182,12 +189,9 @@ class NodeChecker:
         digest = digest_of(row)
         pair = [digest, -digest]
         if self._local is not None:
-            if self._pair_np is not None:
-                self._pair_np[:] = pair
-            else:
-                self._pair.copy_(torch.tensor(pair, dtype=torch.int64))
-            self._local.allreduce([self._pair], self._max_blocking).wait()
-            pair = self._pair_np.tolist() if self._pair_np is not None else self._pair.tolist()
+            self._pair.write(pair)
+            self._local.allreduce([self._pair.tensor], self._max_blocking).wait()
+            pair = self._pair.read()
         pending = NodePending(pair, row, digest, op_name)
         node_differs = pair != [digest, -digest]
         if self._leader and self._leaders is not None:
@@ -286,13 +290,9 @@ class NodeChecker:
             return
         pending.sent = True
         sums = pending.sums if isinstance(pending.sums, list) else pending.sums.tolist()
-        if self._outcome_sent_np is not None:
-            self._outcome_sent_np[:] = sums
-            outcome = self._outcome_sent
-        else:
-            outcome = torch.tensor(sums, dtype=torch.int64).to(self._device)
+        self._outcome_sent.write(sums)
         for p in self._others:
-            self._local.send([outcome], p, 0).wait()
+            self._local.send([self._outcome_sent.tensor], p, 0).wait()
 
     def _receive_outcome(self, pending: NodePending) -> None:
         if pending.failure is not None:
@@ -300,13 +300,12 @@ class NodeChecker:
         if pending.received:
             return
         try:
-            self._local.recv([self._outcome], 0, 0).wait()
+            self._local.recv([self._outcome.tensor], 0, 0).wait()
         except Exception as error:
             pending.failure = self._explain(error) or error
             pending.done.set()
             raise pending.failure from error
-        received = self._outcome_np if self._outcome_np is not None else self._outcome
-        pending.sums = received.tolist()
+        pending.sums = self._outcome.read()
         pending.received = True
         pending.mismatched = CallChecker._differs(pending)
         pending.done.set()

@@ -17,6 +17,12 @@ _NARROW_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float8_e4m3fn, 
 _RedOp = dist.ReduceOp.RedOpType
 
 
+def op_kind(op: Any) -> Any:
+    """The RedOpType of a reduce op given as a ReduceOp (which PREMUL_SUM's factor makes an
+    object) or as its RedOpType."""
+    return op.op if hasattr(op, "op") else op
+
+
 def validate_reduction(kind: Any, dtype: torch.dtype) -> None:
     """Rejects what spyreccl.h does not define, before anything is communicated, with the
     single-node backend's message: bitwise ops on floats, AVG of booleans, PREMUL_SUM on
@@ -36,7 +42,7 @@ class Plan:
     on-node and the between-nodes stages."""
 
     def __init__(self, op: Any, dtype: torch.dtype, size: int) -> None:
-        kind = op.op if hasattr(op, "op") else op
+        kind = op_kind(op)
         validate_reduction(kind, dtype)
         self.kind = kind
         self.dtype = dtype
@@ -108,7 +114,7 @@ _EXCHANGE_DTYPES = frozenset(
 def exchange_ok(dtype: torch.dtype, op: Any) -> bool:
     """Whether combine_in_order can reduce a stage's work tensor of `dtype` with `op` (a
     stage's op: AVG and PREMUL_SUM are SUM between nodes, see Plan)."""
-    kind = op.op if hasattr(op, "op") else op
+    kind = op_kind(op)
     return kind in _COMBINE and dtype in _EXCHANGE_DTYPES
 
 
@@ -118,7 +124,7 @@ def combine_in_order(
     """parts[0] op parts[1] op ... in list order: every rank that combines the same parts
     in the same order gets the same bits. Into `out` (shaped like the parts, not
     overlapping them) when given."""
-    kind = op.op if hasattr(op, "op") else op
+    kind = op_kind(op)
     fn = _COMBINE[kind]
     if len(parts) == 1:
         return parts[0].clone() if out is None else out.copy_(parts[0])
