@@ -9,6 +9,7 @@ CPU in float64 (float cases, within float32 tolerances) or exactly (integer case
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -372,3 +373,88 @@ def test_inductor_dynamic_shapes(rng):
         torch.testing.assert_close(
             out.cpu().double(), (a * 2).softmax(0).sum(1), rtol=1e-5, atol=1e-6
         )
+
+
+# --- buffer allocation in the generated Python wrapper ---------------------------------------
+
+
+def test_wrapper_allocates_spyre_buffers_with_the_fast_function(rng):
+    """The Python wrapper of a spyre graph allocates its buffers through
+    spyreccl_torch._C._empty_strided_spyre (not torch.empty_strided(device="spyre")), dynamic
+    shapes included, and the graph still computes the CPU float64 result."""
+    from torch._inductor.utils import run_and_get_code
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = (a @ b).relu()  # an extern matmul: its output is an allocated buffer
+        return h.softmax(1), (h * 3).sum(0)
+
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        a, b = _randn(rng, 5, 7), _randn(rng, 7, 6)
+        compiled = torch.compile(fn, backend="inductor", dynamic=dynamic)
+        (soft, total), (code, *_) = run_and_get_code(
+            compiled, a.float().to(SPYRE), b.float().to(SPYRE)
+        )
+        assert "from spyreccl_torch._C import _empty_strided_spyre" in code, code
+        assert "empty_strided_spyre((" in code, code
+        assert re.search(r"\bempty_strided\(\(", code) is None, code  # torch's generic call
+        ref_soft, ref_total = fn(a, b)
+        assert soft.device.type == total.device.type == "spyre"
+        torch.testing.assert_close(soft.cpu().double(), ref_soft, rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(total.cpu().double(), ref_total, rtol=2e-5, atol=2e-5)
+
+
+def test_fast_allocation_function_matches_empty_strided():
+    """_empty_strided_spyre(size, stride, dtype) is torch.empty_strided(size, stride,
+    device="spyre", dtype=dtype): the current spyre device, the requested geometry and dtype,
+    memory from the spyre allocator (counted by torch.spyre.memory_allocated), NaN-filled when
+    torch's deterministic mode asks for it; bad arguments raise naming the argument."""
+    from spyreccl_torch._C import _empty_strided_spyre as fast
+
+    previous = torch.spyre.current_device()
+    try:
+        for index in range(min(torch.spyre.device_count(), 2)):
+            torch.spyre.set_device(index)
+            for size, stride, dtype in [
+                ((2, 3), (3, 1), torch.float32),
+                ((4, 5), (1, 4), torch.bfloat16),
+                ((), (), torch.int64),
+                ((0, 3), (3, 1), torch.float16),
+            ]:
+                got = fast(size, stride, dtype)
+                want = torch.empty_strided(size, stride, device="spyre", dtype=dtype)
+                assert (got.device, got.shape, got.stride(), got.dtype) == (
+                    want.device,
+                    want.shape,
+                    want.stride(),
+                    want.dtype,
+                )
+                assert got.device == torch.device("spyre", index)
+    finally:
+        torch.spyre.set_device(previous)
+
+    before = torch.spyre.memory_allocated()
+    held = fast((1024,), (1,), torch.float32)
+    assert torch.spyre.memory_allocated() - before >= 4096
+    del held
+
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    try:
+        torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        assert torch.isnan(fast((64,), (1,), torch.float32).cpu()).all()
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        fast((2,), (1,))
+    with pytest.raises(TypeError, match="'size' must be a tuple of ints"):
+        fast([2], (1,), torch.float32)
+    with pytest.raises(TypeError, match="'stride' must be a tuple of ints"):
+        fast((2,), (1.5,), torch.float32)
+    with pytest.raises(ValueError, match="size has 1 dimensions but stride has 2"):
+        fast((2,), (1, 1), torch.float32)
+    with pytest.raises(TypeError, match=r"'dtype' must be a torch\.dtype"):
+        fast((2,), (1,), "float32")

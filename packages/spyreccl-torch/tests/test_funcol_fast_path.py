@@ -265,6 +265,82 @@ def test_every_functional_op_takes_a_process_group_object(rank_pool):
 
 
 # --------------------------------------------------------------------------------------------
+# the lean path: spyreccl's backend called without c10d's ProcessGroup layer
+# --------------------------------------------------------------------------------------------
+
+# The calls of run_every_op that take the lean path: all_reduce and all_reduce_ with five
+# reductions each, all_gather_into_tensor(_out), reduce_scatter_tensor, broadcast(_). The
+# coalesced forms and all_to_all_single run torch's implementation.
+LEAN_CALLS_OF_EVERY_OP = 10 + 2 + 1 + 2
+
+
+def run_lean_and_torch_paths(seed, numel, ctx):
+    """run_every_op with the lean path on (counting the calls that took it), then off (none
+    may take it, the results are checked the same way)."""
+    from spyreccl_torch import _C
+
+    assert _C._lean_functional()
+    before = _C._lean_functional_calls()
+    run_every_op(seed, numel, ctx)
+    lean = _C._lean_functional_calls() - before
+    _C._set_lean_functional(False)
+    try:
+        before = _C._lean_functional_calls()
+        run_every_op(seed + 1, numel, ctx)
+        assert _C._lean_functional_calls() == before, "the lean path ran while switched off"
+    finally:
+        _C._set_lean_functional(True)
+    return lean
+
+
+@pytest.mark.parametrize("numel", [1, FUNCTIONAL_MAX_BYTES // 4 + 1], ids=["1", "above-bound"])
+def test_lean_path_is_taken_and_agrees_with_torchs_path(rank_pool, numel):
+    lean = rank_pool.run(run_lean_and_torch_paths, fresh_seed(), numel, timeout=RUN_TIMEOUT)
+    assert lean == [LEAN_CALLS_OF_EVERY_OP] * len(lean)
+
+
+def run_lean_edges(seed, ctx):
+    """What the lean path shapes itself (empty tensors, a 0-d all_gather input) against float64
+    references, and what it leaves to torch's implementation: complex tensors (viewed as
+    real there) and a reduce_op torch rejects (its error, on the calling rank)."""
+    from spyreccl_torch import _C
+
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    name = _name()
+    f32 = torch.float32
+
+    def check(got, expected, what):
+        assert_close_dtype(got.cpu(), expected, got.dtype, world, seed=seed, what=what)
+
+    before = _C._lean_functional_calls()
+    empty = torch.empty(0, device=dev)
+    assert C10D.wait_tensor(C10D.all_reduce_(empty, "sum", name)).shape == (0,)
+    assert C10D.wait_tensor(C10D.all_gather_into_tensor(empty, world, name)).shape == (0,)
+    assert C10D.wait_tensor(C10D.reduce_scatter_tensor(empty, "sum", world, name)).shape == (0,)
+    assert C10D.wait_tensor(C10D.broadcast(empty, 0, name)).shape == (0,)
+    scalars = _inputs(seed, 70, 1, f32, world)
+    gathered = C10D.wait_tensor(C10D.all_gather_into_tensor(scalars[rank][0].to(dev), world, name))
+    assert gathered.shape == (world,)
+    check(gathered, torch.cat(scalars), "0-d all_gather_into_tensor")
+    assert _C._lean_functional_calls() - before == 5
+
+    before = _C._lean_functional_calls()
+    real = _inputs(seed, 71, 6, f32, world)
+    mine = real[rank].view(torch.complex64).to(dev)
+    out = C10D.wait_tensor(C10D.all_reduce(mine, "sum", name))
+    assert out.dtype == torch.complex64
+    check(torch.view_as_real(out).reshape(-1), reference_reduce(real, "sum"), "complex all_reduce")
+    with pytest.raises(RuntimeError, match="reduce_op"):
+        C10D.all_reduce_(real[rank].to(dev), "bogus", name)
+    assert _C._lean_functional_calls() == before, "torch's cases took the lean path"
+    dist.barrier()
+
+
+def test_lean_path_edges_and_what_it_leaves_to_torch(rank_pool):
+    rank_pool.run(run_lean_edges, fresh_seed(), timeout=RUN_TIMEOUT)
+
+
+# --------------------------------------------------------------------------------------------
 # overlap: computation between a large collective and its wait runs during the transfer
 # --------------------------------------------------------------------------------------------
 

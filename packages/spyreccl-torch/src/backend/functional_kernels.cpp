@@ -2,16 +2,30 @@
 //
 // torch registers these ops once, for CompositeExplicitAutograd (Functional.cpp), and they
 // call the process group with default options, i.e. as asynchronous operations. A kernel
-// registered for PrivateUse1 takes precedence for spyre tensors. Ours run torch's own
-// implementations (the c10d:: functions of Functional.hpp, so allocation, group resolution
-// and the work registry stay torch's) inside a FunctionalCallScope, which tells
-// ProcessGroupSpyreccl that the call came from a functional collective. Those, unlike
-// dist.*(async_op=True), have no Work a caller could wait on with a timeout of its own, only
-// wait_tensor, so a small one may run on the calling thread (the inline path, bounded by
-// SPYRECCL_INLINE_FUNCTIONAL_MAX_BYTES) instead of paying for two thread hand-offs; large
-// ones still run on the progress thread and overlap with computation placed before their
-// wait_tensor.
+// registered for PrivateUse1 takes precedence for spyre tensors. Every kernel here runs
+// inside a FunctionalCallScope, which tells ProcessGroupSpyreccl that the call came from a
+// functional collective. Those, unlike dist.*(async_op=True), have no Work a caller could
+// wait on with a timeout of its own, only wait_tensor, so a small one may run on the calling
+// thread (the inline path, bounded by SPYRECCL_INLINE_FUNCTIONAL_MAX_BYTES) instead of paying
+// for two thread hand-offs; large ones still run on the progress thread and overlap with
+// computation placed before their wait_tensor.
+//
+// The lean path. When the group is a plain c10d ProcessGroup whose spyre backend is
+// ProcessGroupSpyreccl, a kernel allocates its output as torch's does, calls the backend
+// directly and registers the Work in torch's work registry (which wait_tensor pops). That
+// skips c10d's ProcessGroup layer: the boxed c10d::allreduce_ (etc.) dispatcher op, its
+// ReduceOp object and tuple result, about 0.7 us of the ~3.4 us an all_reduce_ + wait_tensor
+// cost on one rank (docs/performance.md, "The lean path"). Everything else -- another
+// backend (e.g. ProcessGroupWrapper under TORCH_DISTRIBUTED_DEBUG=DETAIL), a ProcessGroup
+// subclass written in Python (the multi-node group), complex tensors, inputs torch's own
+// implementation rejects, the coalesced forms -- runs torch's implementation (the c10d::
+// functions of Functional.hpp) unchanged, as every kernel did before.
+#include <atomic>
+#include <cstdint>
+#include <numeric>
+#include <optional>
 #include <string>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -19,8 +33,10 @@
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 #include <torch/csrc/distributed/c10d/Functional.hpp>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include "backend/functional_scope.h"
+#include "backend/process_group_spyreccl.hpp"
 
 namespace spyreccl_torch {
 
@@ -35,6 +51,17 @@ FunctionalCallScope::FunctionalCallScope() : previous_(functionalCallActive) {
 FunctionalCallScope::~FunctionalCallScope() { functionalCallActive = previous_; }
 
 bool inFunctionalCall() { return functionalCallActive; }
+
+namespace {
+std::atomic<bool> leanEnabled{true};
+std::atomic<uint64_t> leanCalls{0};
+}  // namespace
+
+void setLeanFunctional(bool enabled) { leanEnabled.store(enabled, std::memory_order_relaxed); }
+
+bool leanFunctional() { return leanEnabled.load(std::memory_order_relaxed); }
+
+uint64_t leanFunctionalCalls() { return leanCalls.load(std::memory_order_relaxed); }
 
 namespace {
 
@@ -67,10 +94,144 @@ auto withGroup(const c10::IValue& group, Fn&& fn) {
 
 std::vector<at::Tensor> tensors(const c10::IValue& value) { return value.toTensorVector(); }
 
+// --- the lean path -------------------------------------------------------------------------
+
+// The spyreccl backend behind a group argument, or none (then torch's implementation runs).
+// Holds the backend for the duration of the call.
+struct Lean {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  ProcessGroupSpyreccl* spyreccl = nullptr;
+
+  explicit operator bool() const { return spyreccl != nullptr; }
+
+  // Counts the call and returns the backend to call.
+  ProcessGroupSpyreccl& use() const {
+    leanCalls.fetch_add(1, std::memory_order_relaxed);
+    return *spyreccl;
+  }
+};
+
+Lean leanTarget(const c10::IValue& group) {
+  if (!leanFunctional()) return {};
+  // A name that no group has raises torch's own error here, as torch's implementation would.
+  c10::intrusive_ptr<c10d::ProcessGroup> pg =
+      group.isString() ? c10d::resolve_process_group(group.toStringRef()) : processGroup(group);
+  // A subclass may route collectives its own way (the multi-node group is a ProcessGroup
+  // written in Python); only the plain ProcessGroup is known to hand them to its backend.
+  if (typeid(*pg) != typeid(c10d::ProcessGroup) ||
+      !pg->hasBackendForDeviceType(c10::DeviceType::PrivateUse1)) {
+    return {};
+  }
+  Lean lean;
+  lean.backend = pg->getBackend(c10::DeviceType::PrivateUse1);
+  lean.spyreccl = dynamic_cast<ProcessGroupSpyreccl*>(lean.backend.get());
+  return lean;
+}
+
+// The reduce_op strings torch's functional collectives accept; any other (and "premul_sum",
+// which torch rejects too) takes torch's path, which raises its own error.
+std::optional<c10d::ReduceOp> leanReduceOp(const std::string& name) {
+  using Type = c10d::ReduceOp::RedOpType;
+  static const std::pair<const char*, Type> kOps[] = {
+      {"sum", Type::SUM}, {"avg", Type::AVG}, {"product", Type::PRODUCT}, {"min", Type::MIN},
+      {"max", Type::MAX}, {"band", Type::BAND}, {"bor", Type::BOR},       {"bxor", Type::BXOR}};
+  for (const auto& [text, type] : kOps) {
+    if (name == text) return c10d::ReduceOp(type);
+  }
+  return std::nullopt;
+}
+
+// What torch's implementation would reject or treat specially (complex views, its
+// contiguity checks) stays on torch's path, so that its errors and conversions stay as they
+// are.
+bool leanTensor(const at::Tensor& t) { return !t.is_complex() && t.is_contiguous(); }
+
+// The output of an all_gather_into_tensor, shaped as torch shapes it: dim 0 times the group
+// size (a 0-d input gathers into a 1-d output).
+at::Tensor gatheredOutput(const at::Tensor& input, int64_t groupSize) {
+  auto sizes = input.sizes().vec();
+  if (sizes.empty()) {
+    sizes.push_back(groupSize);
+  } else {
+    sizes[0] *= groupSize;
+  }
+  return at::empty(sizes, input.options());
+}
+
+// The output of a reduce_scatter_tensor: dim 0 divided by the group size. Empty where
+// torch's path would log a warning (dim 0 not divisible) or fail (0-d): that stays there.
+std::optional<at::Tensor> scatteredOutput(const at::Tensor& input, int64_t groupSize) {
+  auto sizes = input.sizes().vec();
+  if (sizes.empty() || groupSize <= 0 || sizes[0] % groupSize != 0) return std::nullopt;
+  sizes[0] /= groupSize;
+  return at::empty(sizes, input.options());
+}
+
+void registerWork(const std::vector<at::Tensor>& outputs,
+                  const c10::intrusive_ptr<c10d::Work>& work) {
+  for (const auto& t : outputs) c10d::register_work(t, work);
+}
+
+void leanAllReduceInplace(const Lean& lean, at::Tensor& io, const c10d::ReduceOp& reduceOp) {
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = reduceOp;
+  std::vector<at::Tensor> tensors{io};
+  registerWork(tensors, lean.use().allreduce(tensors, opts));
+}
+
+// Runs an operation whose output is allocated here: all_gather_into_tensor and
+// reduce_scatter_tensor (torch's implementation calls the coalesced backend methods with one
+// tensor each; so does this).
+std::optional<at::Tensor> leanGatherOrScatter(const at::Tensor& input, int64_t groupSize,
+                                             const c10::IValue& group,
+                                             const std::string* reduceOpName) {
+  if (!leanTensor(input)) return std::nullopt;
+  std::optional<c10d::ReduceOp> reduceOp;
+  if (reduceOpName != nullptr) {
+    reduceOp = leanReduceOp(*reduceOpName);
+    if (!reduceOp) return std::nullopt;
+  }
+  const Lean lean = leanTarget(group);
+  if (!lean) return std::nullopt;
+  auto output =
+      reduceOp ? scatteredOutput(input, groupSize) : std::optional(gatheredOutput(input, groupSize));
+  if (!output) return std::nullopt;
+  std::vector<at::Tensor> outputs{*output};
+  std::vector<at::Tensor> inputs{input};
+  c10::intrusive_ptr<c10d::Work> work;
+  if (reduceOp) {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = *reduceOp;
+    work = lean.use().reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  } else {
+    work = lean.use().allgather_into_tensor_coalesced(outputs, inputs, c10d::AllgatherOptions());
+  }
+  registerWork(outputs, work);
+  return output;
+}
+
+void leanBroadcastInplace(const Lean& lean, at::Tensor& io, int64_t src) {
+  c10d::BroadcastOptions opts;
+  opts.rootRank = src;
+  std::vector<at::Tensor> tensors{io};
+  registerWork(tensors, lean.use().broadcast(tensors, opts));
+}
+
 // all_reduce(Tensor input, str reduce_op, Any group_name) -> Tensor
 void allReduce(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
+  const at::Tensor& input = a[0].toTensor();
+  if (!input.is_complex()) {
+    if (const auto reduceOp = leanReduceOp(a[1].toStringRef())) {
+      if (const Lean lean = leanTarget(a[2])) {
+        at::Tensor output = input.clone(at::MemoryFormat::Contiguous);
+        leanAllReduceInplace(lean, output, *reduceOp);
+        torch::jit::push(*stack, std::move(output));
+        return;
+      }
+    }
+  }
   auto out = withGroup(a[2], [&](auto group) {
     return c10d::all_reduce(a[0].toTensor(), a[1].toStringRef(), std::move(group));
   });
@@ -82,6 +243,15 @@ void allReduceInplace(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
   at::Tensor input = a[0].toTensor();
+  if (leanTensor(input)) {
+    if (const auto reduceOp = leanReduceOp(a[1].toStringRef())) {
+      if (const Lean lean = leanTarget(a[2])) {
+        leanAllReduceInplace(lean, input, *reduceOp);
+        torch::jit::push(*stack, std::move(input));
+        return;
+      }
+    }
+  }
   withGroup(a[2], [&](auto group) -> at::Tensor& {
     return c10d::all_reduce_(input, a[1].toStringRef(), std::move(group));
   });
@@ -112,6 +282,10 @@ void allReduceCoalescedInplace(const c10::OperatorHandle&, Stack* stack) {
 void allGatherIntoTensor(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
+  if (auto output = leanGatherOrScatter(a[0].toTensor(), a[1].toInt(), a[2], nullptr)) {
+    torch::jit::push(*stack, std::move(*output));
+    return;
+  }
   auto out = withGroup(a[2], [&](auto group) {
     return c10d::all_gather_into_tensor(a[0].toTensor(), a[1].toInt(), std::move(group));
   });
@@ -125,6 +299,13 @@ void allGatherIntoTensorOut(const c10::OperatorHandle&, Stack* stack) {
   auto a = torch::jit::pop(*stack, 4);
   at::Tensor input = a[0].toTensor();
   at::Tensor output = a[3].toTensor();
+  if (leanTensor(input)) {
+    if (const Lean lean = leanTarget(a[2])) {
+      registerWork({output}, lean.use()._allgather_base(output, input, c10d::AllgatherOptions()));
+      torch::jit::push(*stack, std::move(output));
+      return;
+    }
+  }
   withGroup(a[2], [&](auto group) -> at::Tensor& {
     return c10d::all_gather_into_tensor_out(input, a[1].toInt(), std::move(group), output);
   });
@@ -147,6 +328,11 @@ void allGatherIntoTensorCoalesced(const c10::OperatorHandle&, Stack* stack) {
 void reduceScatterTensor(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 4);
+  const std::string& reduceOp = a[1].toStringRef();
+  if (auto output = leanGatherOrScatter(a[0].toTensor(), a[2].toInt(), a[3], &reduceOp)) {
+    torch::jit::push(*stack, std::move(*output));
+    return;
+  }
   auto out = withGroup(a[3], [&](auto group) {
     return c10d::reduce_scatter_tensor(a[0].toTensor(), a[1].toStringRef(), a[2].toInt(),
                                        std::move(group));
@@ -160,6 +346,20 @@ void reduceScatterTensorOut(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 5);
   at::Tensor output = a[4].toTensor();
+  const at::Tensor& input = a[0].toTensor();
+  if (leanTensor(input) && !output.is_complex()) {
+    if (const auto reduceOp = leanReduceOp(a[1].toStringRef())) {
+      if (const Lean lean = leanTarget(a[3])) {
+        c10d::ReduceScatterOptions opts;
+        opts.reduceOp = *reduceOp;
+        std::vector<at::Tensor> outputs{output};
+        std::vector<at::Tensor> inputs{input};
+        registerWork(outputs, lean.use().reduce_scatter_tensor_coalesced(outputs, inputs, opts));
+        torch::jit::push(*stack, std::move(output));
+        return;
+      }
+    }
+  }
   auto result = withGroup(a[3], [&](auto group) {
     return c10d::reduce_scatter_tensor_out(a[0].toTensor(), a[1].toStringRef(), a[2].toInt(),
                                            std::move(group), output);
@@ -196,6 +396,15 @@ void allToAllSingle(const c10::OperatorHandle&, Stack* stack) {
 void broadcast(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
+  const at::Tensor& input = a[0].toTensor();
+  if (!input.is_complex()) {
+    if (const Lean lean = leanTarget(a[2])) {
+      at::Tensor output = input.clone(at::MemoryFormat::Contiguous);
+      leanBroadcastInplace(lean, output, a[1].toInt());
+      torch::jit::push(*stack, std::move(output));
+      return;
+    }
+  }
   auto out = withGroup(a[2], [&](auto group) {
     return c10d::broadcast(a[0].toTensor(), a[1].toInt(), std::move(group));
   });
@@ -207,6 +416,13 @@ void broadcastInplace(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
   at::Tensor input = a[0].toTensor();
+  if (leanTensor(input)) {
+    if (const Lean lean = leanTarget(a[2])) {
+      leanBroadcastInplace(lean, input, a[1].toInt());
+      torch::jit::push(*stack, std::move(input));
+      return;
+    }
+  }
   withGroup(a[2], [&](auto group) -> at::Tensor& {
     return c10d::broadcast_(input, a[1].toInt(), std::move(group));
   });

@@ -7,6 +7,8 @@
 // around each of them for spyre tensors.
 #pragma once
 
+#include <cstdint>
+
 namespace spyreccl_torch {
 
 class FunctionalCallScope {
@@ -22,5 +24,12 @@ class FunctionalCallScope {
 
 // Whether the calling thread is inside a FunctionalCallScope.
 bool inFunctionalCall();
+
+// The lean path of functional_kernels.cpp: on by default; off, every functional collective
+// runs torch's implementation (for comparisons: spyreccl_torch._C._set_lean_functional).
+void setLeanFunctional(bool enabled);
+bool leanFunctional();
+// How many functional collectives took the lean path in this process (tests).
+uint64_t leanFunctionalCalls();
 
 }  // namespace spyreccl_torch

@@ -13,6 +13,8 @@
 #include <spyreccl/spyreccl.h>
 
 #include "backend/exit_guard.h"
+#include "backend/fast_empty.h"
+#include "backend/functional_scope.h"
 #include "backend/process_group_spyreccl.hpp"
 
 namespace py = pybind11;
@@ -122,5 +124,14 @@ PYBIND11_MODULE(_C, module) {
              "exception), on the thread that completes it; skipped once the interpreter "
              "exits (see _prepare_for_exit). For callbacks on Works that may still be "
              "pending at exit, e.g. gloo operations abandoned after a failure.");
+  module.def("_set_lean_functional", &spyreccl_torch::setLeanFunctional, py::arg("enabled"),
+             "Turns the lean path of the _c10d_functional kernels on (the default) or off "
+             "(every functional collective then runs torch's implementation); for "
+             "comparisons and tests.");
+  module.def("_lean_functional", &spyreccl_torch::leanFunctional,
+             "Whether the lean path of the _c10d_functional kernels is on.");
+  module.def("_lean_functional_calls", &spyreccl_torch::leanFunctionalCalls,
+             "How many functional collectives took the lean path in this process.");
+  spyreccl_torch::addFastEmpty(module);
   module.attr("BACKEND_NAME") = spyreccl_torch::kBackendName;
 }

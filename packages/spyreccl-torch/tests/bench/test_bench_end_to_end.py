@@ -188,7 +188,7 @@ def test_funcol_mode(tmp_path, capsys):
         result = doc["results"][level]
         assert sorted(result["sizes"]) == ["4096", "8"]
         for rows in result["sizes"].values():
-            for row in ("eager", "async+wait", "op", "op_", "funcol", "dtensor"):
+            for row in ("eager", "async+wait", "op", "op_", "op_ torch-path", "funcol", "dtensor"):
                 r = rows[row]
                 assert 0 < r["p10_us"] <= r["median_us"] <= r["p90_us"], (level, row, r)
             assert "graph_with_us" in rows["aot_eager+"], rows["aot_eager+"]

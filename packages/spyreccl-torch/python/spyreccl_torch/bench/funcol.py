@@ -7,7 +7,9 @@ measures, per message size and for spyre+spyreccl and CPU+gloo in the same rank 
 
 - ``eager``: ``dist.all_reduce(t)``; ``async+wait``: ``dist.all_reduce(t, async_op=True).wait()``;
 - ``op``: ``_c10d_functional.all_reduce`` + ``wait_tensor``; ``op_``: the in-place
-  ``all_reduce_`` + ``wait_tensor`` that inductor emits;
+  ``all_reduce_`` + ``wait_tensor`` that inductor emits; ``op_ torch-path``: the same with
+  spyreccl's lean path switched off (``spyreccl_torch._C._set_lean_functional(False)``: the
+  call goes through torch's implementation and c10d's ProcessGroup layer);
 - ``funcol``: the Python API ``funcol.all_reduce(t, "sum", group).wait()``
   (torch's ``AsyncCollectiveTensor`` on top of ``op``);
 - ``dtensor``: ``DTensor.from_local(t, mesh, [Partial()]).redistribute(mesh, [Replicate()])``;
@@ -43,7 +45,9 @@ from .stats import combine_ranks, summarize
 
 __all__ = ["CALLS", "GRAPH_BACKENDS", "run_funcol"]
 
-CALLS = ("eager", "async+wait", "op", "op_", "funcol", "dtensor")
+CALLS = ("eager", "async+wait", "op", "op_", "op_ torch-path", "funcol", "dtensor")
+# Rows timed with spyreccl's lean functional path switched off.
+TORCH_PATH_SUFFIX = " torch-path"
 GRAPH_BACKENDS = ("aot_eager", "inductor", "inductor-cpp", "inductor-name", "inductor-cpp-name")
 BATCHES = 15
 OVERLAP_BYTES = 16 << 20
@@ -102,6 +106,7 @@ def _calls(env: Any, t: Any) -> dict[str, Callable[[], object]]:
         "async+wait": lambda: dist.all_reduce(t, async_op=True).wait(),
         "op": lambda: functional.wait_tensor(functional.all_reduce(t, "sum", name)),
         "op_": lambda: functional.wait_tensor(functional.all_reduce_(t, "sum", name)),
+        "op_ torch-path": lambda: functional.wait_tensor(functional.all_reduce_(t, "sum", name)),
         "funcol": funcol_api,
         "dtensor": dtensor,
     }
@@ -271,7 +276,12 @@ def funcol_rank(args: dict) -> None:
                 t = torch.rand(max(1, nbytes // 4), generator=torch.Generator().manual_seed(3))
                 t = t.to(env["device"])
                 for call, fn in _calls(env, t.clone()).items():
-                    results[f"{level}/{nbytes}/{call}"] = _time_batches(dist, torch, fn, budget)
+                    lean = not call.endswith(TORCH_PATH_SUFFIX)
+                    _set_lean(lean)
+                    try:
+                        results[f"{level}/{nbytes}/{call}"] = _time_batches(dist, torch, fn, budget)
+                    finally:
+                        _set_lean(True)
                 for backend in args["graph_backends"]:
                     results[f"{level}/{nbytes}/graph/{backend}"] = _graph_samples(
                         env, backend, t, budget
@@ -283,6 +293,13 @@ def funcol_rank(args: dict) -> None:
         conn.send(("case", 0, results))
         dist.destroy_process_group()
         conn.send(("done",))
+
+
+def _set_lean(enabled: bool) -> None:
+    """Switches spyreccl's lean functional path (src/backend/functional_kernels.cpp)."""
+    from spyreccl_torch import _C
+
+    _C._set_lean_functional(enabled)
 
 
 def _summary(samples: list[list[int]]) -> dict[str, float]:
