@@ -36,8 +36,7 @@ std::vector<int64_t> intTuple(PyObject* obj, const char* what) {
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* item = PyTuple_GET_ITEM(obj, i);
     TORCH_CHECK_TYPE(THPUtils_checkLong(item), "_empty_strided_spyre: argument '", what,
-                     "' must be a tuple of ints, got an element of type ",
-                     Py_TYPE(item)->tp_name);
+                     "' must be a tuple of ints, got an element of type ", Py_TYPE(item)->tp_name);
     out[static_cast<size_t>(i)] = THPUtils_unpackLong(item);
   }
   return out;
@@ -51,8 +50,10 @@ PyObject* emptyStridedSpyre(PyObject* /*self*/, PyObject* const* args, Py_ssize_
   const std::vector<int64_t> stride = intTuple(args[1], "stride");
   TORCH_CHECK_VALUE(size.size() == stride.size(), "_empty_strided_spyre: size has ", size.size(),
                     " dimensions but stride has ", stride.size());
-  TORCH_CHECK_TYPE(THPDtype_Check(args[2]), "_empty_strided_spyre: argument 'dtype' must be a "
-                   "torch.dtype, got ", Py_TYPE(args[2])->tp_name);
+  TORCH_CHECK_TYPE(THPDtype_Check(args[2]),
+                   "_empty_strided_spyre: argument 'dtype' must be a "
+                   "torch.dtype, got ",
+                   Py_TYPE(args[2])->tp_name);
   const auto dtype = reinterpret_cast<THPDtype*>(args[2])->scalar_type;
   // With the GIL held, as torch's own fast allocation functions: releasing and taking it
   // back would cost a third of the call.
@@ -68,9 +69,8 @@ PyObject* emptyStridedSpyre(PyObject* /*self*/, PyObject* const* args, Py_ssize_
 }
 
 PyMethodDef kFastEmpty = {
-    "_empty_strided_spyre", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
-                                &emptyStridedSpyre)),
-    METH_FASTCALL,
+    "_empty_strided_spyre",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&emptyStridedSpyre)), METH_FASTCALL,
     "_empty_strided_spyre(size, stride, dtype): an uninitialised spyre tensor on the current "
     "spyre device (the allocation call of inductor's generated wrappers for spyre)."};
 

@@ -133,8 +133,8 @@ Lean leanTarget(const c10::IValue& group) {
 std::optional<c10d::ReduceOp> leanReduceOp(const std::string& name) {
   using Type = c10d::ReduceOp::RedOpType;
   static const std::pair<const char*, Type> kOps[] = {
-      {"sum", Type::SUM}, {"avg", Type::AVG}, {"product", Type::PRODUCT}, {"min", Type::MIN},
-      {"max", Type::MAX}, {"band", Type::BAND}, {"bor", Type::BOR},       {"bxor", Type::BXOR}};
+      {"sum", Type::SUM}, {"avg", Type::AVG},   {"product", Type::PRODUCT}, {"min", Type::MIN},
+      {"max", Type::MAX}, {"band", Type::BAND}, {"bor", Type::BOR},         {"bxor", Type::BXOR}};
   for (const auto& [text, type] : kOps) {
     if (name == text) return c10d::ReduceOp(type);
   }
@@ -183,8 +183,8 @@ void leanAllReduceInplace(const Lean& lean, at::Tensor& io, const c10d::ReduceOp
 // reduce_scatter_tensor (torch's implementation calls the coalesced backend methods with one
 // tensor each; so does this).
 std::optional<at::Tensor> leanGatherOrScatter(const at::Tensor& input, int64_t groupSize,
-                                             const c10::IValue& group,
-                                             const std::string* reduceOpName) {
+                                              const c10::IValue& group,
+                                              const std::string* reduceOpName) {
   if (!leanTensor(input)) return std::nullopt;
   std::optional<c10d::ReduceOp> reduceOp;
   if (reduceOpName != nullptr) {
@@ -193,8 +193,8 @@ std::optional<at::Tensor> leanGatherOrScatter(const at::Tensor& input, int64_t g
   }
   const Lean lean = leanTarget(group);
   if (!lean) return std::nullopt;
-  auto output =
-      reduceOp ? scatteredOutput(input, groupSize) : std::optional(gatheredOutput(input, groupSize));
+  auto output = reduceOp ? scatteredOutput(input, groupSize)
+                         : std::optional(gatheredOutput(input, groupSize));
   if (!output) return std::nullopt;
   std::vector<at::Tensor> outputs{*output};
   std::vector<at::Tensor> inputs{input};
