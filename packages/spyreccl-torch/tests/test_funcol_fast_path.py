@@ -268,10 +268,10 @@ def test_every_functional_op_takes_a_process_group_object(rank_pool):
 # the lean path: spyreccl's backend called without c10d's ProcessGroup layer
 # --------------------------------------------------------------------------------------------
 
-# The calls of run_every_op that take the lean path: all_reduce and all_reduce_ with five
-# reductions each, all_gather_into_tensor(_out), reduce_scatter_tensor, broadcast(_). The
-# coalesced forms and all_to_all_single run torch's implementation.
-LEAN_CALLS_OF_EVERY_OP = 10 + 2 + 1 + 2
+# The calls of run_every_op, all of which take the lean path: all_reduce and all_reduce_ with
+# five reductions each, all_reduce_coalesced(_), all_gather_into_tensor(_out, _coalesced),
+# reduce_scatter_tensor(_coalesced), all_to_all_single, broadcast(_).
+LEAN_CALLS_OF_EVERY_OP = 10 + 2 + 3 + 2 + 1 + 2
 
 
 def run_lean_and_torch_paths(seed, numel, ctx):

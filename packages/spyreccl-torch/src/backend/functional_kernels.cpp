@@ -17,9 +17,9 @@
 // ReduceOp object and tuple result, about 0.7 us of the ~3.4 us an all_reduce_ + wait_tensor
 // cost on one rank (docs/performance.md, "The lean path"). Everything else -- another
 // backend (e.g. ProcessGroupWrapper under TORCH_DISTRIBUTED_DEBUG=DETAIL), a ProcessGroup
-// subclass written in Python (the multi-node group), complex tensors, inputs torch's own
-// implementation rejects, the coalesced forms -- runs torch's implementation (the c10d::
-// functions of Functional.hpp) unchanged, as every kernel did before.
+// subclass written in Python (the multi-node group), complex or non-contiguous tensors,
+// symbolic split sizes, shapes torch's own implementation warns about -- runs torch's
+// implementation (the c10d:: functions of Functional.hpp) unchanged.
 #include <atomic>
 #include <cstdint>
 #include <numeric>
@@ -210,6 +210,25 @@ std::optional<at::Tensor> leanGatherOrScatter(const at::Tensor& input, int64_t g
   return output;
 }
 
+bool leanTensors(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts) {
+    if (!leanTensor(t)) return false;
+  }
+  return true;
+}
+
+// Split sizes as plain integers; empty when one is symbolic (torch's path handles those).
+std::optional<std::vector<int64_t>> concreteSplits(const std::vector<c10::SymInt>& splits) {
+  std::vector<int64_t> out;
+  out.reserve(splits.size());
+  for (const auto& s : splits) {
+    const auto value = s.maybe_as_int();
+    if (!value) return std::nullopt;
+    out.push_back(*value);
+  }
+  return out;
+}
+
 void leanBroadcastInplace(const Lean& lean, at::Tensor& io, int64_t src) {
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
@@ -262,6 +281,20 @@ void allReduceInplace(const c10::OperatorHandle&, Stack* stack) {
 void allReduceCoalesced(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
+  if (auto inputs = tensors(a[0]); leanTensors(inputs)) {
+    if (const auto reduceOp = leanReduceOp(a[1].toStringRef())) {
+      if (const Lean lean = leanTarget(a[2])) {
+        std::vector<at::Tensor> outputs;
+        outputs.reserve(inputs.size());
+        for (const auto& t : inputs) outputs.push_back(t.clone(at::MemoryFormat::Contiguous));
+        c10d::AllreduceCoalescedOptions opts;
+        opts.reduceOp = *reduceOp;
+        registerWork(outputs, lean.use().allreduce_coalesced(outputs, opts));
+        torch::jit::push(*stack, std::move(outputs));
+        return;
+      }
+    }
+  }
   auto out = withGroup(a[2], [&](auto group) {
     return c10d::all_reduce_coalesced(tensors(a[0]), a[1].toStringRef(), std::move(group));
   });
@@ -272,6 +305,17 @@ void allReduceCoalesced(const c10::OperatorHandle&, Stack* stack) {
 void allReduceCoalescedInplace(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
+  if (auto io = tensors(a[0]); leanTensors(io)) {
+    if (const auto reduceOp = leanReduceOp(a[1].toStringRef())) {
+      if (const Lean lean = leanTarget(a[2])) {
+        c10d::AllreduceCoalescedOptions opts;
+        opts.reduceOp = *reduceOp;
+        registerWork(io, lean.use().allreduce_coalesced(io, opts));
+        torch::jit::push(*stack, std::move(io));
+        return;
+      }
+    }
+  }
   auto out = withGroup(a[2], [&](auto group) {
     return c10d::all_reduce_coalesced_(tensors(a[0]), a[1].toStringRef(), std::move(group));
   });
@@ -317,6 +361,17 @@ void allGatherIntoTensorOut(const c10::OperatorHandle&, Stack* stack) {
 void allGatherIntoTensorCoalesced(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
+  if (auto inputs = tensors(a[0]); leanTensors(inputs)) {
+    if (const Lean lean = leanTarget(a[2])) {
+      std::vector<at::Tensor> outputs;
+      outputs.reserve(inputs.size());
+      for (const auto& t : inputs) outputs.push_back(gatheredOutput(t, a[1].toInt()));
+      registerWork(outputs, lean.use().allgather_into_tensor_coalesced(outputs, inputs,
+                                                                       c10d::AllgatherOptions()));
+      torch::jit::push(*stack, std::move(outputs));
+      return;
+    }
+  }
   auto out = withGroup(a[2], [&](auto group) {
     return c10d::all_gather_into_tensor_coalesced(tensors(a[0]), a[1].toInt(), std::move(group));
   });
@@ -372,6 +427,25 @@ void reduceScatterTensorOut(const c10::OperatorHandle&, Stack* stack) {
 void reduceScatterTensorCoalesced(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 4);
+  if (auto inputs = tensors(a[0]); leanTensors(inputs)) {
+    const auto reduceOp = leanReduceOp(a[1].toStringRef());
+    std::vector<at::Tensor> outputs;
+    outputs.reserve(inputs.size());
+    for (const auto& t : inputs) {
+      auto output = scatteredOutput(t, a[2].toInt());
+      if (!output) break;
+      outputs.push_back(std::move(*output));
+    }
+    if (reduceOp && outputs.size() == inputs.size()) {
+      if (const Lean lean = leanTarget(a[3])) {
+        c10d::ReduceScatterOptions opts;
+        opts.reduceOp = *reduceOp;
+        registerWork(outputs, lean.use().reduce_scatter_tensor_coalesced(outputs, inputs, opts));
+        torch::jit::push(*stack, std::move(outputs));
+        return;
+      }
+    }
+  }
   auto out = withGroup(a[3], [&](auto group) {
     return c10d::reduce_scatter_tensor_coalesced(tensors(a[0]), a[1].toStringRef(), a[2].toInt(),
                                                  std::move(group));
@@ -386,6 +460,24 @@ void allToAllSingle(const c10::OperatorHandle&, Stack* stack) {
   auto a = torch::jit::pop(*stack, 4);
   const auto outputSplits = a[1].toSymIntVector();
   const auto inputSplits = a[2].toSymIntVector();
+  const at::Tensor& input = a[0].toTensor();
+  if (leanTensor(input) && input.dim() > 0) {
+    auto outSplits = concreteSplits(outputSplits);
+    auto inSplits = concreteSplits(inputSplits);
+    if (outSplits && inSplits) {
+      if (const Lean lean = leanTarget(a[3])) {
+        // As torch's: the input's shape with dim 0 = the rows this rank receives.
+        auto sizes = input.sizes().vec();
+        sizes[0] = std::accumulate(outSplits->begin(), outSplits->end(), int64_t{0});
+        at::Tensor output = at::empty(sizes, input.options());
+        at::Tensor in = input;
+        registerWork({output}, lean.use().alltoall_base(output, in, *outSplits, *inSplits,
+                                                        c10d::AllToAllOptions()));
+        torch::jit::push(*stack, std::move(output));
+        return;
+      }
+    }
+  }
   auto out = withGroup(a[3], [&](auto group) {
     return c10d::all_to_all_single(a[0].toTensor(), outputSplits, inputSplits, std::move(group));
   });
