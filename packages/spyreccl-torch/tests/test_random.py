@@ -189,6 +189,47 @@ def test_distribution_statistics():
     assert abs(ln.log().mean().item() - 0.5) < z * 0.25 / math.sqrt(n)
 
 
+def test_complex_normal_and_uniform_follow_cpus_convention():
+    """torch.randn / torch.rand with a complex dtype (and normal_ / uniform_ on a complex
+    tensor) work as on CPU: the real and imaginary parts are the consecutive elements of the
+    real view, each normal with std / sqrt(2) (so the complex value has variance std^2) or
+    uniform in [from, to). Checked exactly against the float stream of the same seed, then
+    statistically (6 standard errors, as above)."""
+    seed = fresh_seed()
+    n = 1 << 18
+    for ctype, rtype in ((torch.complex64, torch.float32), (torch.complex128, torch.float64)):
+        torch.spyre.manual_seed(seed)
+        z = torch.empty(n, device=SPYRE, dtype=ctype).normal_(0.5, 2.0)
+        torch.spyre.manual_seed(seed)
+        parts = torch.empty(2 * n, device=SPYRE, dtype=rtype).normal_(0.5, 2.0 / math.sqrt(2))
+        torch.testing.assert_close(torch.view_as_real(z).reshape(-1).cpu(), parts.cpu())
+        torch.spyre.manual_seed(seed)
+        u = torch.rand(n, device=SPYRE, dtype=ctype)
+        torch.spyre.manual_seed(seed)
+        flat = torch.empty(2 * n, device=SPYRE, dtype=rtype).uniform_(0.0, 1.0)
+        torch.testing.assert_close(torch.view_as_real(u).reshape(-1).cpu(), flat.cpu())
+
+        w = torch.randn(n, device=SPYRE, dtype=ctype).cpu().to(torch.complex128)
+        assert abs(w.mean().item()) < 6.0 / math.sqrt(n)
+        variance = (w.abs() ** 2).mean().item()  # E|w|^2 = 1, Var|w|^2 = 1 (exponential)
+        assert abs(variance - 1.0) < 6.0 / math.sqrt(n)
+        r = torch.view_as_real(u.cpu())
+        assert r.min().item() >= 0.0 and r.max().item() < 1.0
+        assert abs(r.mean().item() - 0.5) < 6.0 * math.sqrt(1 / 12 / (2 * n))
+
+    # A strided complex tensor gets the values a contiguous one of its shape gets (row-major
+    # element order), and the elements between its columns stay untouched.
+    base = torch.zeros(8, 6, device=SPYRE, dtype=torch.complex64)
+    torch.spyre.manual_seed(seed)
+    base[:, ::2].normal_()
+    torch.spyre.manual_seed(seed)
+    dense = torch.empty(8, 3, device=SPYRE, dtype=torch.complex64).normal_()
+    torch.testing.assert_close(base[:, ::2].cpu(), dense.cpu())
+    assert torch.count_nonzero(base[:, 1::2].cpu()).item() == 0
+    with pytest.raises(RuntimeError, match=r"normal expects std >= 0\.0"):
+        torch.empty(4, device=SPYRE, dtype=torch.complex64).normal_(0.0, -1.0)
+
+
 def test_dropout_uses_the_spyre_stream():
     seed = fresh_seed()
     p = 0.25

@@ -17,6 +17,7 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/result_type.h>
+#include <ATen/ops/view_as_real.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
@@ -123,8 +124,16 @@ void check_floating(const at::Tensor& self, const char* op) {
 
 at::Tensor& normal_(at::Tensor& self, double mean, double std,
                     std::optional<at::Generator> generator) {
-  check_floating(self, "normal_");
   TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
+  if (self.is_complex()) {
+    // As on CPU (torch.randn(..., dtype=torch.complex64) and the complex initialisers): the
+    // real and imaginary parts are independent normals of std / sqrt(2), so that the complex
+    // value has variance std^2. The parts are consecutive elements of the real view.
+    at::Tensor parts = at::view_as_real(self);
+    normal_(parts, mean, std / std::sqrt(2.0), generator);
+    return self;
+  }
+  check_floating(self, "normal_");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_", [&] {
     using opmath_t = at::opmath_type<scalar_t>;
     const auto m = static_cast<opmath_t>(mean);
@@ -138,6 +147,12 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std,
 
 at::Tensor& uniform_(at::Tensor& self, double from, double to,
                      std::optional<at::Generator> generator) {
+  if (self.is_complex()) {
+    // As on CPU: both parts uniform in [from, to).
+    at::Tensor parts = at::view_as_real(self);
+    uniform_(parts, from, to, generator);
+    return self;
+  }
   check_floating(self, "uniform_");
   TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=", from,
               " > to=", to);
