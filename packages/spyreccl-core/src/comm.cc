@@ -89,6 +89,7 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
     c.cmaMinBytes = envBytes("SPYRECCL_CMA_MIN_BYTES", c.cmaMinBytes);
     c.spinMaxNs =
         static_cast<int64_t>(envBytes("SPYRECCL_SPIN_MAX_NS", static_cast<size_t>(c.spinMaxNs)));
+    c.yieldNs = static_cast<int64_t>(envBytes("SPYRECCL_YIELD_NS", static_cast<size_t>(c.yieldNs)));
   }
   if (config != nullptr) {
     SPYRECCL_CHECK_ARG(config->size >= offsetof(spyrecclConfig_t, version) + sizeof(unsigned), op,
@@ -116,6 +117,13 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
     }
     if (covers<const char*>(config, offsetof(spyrecclConfig_t, name)) && config->name) {
       c.name = config->name;
+    }
+    if (covers<int64_t>(config, offsetof(spyrecclConfig_t, yieldNs))) {
+      SPYRECCL_CHECK_ARG(config->yieldNs >= -1, op,
+                         "argument 'config->yieldNs' = %lld must be >= 0 (ns), or -1 for the "
+                         "default",
+                         static_cast<long long>(config->yieldNs));
+      if (config->yieldNs >= 0) c.yieldNs = config->yieldNs;
     }
   }
   SPYRECCL_CHECK_ARG(c.chunkBytes <= kMaxChunkBytes, op,
@@ -145,7 +153,7 @@ Communicator::Communicator(int rank, int nranks, CommConfig config,
       timeoutMs_(config_.timeoutMs),
       segment_(std::move(segment)),
       layout_(nranks, config_.chunkBytes, config_.p2pChunkBytes),
-      spin_{nranks <= transport::usableCpus(), config_.spinMaxNs},
+      spin_{nranks <= transport::usableCpus(), config_.spinMaxNs, config_.yieldNs},
       p2p_(nranks),
       sources_(nranks),
       pids_(pids),

@@ -58,6 +58,9 @@ struct CommConfig {
   // Longest extended spin of a wait (transport/wait.h, SpinAdvisor), SPYRECCL_SPIN_MAX_NS;
   // 2000 or less: waits yield after the base 2 us spin, as before the extension existed.
   int64_t spinMaxNs = transport::kSpinMaxNs;
+  // How long a wait yields before it sleeps (transport/wait.h): spyrecclConfig_t::yieldNs,
+  // SPYRECCL_YIELD_NS.
+  int64_t yieldNs = transport::kYieldNs;
   std::string name;
 };
 

@@ -135,3 +135,18 @@ def test_init_process_group_routes_spyre_tensors(backend) -> None:
         dist.destroy_process_group()
         """
     )
+
+
+def test_options_yield_ns() -> None:
+    """Options.yield_ns: how long the group's waits yield the CPU before they sleep (the
+    core's yieldNs); -1, the default, leaves it to the core (SPYRECCL_YIELD_NS or 2 ms)."""
+    import spyreccl_torch
+
+    options = spyreccl_torch.ProcessGroupSpyreccl.Options()
+    assert options.yield_ns == -1
+    options.yield_ns = 50_000
+    assert options.yield_ns == 50_000 and "yield_ns=50000" in repr(options)
+    assert options.__copy__().yield_ns == 50_000
+    with pytest.raises(ValueError, match=r"Options\.yield_ns must be >= 0 \(ns\) or -1"):
+        options.yield_ns = -2
+    assert options.yield_ns == 50_000

@@ -166,7 +166,7 @@ typedef struct {
 } spyrecclUniqueId;
 
 #define SPYRECCL_CONFIG_MAGIC 0x5350434cu /* "SPCL" */
-#define SPYRECCL_CONFIG_VERSION 1
+#define SPYRECCL_CONFIG_VERSION 2         /* 2 added yieldNs */
 
 /*
  * Versioned communicator configuration. Always start from SPYRECCL_CONFIG_INITIALIZER
@@ -183,6 +183,13 @@ typedef struct {
   size_t p2pChunkBytes; /* staging bytes per ordered pair for send/recv; 0 = default
                            (env SPYRECCL_P2P_CHUNK_BYTES or 256 KiB) */
   const char* name;     /* optional label used in error messages and dumps (copied) */
+  int64_t yieldNs;      /* (version 2) how long a wait that outlasted its spin keeps the CPU
+                           with sched_yield before it sleeps on a futex, in ns; -1 = default
+                           (env SPYRECCL_YIELD_NS or 2 ms), 0 = sleep at once. Yielding
+                           hands a shared CPU straight to a peer that is about to arrive;
+                           shorten it where waits are long, e.g. a communicator whose ranks
+                           wait for transfers between hosts, so that waiting ranks do not
+                           keep CPUs busy that those transfers need. */
 } spyrecclConfig_t;
 
 #define SPYRECCL_CONFIG_INITIALIZER \
@@ -192,7 +199,8 @@ typedef struct {
    (int64_t)1800000,                \
    (size_t)0,                       \
    (size_t)0,                       \
-   (const char*)0}
+   (const char*)0,                  \
+   (int64_t)-1}
 
 /* Opaque communicator handle. */
 typedef struct spyrecclComm* spyrecclComm_t;

@@ -134,6 +134,7 @@ class Communicator:
         chunk_bytes: int = 0,
         p2p_chunk_bytes: int = 0,
         name: str | None = None,
+        yield_ns: int | None = None,
     ) -> None: ...
     @property
     def rank(self) -> int: ...

@@ -10,6 +10,7 @@
 //   SPYRECCL_CMA_CONTENDED         auto | 1 | 0: whether this rank's CPUs count as contended
 //                                  (lower CMA thresholds, algorithms/direct.h); auto: loadavg
 //   SPYRECCL_SPIN_MAX_NS           longest extended spin of a wait (default 30000; <= 2000: none)
+//   SPYRECCL_YIELD_NS              how long a wait yields before it sleeps (default 2000000)
 //   SPYRECCL_CMA_MIN_BYTES         one threshold for them for every operation (default: the
 //                                  measured per-operation thresholds, algorithms/direct.cc)
 //   SPYRECCL_DIRECT_MIN_BYTES      smallest collective (bytes per rank) or send/recv message

@@ -173,7 +173,8 @@ int64_t checked_nonnegative(int64_t value, const char* op, const char* arg) {
 std::unique_ptr<Communicator> create_communicator(int rank, int size, const UniqueId& uid,
                                                   py::handle timeout, int64_t chunk_bytes,
                                                   int64_t p2p_chunk_bytes,
-                                                  std::optional<std::string> name) {
+                                                  std::optional<std::string> name,
+                                                  std::optional<int64_t> yield_ns) {
   if (size < 1) {
     throw_invalid_argument(kInit, "argument 'size' must be >= 1, got " + std::to_string(size));
   }
@@ -187,6 +188,7 @@ std::unique_ptr<Communicator> create_communicator(int rank, int size, const Uniq
   config.p2pChunkBytes =
       static_cast<size_t>(checked_nonnegative(p2p_chunk_bytes, kInit, "p2p_chunk_bytes"));
   if (name.has_value()) config.name = name->c_str();
+  if (yield_ns.has_value()) config.yieldNs = checked_nonnegative(*yield_ns, kInit, "yield_ns");
 
   spyrecclComm_t comm = nullptr;
   const spyrecclUniqueId id = uid.id;
@@ -233,9 +235,12 @@ void bind_communicator(py::module_& m) {
   cls.def(py::init(&create_communicator), py::arg("rank"), py::arg("size"), py::arg("unique_id"),
           py::kw_only(), py::arg("timeout") = py::none(), py::arg("chunk_bytes") = 0,
           py::arg("p2p_chunk_bytes") = 0, py::arg("name") = py::none(),
+          py::arg("yield_ns") = py::none(),
           "timeout: datetime.timedelta or seconds bounding every wait (default 30 min).\n"
           "chunk_bytes / p2p_chunk_bytes: staging sizes (0 = library default).\n"
-          "name: label used in error messages and state dumps.")
+          "name: label used in error messages and state dumps.\n"
+          "yield_ns: how long a wait yields the CPU before it sleeps (None = library "
+          "default, SPYRECCL_YIELD_NS or 2 ms; 0 = sleep at once).")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("name", &Communicator::name)

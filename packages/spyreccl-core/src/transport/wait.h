@@ -15,8 +15,10 @@
 //      ~11 us mode of the bimodal 8-byte allreduce (docs/performance.md, "Small messages:
 //      the tail"). When the extended spins keep failing (the peer is not running), they
 //      stop, so the loaded case keeps the short budget; one in 64 waits tries again.
-//   2. sched_yield for ~kYieldNs: lets a descheduled peer run on this core; this is what
-//      keeps small collectives fast when 4 ranks share 2 cores.
+//   2. sched_yield for ~kYieldNs (the communicator's yieldNs): lets a descheduled peer run
+//      on this core; this is what keeps small collectives fast when 4 ranks share 2 cores.
+//      Where waits are long (ranks waiting for a transfer between hosts), yielding only
+//      keeps a CPU busy that others need: such communicators set a short yieldNs.
 //   3. FUTEX_WAIT on the word with a 1 ms timeout, announced in the segment-wide
 //      `sleepers` counter so that posters skip the FUTEX_WAKE syscall when nobody sleeps.
 // From phase 2 on, `check(waitedNs, full)` runs on every wakeup (full=false: cheap local
@@ -92,6 +94,7 @@ struct SpinAdvisor {
 struct SpinPolicy {
   bool spin = true;
   int64_t extendNs = kSpinMaxNs;
+  int64_t yieldNs = kYieldNs;  // phase 2's length; 0: sleep right after the spin
 };
 
 // The one-shot hook of spyrecclSetBlockingHook (thread-local): fired by the first wait of
@@ -146,7 +149,7 @@ void waitUntil(SpinPolicy policy, std::atomic<uint32_t>* word, std::atomic<uint3
     fireBlockingHook();
   }
   int64_t lastFull = start;
-  for (uint32_t i = 1;; ++i) {
+  for (uint32_t i = 1; policy.yieldNs > 0; ++i) {
     sched_yield();
     if (ready()) return;
     if ((i & 15) == 0) {
@@ -154,7 +157,7 @@ void waitUntil(SpinPolicy policy, std::atomic<uint32_t>* word, std::atomic<uint3
       bool full = now - lastFull >= kCheckIntervalNs;
       if (full) lastFull = now;
       check(now - start, full);
-      if (now - start >= kYieldNs) break;
+      if (now - start >= policy.yieldNs) break;
     }
   }
   for (;;) {

@@ -6,6 +6,7 @@
 //
 // The harness checks after every test that no /dev/shm/spyreccl-* segment was left.
 #include <signal.h>
+#include <time.h>
 
 #include <atomic>
 #include <cmath>
@@ -512,6 +513,12 @@ void invalidArgumentsBody(RankContext& ctx) {
   EXPECT_INVALID(spyrecclSend(nullptr, 16, spyrecclFloat32, (ctx.rank + 1) % n, 0, comm), comm,
                  "sendbuff");
   EXPECT_INVALID(spyrecclCommSetTimeout(comm, 0), comm, "timeoutMs");
+  {
+    spyrecclComm_t other = nullptr;
+    spyrecclConfig_t bad = ctx.config;
+    bad.yieldNs = -2;
+    EXPECT_INVALID(spyrecclCommInitRank(&other, n, ctx.id, 0, &bad), nullptr, "yieldNs");
+  }
   // The queries report a bad output pointer on the communicator they were given
   // (test_api.cc, api.error_routing, checks the routing of every query and setter).
   EXPECT_INVALID(spyrecclCommCount(comm, nullptr), comm, "count");
@@ -523,6 +530,37 @@ void invalidArgumentsBody(RankContext& ctx) {
   SPY_CHECK(async == spyrecclSuccess, "async error after invalid arguments: %s",
             spyrecclGetErrorString(async));
   expectUsable(ctx, "invalid arguments");
+}
+
+// A communicator's yieldNs decides how long a wait keeps its CPU (sched_yield) before it
+// sleeps on a futex: rank 0's thread CPU time while rank 1 arrives 300 ms late is most of
+// those 300 ms with a 10 s yield phase, and a few ms with none (a futex wake-up per 1 ms
+// slice). The result is right either way.
+void yieldBody(RankContext& ctx, bool longYield) {
+  SPY_REQUIRE_OK(spyrecclBarrier(ctx.comm), ctx.comm);
+  if (ctx.rank == 1) sleepMs(300);
+  timespec t0{}, t1{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+  std::vector<float> in(5, float(ctx.rank + 1)), out(5, -1.0f);
+  SPY_REQUIRE_OK(
+      spyrecclAllReduce(in.data(), out.data(), 5, spyrecclFloat32, spyrecclSum, ctx.comm),
+      ctx.comm);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+  for (float v : out) SPY_CHECK(v == 3.0f, "all_reduce gave %g, expected 3", double(v));
+  if (ctx.rank != 0) return;
+  const double cpuMs = double(t1.tv_sec - t0.tv_sec) * 1e3 + double(t1.tv_nsec - t0.tv_nsec) / 1e6;
+  if (longYield) {
+    // Not all 300 ms: a machine with other runnable tasks takes the core for some of it.
+    SPY_CHECK(cpuMs >= 60.0,
+              "yieldNs = 10 s: the waiting rank used %.1f ms of CPU, expected "
+              ">= 60 (yielding, not sleeping)",
+              cpuMs);
+  } else {
+    SPY_CHECK(cpuMs <= 40.0,
+              "yieldNs = 0: the waiting rank used %.1f ms of CPU, expected "
+              "<= 40 (sleeping)",
+              cpuMs);
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -555,6 +593,12 @@ void invalidArgumentsBody(RankContext& ctx) {
     registerRanks(format("errors.killed_rank/ws%d", ws), ws, killedRankBody,
                   [ws](RunOptions& o) { o.mayDie = {ws - 1}; });
   }
+  registerRanks(
+      "lifecycle.yield_none/ws2", 2, [](RankContext& ctx) { yieldBody(ctx, false); },
+      [](RunOptions& o) { o.config.yieldNs = 0; });
+  registerRanks(
+      "lifecycle.yield_long/ws2", 2, [](RankContext& ctx) { yieldBody(ctx, true); },
+      [](RunOptions& o) { o.config.yieldNs = int64_t{10} * 1000 * 1000 * 1000; });
   registerRanks("errors.invalid_arguments/ws2", 2, invalidArgumentsBody);
   registerRanks("errors.invalid_arguments/ws3", 3, invalidArgumentsBody);
   return true;

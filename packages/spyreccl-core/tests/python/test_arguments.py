@@ -170,6 +170,8 @@ def test_communicator_arguments():
         spyreccl_core.Communicator(0, 1, uid, timeout="10s")
     with raises(ValueError, "argument 'chunk_bytes' must be >= 0"):
         spyreccl_core.Communicator(0, 1, uid, chunk_bytes=-5)
+    with raises(ValueError, "argument 'yield_ns' must be >= 0"):
+        spyreccl_core.Communicator(0, 1, uid, yield_ns=-1)
 
 
 def test_timeout_forms_and_split_arguments():
@@ -186,6 +188,12 @@ def test_timeout_forms_and_split_arguments():
         with c.split(5, key=0) as child:
             assert (child.rank, child.size) == (0, 1)
     assert c.closed
+    # yield_ns=0: waits sleep right after their spin (tests/cpp: lifecycle.yield_*).
+    with spyreccl_core.Communicator(0, 1, spyreccl_core.UniqueId(), yield_ns=0) as c:
+        values = np.array([1.5, -2.0, 3.25], dtype=np.float32)
+        out = np.full(3, np.nan, dtype=np.float32)
+        c.all_reduce(values, out)
+        assert np.array_equal(out, values)
 
 
 def test_group_usage(solo):

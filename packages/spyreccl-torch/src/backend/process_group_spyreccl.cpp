@@ -48,6 +48,7 @@ spyrecclConfig_t makeConfig(const ProcessGroupSpyreccl::Options& options, const 
   config.chunkBytes = options.chunk_bytes;
   config.p2pChunkBytes = options.p2p_chunk_bytes;
   config.name = name;
+  config.yieldNs = options.yield_ns;
   return config;
 }
 

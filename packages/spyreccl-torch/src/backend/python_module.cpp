@@ -39,7 +39,9 @@ constexpr const char* kOptionsDoc = R"(Options of a spyreccl process group.
 timeout          datetime.timedelta bounding every wait of the group (default 30 min)
 chunk_bytes      staging bytes per rank and pipeline slot; 0 = SPYRECCL_CHUNK_BYTES or 1 MiB
 p2p_chunk_bytes  staging bytes per rank pair for send/recv; 0 = SPYRECCL_P2P_CHUNK_BYTES
-                 or 256 KiB)";
+                 or 256 KiB
+yield_ns         how long a wait yields the CPU before it sleeps on a futex, in ns; -1 =
+                 SPYRECCL_YIELD_NS or 2 ms)";
 
 }  // namespace
 }  // namespace spyreccl_torch
@@ -67,6 +69,15 @@ PYBIND11_MODULE(_C, module) {
           [](Options& self, std::chrono::milliseconds timeout) { self.timeout = timeout; })
       .def_readwrite("chunk_bytes", &Options::chunk_bytes)
       .def_readwrite("p2p_chunk_bytes", &Options::p2p_chunk_bytes)
+      .def_property(
+          "yield_ns", [](const Options& self) { return self.yield_ns; },
+          [](Options& self, int64_t ns) {
+            TORCH_CHECK_VALUE(ns >= -1,
+                              "spyreccl: Options.yield_ns must be >= 0 (ns) or -1 "
+                              "(the core's default), got ",
+                              ns);
+            self.yield_ns = ns;
+          })
       .def_readwrite("group_desc", &Options::group_desc)
       // split_group deep-copies the parent's options.
       .def("__copy__", [](const Options& self) { return self.clone(); })
@@ -74,8 +85,9 @@ PYBIND11_MODULE(_C, module) {
       .def("__repr__", [](const Options& self) {
         return "ProcessGroupSpyreccl.Options(timeout=" + std::to_string(self.timeout.count()) +
                " ms, chunk_bytes=" + std::to_string(self.chunk_bytes) +
-               ", p2p_chunk_bytes=" + std::to_string(self.p2p_chunk_bytes) + ", group_name='" +
-               self.group_name + "')";
+               ", p2p_chunk_bytes=" + std::to_string(self.p2p_chunk_bytes) +
+               ", yield_ns=" + std::to_string(self.yield_ns) + ", group_name='" + self.group_name +
+               "')";
       });
 
   backend

@@ -1132,6 +1132,36 @@ def node_check_check(ctx: Ctx, base_seed: int) -> list[str]:
     if carried != (6 * 6 if topo.local_rank == 0 else 0):
         failures.append(f"rank {r}: {carried} stages carried in the check, expected 36 on leaders")
     dist.destroy_process_group(group)
+
+    # SPYRECCL_MULTINODE_YIELD_NS sets how long waits in the node's control group yield
+    # before they sleep (0: at once); the data group keeps the core's default. An
+    # all_to_all_single with split sizes (its ranks other than the leaders wait there for
+    # the outcome before their gloo stage) and an all_reduce still compute exactly.
+    group = _group_with_env(ctx, {"SPYRECCL_MULTINODE_YIELD_NS": "0"})
+    pg = group._get_backend(_dev(ctx))._pg
+    control = pg._check_local.options.yield_ns if pg._check_local is not None else 0
+    if (control, pg._local.options.yield_ns) != (0, -1):
+        failures.append(
+            f"rank {r}: yield_ns of the control / data groups {control}, "
+            f"{pg._local.options.yield_ns}, expected 0, -1"
+        )
+    rows = torch.randint(1, 40, (world, world), generator=gen)  # rows[s][d]: s sends d
+    sent = [torch.randn(int(rows[s].sum()), 3, generator=gen) for s in range(world)]
+    offsets = [torch.cumsum(rows[s], 0) - rows[s] for s in range(world)]
+    expected = torch.cat(
+        [sent[s][int(offsets[s][r]) : int(offsets[s][r] + rows[s][r])] for s in range(world)]
+    )
+    got = torch.full((int(rows[:, r].sum()), 3), float("nan"), device=_dev(ctx))
+    dist.all_to_all_single(
+        got, sent[r].to(_dev(ctx)), rows[:, r].tolist(), rows[r].tolist(), group=group
+    )
+    if not torch.equal(got.cpu(), expected):
+        failures.append(f"rank {r}: all_to_all_single with split sizes (yield_ns 0) is wrong")
+    total = torch.full((5,), float(r + 1), device=_dev(ctx))
+    dist.all_reduce(total, group=group)
+    if total.cpu().tolist() != [float(sum(range(1, world + 1)))] * 5:
+        failures.append(f"rank {r}: all_reduce (yield_ns 0) gave {total.cpu().tolist()}")
+    dist.destroy_process_group(group)
     return failures
 
 

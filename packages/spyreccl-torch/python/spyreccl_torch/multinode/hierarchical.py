@@ -121,6 +121,17 @@ CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
 # too, to name the ones that did not (see _who_failed).
 FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
 
+# How long a wait in the node's control group (node_check.py) yields the CPU before it
+# sleeps, in ns (the core's yieldNs); unset or -1: the core's default (2 ms). A rank other
+# than the leader may wait there for the outcome of the leaders' exchange, i.e. for gloo and
+# the network, for the whole round trip before its own gloo stage; yielding all that time
+# keeps CPUs busy that gloo's threads and the leaders need when ranks share CPUs. Measured
+# with 2 x 2 ranks on 2 CPUs (docs/performance.md, "Ranks that wait for the outcome"):
+# 50000 made an all_to_all with split sizes 1.8-2x faster, and small leader-route operations
+# up to 1.6x slower (their short rendezvous on that group then sleep instead of handing the
+# CPU to the peer about to arrive), so it is not the default. Read when a group is created.
+YIELD_NS_ENV = "SPYRECCL_MULTINODE_YIELD_NS"
+
 _SPYRE = "spyre"
 _RedOp = dist.ReduceOp.RedOpType
 _SIGN_BIT = -(2**63)  # int64 with only the sign bit set
@@ -430,6 +441,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             if len(local_ranks) > 1:
                 check_options = options.__copy__()
                 check_options.timeout = self._timeout
+                check_options.yield_ns = int(os.environ.get(YIELD_NS_ENV, "-1"))
                 check_options.group_name = f"{group_name}/node{node}/control"
                 check_options.global_ranks_in_group = local_options.global_ranks_in_group
                 self._check_local = _C.ProcessGroupSpyreccl(
