@@ -762,6 +762,17 @@ spyrecclResult_t spyrecclSetBlockingHook(spyrecclBlockingHook_t hook, void* arg)
   return spyrecclSuccess;
 }
 
+spyrecclResult_t spyrecclSetThreadYield(int64_t yieldNs) {
+  const char* api = "spyrecclSetThreadYield";
+  return guarded(nullptr, api, [&](bool&) {
+    SPYRECCL_CHECK_ARG(yieldNs >= -1, api,
+                       "argument 'yieldNs' = %lld must be >= 0 (ns), or -1 for the "
+                       "communicators' own",
+                       static_cast<long long>(yieldNs));
+    spyreccl::transport::threadYieldNs() = yieldNs;
+  });
+}
+
 spyrecclResult_t spyrecclCommWakePoll(spyrecclComm_t comm) {
   const char* api = "spyrecclCommWakePoll";
   // No guarded(comm, ...): it may run concurrently with any call on `comm`, so it must not

@@ -150,3 +150,10 @@ def test_options_yield_ns() -> None:
     with pytest.raises(ValueError, match=r"Options\.yield_ns must be >= 0 \(ns\) or -1"):
         options.yield_ns = -2
     assert options.yield_ns == 50_000
+    # The calling thread's override (spyrecclSetThreadYield): -1 restores the groups' own.
+    from spyreccl_torch import _C
+
+    _C._set_thread_yield_ns(0)
+    _C._set_thread_yield_ns(-1)
+    with pytest.raises(ValueError, match="argument 'yieldNs' = -2 must be >= 0"):
+        _C._set_thread_yield_ns(-2)

@@ -594,6 +594,18 @@ typedef void (*spyrecclBlockingHook_t)(void* arg);
 SPYRECCL_API spyrecclResult_t spyrecclSetBlockingHook(spyrecclBlockingHook_t hook, void* arg);
 
 /*
+ * spyrecclSetThreadYield: how long the waits of spyreccl calls made by the calling thread
+ * keep the CPU with sched_yield before they sleep on a futex, in ns, in place of their
+ * communicator's yieldNs (spyrecclConfig_t); 0 sleeps right after the spin, -1 restores the
+ * communicators' own. For a caller that knows a particular call will wait long (e.g. for a
+ * peer that waits for a transfer between hosts) while the communicator's other waits are
+ * short rendezvous, where yielding hands a shared CPU to the peer about to arrive. Waits
+ * driven by other threads (a progress thread, spyrecclGroupEnd's workers) are not affected.
+ * Thread-local state only: thread-safe. Errors: spyrecclInvalidArgument (yieldNs < -1).
+ */
+SPYRECCL_API spyrecclResult_t spyrecclSetThreadYield(int64_t yieldNs);
+
+/*
  * spyrecclGroupStart / spyrecclGroupEnd: between them, spyrecclSend and spyrecclRecv on
  * the calling thread only validate and enqueue; spyrecclGroupEnd progresses all enqueued
  * operations concurrently and returns when all are complete (or the first error; the

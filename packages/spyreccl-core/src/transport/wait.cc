@@ -26,6 +26,11 @@ BlockingHook& blockingHook() {
   return hook;
 }
 
+int64_t& threadYieldNs() {
+  thread_local int64_t ns = -1;
+  return ns;
+}
+
 int usableCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);

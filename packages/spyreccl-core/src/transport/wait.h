@@ -105,6 +105,9 @@ struct BlockingHook {
   void* arg = nullptr;
 };
 BlockingHook& blockingHook();
+
+// spyrecclSetThreadYield's override of the yield phase for the calling thread (-1: none).
+int64_t& threadYieldNs();
 inline void fireBlockingHook() {
   BlockingHook& hook = blockingHook();
   if (hook.fn == nullptr) return;
@@ -149,7 +152,8 @@ void waitUntil(SpinPolicy policy, std::atomic<uint32_t>* word, std::atomic<uint3
     fireBlockingHook();
   }
   int64_t lastFull = start;
-  for (uint32_t i = 1; policy.yieldNs > 0; ++i) {
+  const int64_t yieldNs = threadYieldNs() >= 0 ? threadYieldNs() : policy.yieldNs;
+  for (uint32_t i = 1; yieldNs > 0; ++i) {
     sched_yield();
     if (ready()) return;
     if ((i & 15) == 0) {
@@ -157,7 +161,7 @@ void waitUntil(SpinPolicy policy, std::atomic<uint32_t>* word, std::atomic<uint3
       bool full = now - lastFull >= kCheckIntervalNs;
       if (full) lastFull = now;
       check(now - start, full);
-      if (now - start >= policy.yieldNs) break;
+      if (now - start >= yieldNs) break;
     }
   }
   for (;;) {

@@ -513,6 +513,7 @@ void invalidArgumentsBody(RankContext& ctx) {
   EXPECT_INVALID(spyrecclSend(nullptr, 16, spyrecclFloat32, (ctx.rank + 1) % n, 0, comm), comm,
                  "sendbuff");
   EXPECT_INVALID(spyrecclCommSetTimeout(comm, 0), comm, "timeoutMs");
+  EXPECT_INVALID(spyrecclSetThreadYield(-2), nullptr, "yieldNs");
   {
     spyrecclComm_t other = nullptr;
     spyrecclConfig_t bad = ctx.config;
@@ -536,8 +537,11 @@ void invalidArgumentsBody(RankContext& ctx) {
 // sleeps on a futex: rank 0's thread CPU time while rank 1 arrives 300 ms late is most of
 // those 300 ms with a 10 s yield phase, and a few ms with none (a futex wake-up per 1 ms
 // slice). The result is right either way.
-void yieldBody(RankContext& ctx, bool longYield) {
+// threadOverride: the communicator's phase is the long one, and rank 0 sets a phase of 0 for
+// its own thread (spyrecclSetThreadYield), which must win.
+void yieldBody(RankContext& ctx, bool longYield, bool threadOverride = false) {
   SPY_REQUIRE_OK(spyrecclBarrier(ctx.comm), ctx.comm);
+  if (threadOverride && ctx.rank == 0) SPY_CHECK_OK(spyrecclSetThreadYield(0), nullptr);
   if (ctx.rank == 1) sleepMs(300);
   timespec t0{}, t1{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
@@ -546,6 +550,7 @@ void yieldBody(RankContext& ctx, bool longYield) {
       spyrecclAllReduce(in.data(), out.data(), 5, spyrecclFloat32, spyrecclSum, ctx.comm),
       ctx.comm);
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+  if (threadOverride && ctx.rank == 0) SPY_CHECK_OK(spyrecclSetThreadYield(-1), nullptr);
   for (float v : out) SPY_CHECK(v == 3.0f, "all_reduce gave %g, expected 3", double(v));
   if (ctx.rank != 0) return;
   const double cpuMs = double(t1.tv_sec - t0.tv_sec) * 1e3 + double(t1.tv_nsec - t0.tv_nsec) / 1e6;
@@ -598,6 +603,9 @@ void yieldBody(RankContext& ctx, bool longYield) {
       [](RunOptions& o) { o.config.yieldNs = 0; });
   registerRanks(
       "lifecycle.yield_long/ws2", 2, [](RankContext& ctx) { yieldBody(ctx, true); },
+      [](RunOptions& o) { o.config.yieldNs = int64_t{10} * 1000 * 1000 * 1000; });
+  registerRanks(
+      "lifecycle.yield_thread/ws2", 2, [](RankContext& ctx) { yieldBody(ctx, false, true); },
       [](RunOptions& o) { o.config.yieldNs = int64_t{10} * 1000 * 1000 * 1000; });
   registerRanks("errors.invalid_arguments/ws2", 2, invalidArgumentsBody);
   registerRanks("errors.invalid_arguments/ws3", 3, invalidArgumentsBody);

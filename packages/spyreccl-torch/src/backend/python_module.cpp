@@ -144,6 +144,18 @@ PYBIND11_MODULE(_C, module) {
              "Whether the lean path of the _c10d_functional kernels is on.");
   module.def("_lean_functional_calls", &spyreccl_torch::leanFunctionalCalls,
              "How many functional collectives took the lean path in this process.");
+  module.def(
+      "_set_thread_yield_ns",
+      [](int64_t ns) {
+        if (spyrecclSetThreadYield(ns) != spyrecclSuccess) {
+          throw py::value_error(std::string("spyreccl: _set_thread_yield_ns: ") +
+                                spyrecclGetLastError(nullptr));
+        }
+      },
+      py::arg("ns"),
+      "How long the waits of spyreccl calls that this thread drives yield the CPU before they "
+      "sleep, in ns, in place of their groups' yield_ns; -1 restores the groups' own "
+      "(spyrecclSetThreadYield).");
   spyreccl_torch::addFastEmpty(module);
   module.attr("BACKEND_NAME") = spyreccl_torch::kBackendName;
 }

@@ -1133,18 +1133,15 @@ def node_check_check(ctx: Ctx, base_seed: int) -> list[str]:
         failures.append(f"rank {r}: {carried} stages carried in the check, expected 36 on leaders")
     dist.destroy_process_group(group)
 
-    # SPYRECCL_MULTINODE_YIELD_NS sets how long waits in the node's control group yield
-    # before they sleep (0: at once); the data group keeps the core's default. An
-    # all_to_all_single with split sizes (its ranks other than the leaders wait there for
-    # the outcome before their gloo stage) and an all_reduce still compute exactly.
+    # SPYRECCL_MULTINODE_YIELD_NS sets how long a rank other than the leader yields while it
+    # waits for the outcome before its gloo stage (0: it sleeps at once); the node's groups
+    # keep the core's default. An all_to_all_single with split sizes (which waits so) and an
+    # all_reduce still compute exactly.
     group = _group_with_env(ctx, {"SPYRECCL_MULTINODE_YIELD_NS": "0"})
     pg = group._get_backend(_dev(ctx))._pg
-    control = pg._check_local.options.yield_ns if pg._check_local is not None else 0
-    if (control, pg._local.options.yield_ns) != (0, -1):
-        failures.append(
-            f"rank {r}: yield_ns of the control / data groups {control}, "
-            f"{pg._local.options.yield_ns}, expected 0, -1"
-        )
+    settings = (pg._checker.outcome_yield_ns, pg._local.options.yield_ns)
+    if settings != (0, -1):
+        failures.append(f"rank {r}: outcome / data group yield {settings}, expected (0, -1)")
     rows = torch.randint(1, 40, (world, world), generator=gen)  # rows[s][d]: s sends d
     sent = [torch.randn(int(rows[s].sum()), 3, generator=gen) for s in range(world)]
     offsets = [torch.cumsum(rows[s], 0) - rows[s] for s in range(world)]

@@ -254,10 +254,11 @@ class CallChecker:
         self._add_callback(work, received)
         return pending
 
-    def verify(self, pending: PendingCheck) -> None:
+    def verify(self, pending: PendingCheck, before_stage: bool = False) -> None:
         """Waits for the exchange (gloo's timeout bounds it; a failed exchange raises gloo's
         error) and raises MismatchError when the fingerprints disagreed (every rank does:
-        they all see it, and gather the fingerprints to name the calls)."""
+        they all see it, and gather the fingerprints to name the calls). `before_stage` is
+        NodeChecker's; every rank waits in gloo here."""
         self._wait(pending.work)
         if not pending.compare or not self._differs(pending):
             return

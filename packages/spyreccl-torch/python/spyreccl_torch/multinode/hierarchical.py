@@ -121,16 +121,19 @@ CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
 # too, to name the ones that did not (see _who_failed).
 FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
 
-# How long a wait in the node's control group (node_check.py) yields the CPU before it
-# sleeps, in ns (the core's yieldNs); unset or -1: the core's default (2 ms). A rank other
-# than the leader may wait there for the outcome of the leaders' exchange, i.e. for gloo and
-# the network, for the whole round trip before its own gloo stage; yielding all that time
-# keeps CPUs busy that gloo's threads and the leaders need when ranks share CPUs. Measured
-# with 2 x 2 ranks on 2 CPUs (docs/performance.md, "Ranks that wait for the outcome"):
-# 50000 made an all_to_all with split sizes 1.8-2x faster, and small leader-route operations
-# up to 1.6x slower (their short rendezvous on that group then sleep instead of handing the
-# CPU to the peer about to arrive), so it is not the default. Read when a group is created.
+# How long a rank other than the leader yields the CPU before it sleeps (ns, the core's
+# yield phase) while it waits for the outcome of the leaders' exchange before its own gloo
+# stage (node_check.py): the leader may not have it before the leaders' whole round trip
+# over gloo and the network, and yielding all that time keeps CPUs busy that gloo's threads
+# and the leaders need when ranks share CPUs. Only that wait: the node's other waits are
+# short rendezvous, where yielding hands a shared CPU to the peer about to arrive (a short
+# phase for the whole control group made small leader-route operations up to 1.6x slower).
+# With 2 x 2 ranks on 2 CPUs, 50000 made all_to_all with split sizes 1.3-1.5x faster and
+# the sharded all_gather of 512 KiB 1.7x slower (the woken rank's gloo stage is on the
+# critical path), so the default stays the group's own (the core's 2 ms): -1.
+# docs/performance.md, "Ranks that wait for the outcome". Read when a group is created.
 YIELD_NS_ENV = "SPYRECCL_MULTINODE_YIELD_NS"
+DEFAULT_YIELD_NS = -1
 
 _SPYRE = "spyre"
 _RedOp = dist.ReduceOp.RedOpType
@@ -441,7 +444,6 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             if len(local_ranks) > 1:
                 check_options = options.__copy__()
                 check_options.timeout = self._timeout
-                check_options.yield_ns = int(os.environ.get(YIELD_NS_ENV, "-1"))
                 check_options.group_name = f"{group_name}/node{node}/control"
                 check_options.global_ranks_in_group = local_options.global_ranks_in_group
                 self._check_local = _C.ProcessGroupSpyreccl(
@@ -470,6 +472,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 self._wait_gloo_work,
                 self._published_cause,
             )
+            self._checker.outcome_yield_ns = int(os.environ.get(YIELD_NS_ENV, DEFAULT_YIELD_NS))
         self._shut_down = False
         self._pid = os.getpid()  # a child forked later inherits the group, not its threads
         _LIVE.add(self)
@@ -756,7 +759,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         stopped, within one slice of its wait)."""
         if self._gate is not None:
             pending, self._gate = self._gate, None
-            self._checker.verify(pending)
+            self._checker.verify(pending, before_stage=True)
         if self._stopped is not None:
             raise RuntimeError(f"stopped before a stage: {self._stopped}")
         return post()

@@ -150,6 +150,12 @@ class NodeChecker:
         self._nleaders = leaders.size() if leaders is not None else 1
         # Whether a leader's frames can carry a reduction between the nodes (carry).
         self.carries = self._leader and 1 < self._nleaders <= EXCHANGE_MAX_LEADERS
+        # How long a rank other than the leader yields while it waits for the outcome before
+        # its gloo stage (ns; -1: its control group's own). Set by the group.
+        self.outcome_yield_ns = -1
+        from .. import _C  # the backend's extension, loaded by now (the node's groups)
+
+        self._set_thread_yield = _C._set_thread_yield_ns
         # One buffer for the node's all_reduce, one for the outcome a non-leader receives and
         # one for the outcome a leader sends: each is read back (or sent) before the next
         # operation's check uses it.
@@ -294,13 +300,26 @@ class NodeChecker:
         for p in self._others:
             self._local.send([self._outcome_sent.tensor], p, 0).wait()
 
-    def _receive_outcome(self, pending: NodePending) -> None:
+    def _receive_outcome(self, pending: NodePending, waits_long: bool = False) -> None:
+        """Receives the leader's outcome. `waits_long`: before this rank's own gloo stage,
+        where the leader may not have it before the leaders' whole round trip; that wait
+        sleeps after outcome_yield_ns of yielding instead of the group's (see
+        hierarchical.YIELD_NS_ENV)."""
         if pending.failure is not None:
             raise pending.failure
         if pending.received:
             return
+        sleepy = waits_long and self.outcome_yield_ns >= 0
         try:
-            self._local.recv([self._outcome.tensor], 0, 0).wait()
+            if sleepy:
+                # The receive is driven by this thread (its wait() right away), so a thread
+                # setting reaches it and no other wait.
+                self._set_thread_yield(self.outcome_yield_ns)
+            try:
+                self._local.recv([self._outcome.tensor], 0, 0).wait()
+            finally:
+                if sleepy:
+                    self._set_thread_yield(-1)
         except Exception as error:
             pending.failure = self._explain(error) or error
             pending.done.set()
@@ -310,10 +329,10 @@ class NodeChecker:
         pending.mismatched = CallChecker._differs(pending)
         pending.done.set()
 
-    def _complete(self, pending: NodePending) -> None:
+    def _complete(self, pending: NodePending, waits_long: bool = False) -> None:
         """This rank's part of the check: a leader waits for the leaders' exchange (posting
         it first when it was deferred and nothing came to carry) and sends the outcome to its
-        node, another rank receives it."""
+        node, another rank receives it (`waits_long`: see _receive_outcome)."""
         if self._leader:
             if pending.deferred and pending.work is None:
                 self._post_exchange(pending)
@@ -323,14 +342,15 @@ class NodeChecker:
                     self._read_outcome(pending)
             self._send_outcome(pending)
         else:
-            self._receive_outcome(pending)
+            self._receive_outcome(pending, waits_long)
 
-    def verify(self, pending: PendingCheck) -> None:
-        """As CallChecker.verify: raises MismatchError when the fingerprints disagreed."""
+    def verify(self, pending: PendingCheck, before_stage: bool = False) -> None:
+        """As CallChecker.verify: raises MismatchError when the fingerprints disagreed.
+        `before_stage`: called before this rank's first gloo stage (see _receive_outcome)."""
         if not isinstance(pending, NodePending):
             self._flat.verify(pending)
             return
-        self._complete(pending)
+        self._complete(pending, before_stage)
         if not CallChecker._differs(pending):
             return
         pending.mismatched = True
