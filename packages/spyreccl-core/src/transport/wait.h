@@ -18,7 +18,8 @@
 //   2. sched_yield for ~kYieldNs (the communicator's yieldNs): lets a descheduled peer run
 //      on this core; this is what keeps small collectives fast when 4 ranks share 2 cores.
 //      Where waits are long (ranks waiting for a transfer between hosts), yielding only
-//      keeps a CPU busy that others need: such communicators set a short yieldNs.
+//      keeps a CPU busy that others need: a caller shortens it for a communicator (its
+//      config's yieldNs) or for the waits one thread drives (spyrecclSetThreadYield).
 //   3. FUTEX_WAIT on the word with a 1 ms timeout, announced in the segment-wide
 //      `sleepers` counter so that posters skip the FUTEX_WAKE syscall when nobody sleeps.
 // From phase 2 on, `check(waitedNs, full)` runs on every wakeup (full=false: cheap local

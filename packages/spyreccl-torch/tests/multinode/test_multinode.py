@@ -311,3 +311,20 @@ def test_topology_from_node_ids():
     assert topo.cross_ranks(0) == (0, 1) and topo.cross_ranks(1) == (2,)
     one = Topology.from_node_ids(0, ["x", "x"])
     assert one.single_node and one.uniform and one.local_ranks == (0, 1)
+
+
+def test_yield_setting_is_checked_when_a_group_is_created(monkeypatch):
+    """SPYRECCL_MULTINODE_YIELD_NS: unset means the core's default (-1); a malformed value
+    fails the group's creation with a message naming the variable, not a later wait."""
+    from spyreccl_torch.multinode import hierarchical
+
+    env = hierarchical.YIELD_NS_ENV
+    monkeypatch.delenv(env, raising=False)
+    assert hierarchical._yield_ns_from_env() == -1
+    for text, value in (("50000", 50_000), (" 0 ", 0), ("-1", -1)):
+        monkeypatch.setenv(env, text)
+        assert hierarchical._yield_ns_from_env() == value
+    for text in ("-2", "fast", "1e5"):
+        monkeypatch.setenv(env, text)
+        with pytest.raises(ValueError, match=f"{env}='{text}': expected a number of nano"):
+            hierarchical._yield_ns_from_env()

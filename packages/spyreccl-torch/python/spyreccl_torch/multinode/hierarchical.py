@@ -289,6 +289,24 @@ def _without_grad(body: Callable[[], Any]) -> Any:
         torch._C._set_grad_enabled(True)
 
 
+def _yield_ns_from_env() -> int:
+    """SPYRECCL_MULTINODE_YIELD_NS as a number of ns (or -1), checked when a group is
+    created rather than at the first wait it applies to."""
+    text = os.environ.get(YIELD_NS_ENV, "").strip()
+    if not text:
+        return DEFAULT_YIELD_NS
+    try:
+        value = int(text)
+    except ValueError:
+        value = -2
+    if value < -1:
+        raise ValueError(
+            f"spyreccl: {YIELD_NS_ENV}={text!r}: expected a number of nanoseconds (>= 0), or "
+            "-1 for the core's default"
+        )
+    return value
+
+
 def _timeout_of(timeout: Any) -> datetime.timedelta:
     if isinstance(timeout, datetime.timedelta):
         return timeout
@@ -363,6 +381,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._gate: PendingCheck | None = None  # the running operation's unverified check
         self._exchange: PendingCheck | None = None  # the running operation's exchange
         self._failure_window_s = float(os.environ.get(FAILURE_WINDOW_ENV, "2"))
+        outcome_yield_ns = _yield_ns_from_env()  # before any sub-group is created
         self._board = FailureBoard(store, topology.rank, topology.node_of)
         self._board.clear()  # before the gloo groups connect (see clear)
         # gloo Works this rank stopped waiting for (still pending: see shutdown).
@@ -472,7 +491,7 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 self._wait_gloo_work,
                 self._published_cause,
             )
-            self._checker.outcome_yield_ns = int(os.environ.get(YIELD_NS_ENV, DEFAULT_YIELD_NS))
+            self._checker.outcome_yield_ns = outcome_yield_ns
         self._shut_down = False
         self._pid = os.getpid()  # a child forked later inherits the group, not its threads
         _LIVE.add(self)
