@@ -15,11 +15,12 @@
 // directly and registers the Work in torch's work registry (which wait_tensor pops). That
 // skips c10d's ProcessGroup layer: the boxed c10d::allreduce_ (etc.) dispatcher op, its
 // ReduceOp object and tuple result, about 0.7 us of the ~3.4 us an all_reduce_ + wait_tensor
-// cost on one rank (docs/performance.md, "The lean path"). Everything else -- another
-// backend (e.g. ProcessGroupWrapper under TORCH_DISTRIBUTED_DEBUG=DETAIL), a ProcessGroup
-// subclass written in Python (the multi-node group), complex or non-contiguous tensors,
-// symbolic split sizes, shapes torch's own implementation warns about -- runs torch's
+// cost on one rank (docs/performance.md, "The lean path and spyre's buffer allocation"). Everything
+// else -- another backend (e.g. ProcessGroupWrapper under TORCH_DISTRIBUTED_DEBUG=DETAIL), a
+// ProcessGroup subclass written in Python (the multi-node group), complex or non-contiguous
+// tensors, symbolic split sizes, shapes torch's own implementation warns about -- runs torch's
 // implementation (the c10d:: functions of Functional.hpp) unchanged.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <numeric>
@@ -146,6 +147,28 @@ std::optional<c10d::ReduceOp> leanReduceOp(const std::string& name) {
 // are.
 bool leanTensor(const at::Tensor& t) { return !t.is_complex() && t.is_contiguous(); }
 
+// A reduction on the lean path: the backend, and the reduce op torch would use; none when
+// either is missing (the reduce op is checked first: it costs no group lookup).
+struct LeanReduction {
+  Lean lean;
+  c10d::ReduceOp op;
+};
+
+std::optional<LeanReduction> leanReduction(const std::string& reduceOp, const c10::IValue& group) {
+  const auto op = leanReduceOp(reduceOp);
+  if (!op) return std::nullopt;
+  Lean lean = leanTarget(group);
+  if (!lean) return std::nullopt;
+  return LeanReduction{std::move(lean), *op};
+}
+
+bool leanTensors(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts) {
+    if (!leanTensor(t)) return false;
+  }
+  return true;
+}
+
 // The output of an all_gather_into_tensor, shaped as torch shapes it: dim 0 times the group
 // size (a 0-d input gathers into a 1-d output).
 at::Tensor gatheredOutput(const at::Tensor& input, int64_t groupSize) {
@@ -158,11 +181,15 @@ at::Tensor gatheredOutput(const at::Tensor& input, int64_t groupSize) {
   return at::empty(sizes, input.options());
 }
 
-// The output of a reduce_scatter_tensor: dim 0 divided by the group size. Empty where
-// torch's path would log a warning (dim 0 not divisible) or fail (0-d): that stays there.
-std::optional<at::Tensor> scatteredOutput(const at::Tensor& input, int64_t groupSize) {
+// Whether the lean path shapes a reduce_scatter_tensor's output: not where torch's path
+// would log a warning (dim 0 not divisible) or fail (0-d), which stays there.
+bool scatterable(const at::Tensor& input, int64_t groupSize) {
+  return input.dim() > 0 && groupSize > 0 && input.size(0) % groupSize == 0;
+}
+
+// The output of a reduce_scatter_tensor (scatterable input): dim 0 divided by the group size.
+at::Tensor scatteredOutput(const at::Tensor& input, int64_t groupSize) {
   auto sizes = input.sizes().vec();
-  if (sizes.empty() || groupSize <= 0 || sizes[0] % groupSize != 0) return std::nullopt;
   sizes[0] /= groupSize;
   return at::empty(sizes, input.options());
 }
@@ -172,49 +199,40 @@ void registerWork(const std::vector<at::Tensor>& outputs,
   for (const auto& t : outputs) c10d::register_work(t, work);
 }
 
-void leanAllReduceInplace(const Lean& lean, at::Tensor& io, const c10d::ReduceOp& reduceOp) {
+// The lean calls of the backend, each registering its Work for the outputs. torch's
+// implementation gathers and reduce-scatters with the coalesced backend methods, one tensor
+// or many; so do these.
+void leanAllReduceInplace(const LeanReduction& r, at::Tensor& io) {
   c10d::AllreduceOptions opts;
-  opts.reduceOp = reduceOp;
+  opts.reduceOp = r.op;
   std::vector<at::Tensor> tensors{io};
-  registerWork(tensors, lean.use().allreduce(tensors, opts));
+  registerWork(tensors, r.lean.use().allreduce(tensors, opts));
 }
 
-// Runs an operation whose output is allocated here: all_gather_into_tensor and
-// reduce_scatter_tensor (torch's implementation calls the coalesced backend methods with one
-// tensor each; so does this).
-std::optional<at::Tensor> leanGatherOrScatter(const at::Tensor& input, int64_t groupSize,
-                                              const c10::IValue& group,
-                                              const std::string* reduceOpName) {
-  if (!leanTensor(input)) return std::nullopt;
-  std::optional<c10d::ReduceOp> reduceOp;
-  if (reduceOpName != nullptr) {
-    reduceOp = leanReduceOp(*reduceOpName);
-    if (!reduceOp) return std::nullopt;
-  }
-  const Lean lean = leanTarget(group);
-  if (!lean) return std::nullopt;
-  auto output = reduceOp ? scatteredOutput(input, groupSize)
-                         : std::optional(gatheredOutput(input, groupSize));
-  if (!output) return std::nullopt;
-  std::vector<at::Tensor> outputs{*output};
-  std::vector<at::Tensor> inputs{input};
-  c10::intrusive_ptr<c10d::Work> work;
-  if (reduceOp) {
-    c10d::ReduceScatterOptions opts;
-    opts.reduceOp = *reduceOp;
-    work = lean.use().reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-  } else {
-    work = lean.use().allgather_into_tensor_coalesced(outputs, inputs, c10d::AllgatherOptions());
-  }
-  registerWork(outputs, work);
-  return output;
+void leanAllReduceCoalesced(const LeanReduction& r, std::vector<at::Tensor>& io) {
+  c10d::AllreduceCoalescedOptions opts;
+  opts.reduceOp = r.op;
+  registerWork(io, r.lean.use().allreduce_coalesced(io, opts));
 }
 
-bool leanTensors(const std::vector<at::Tensor>& ts) {
-  for (const auto& t : ts) {
-    if (!leanTensor(t)) return false;
-  }
-  return true;
+void leanAllGather(const Lean& lean, std::vector<at::Tensor>& outputs,
+                   std::vector<at::Tensor>& inputs) {
+  registerWork(outputs, lean.use().allgather_into_tensor_coalesced(outputs, inputs,
+                                                                   c10d::AllgatherOptions()));
+}
+
+void leanReduceScatter(const LeanReduction& r, std::vector<at::Tensor>& outputs,
+                       std::vector<at::Tensor>& inputs) {
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = r.op;
+  registerWork(outputs, r.lean.use().reduce_scatter_tensor_coalesced(outputs, inputs, opts));
+}
+
+void leanBroadcastInplace(const Lean& lean, at::Tensor& io, int64_t src) {
+  c10d::BroadcastOptions opts;
+  opts.rootRank = src;
+  std::vector<at::Tensor> tensors{io};
+  registerWork(tensors, lean.use().broadcast(tensors, opts));
 }
 
 // Split sizes as plain integers; empty when one is symbolic (torch's path handles those).
@@ -229,26 +247,17 @@ std::optional<std::vector<int64_t>> concreteSplits(const std::vector<c10::SymInt
   return out;
 }
 
-void leanBroadcastInplace(const Lean& lean, at::Tensor& io, int64_t src) {
-  c10d::BroadcastOptions opts;
-  opts.rootRank = src;
-  std::vector<at::Tensor> tensors{io};
-  registerWork(tensors, lean.use().broadcast(tensors, opts));
-}
-
 // all_reduce(Tensor input, str reduce_op, Any group_name) -> Tensor
 void allReduce(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
   const at::Tensor& input = a[0].toTensor();
   if (!input.is_complex()) {
-    if (const auto reduceOp = leanReduceOp(a[1].toStringRef())) {
-      if (const Lean lean = leanTarget(a[2])) {
-        at::Tensor output = input.clone(at::MemoryFormat::Contiguous);
-        leanAllReduceInplace(lean, output, *reduceOp);
-        torch::jit::push(*stack, std::move(output));
-        return;
-      }
+    if (const auto r = leanReduction(a[1].toStringRef(), a[2])) {
+      at::Tensor output = input.clone(at::MemoryFormat::Contiguous);
+      leanAllReduceInplace(*r, output);
+      torch::jit::push(*stack, std::move(output));
+      return;
     }
   }
   auto out = withGroup(a[2], [&](auto group) {
@@ -263,12 +272,10 @@ void allReduceInplace(const c10::OperatorHandle&, Stack* stack) {
   auto a = torch::jit::pop(*stack, 3);
   at::Tensor input = a[0].toTensor();
   if (leanTensor(input)) {
-    if (const auto reduceOp = leanReduceOp(a[1].toStringRef())) {
-      if (const Lean lean = leanTarget(a[2])) {
-        leanAllReduceInplace(lean, input, *reduceOp);
-        torch::jit::push(*stack, std::move(input));
-        return;
-      }
+    if (const auto r = leanReduction(a[1].toStringRef(), a[2])) {
+      leanAllReduceInplace(*r, input);
+      torch::jit::push(*stack, std::move(input));
+      return;
     }
   }
   withGroup(a[2], [&](auto group) -> at::Tensor& {
@@ -282,17 +289,13 @@ void allReduceCoalesced(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
   if (auto inputs = tensors(a[0]); leanTensors(inputs)) {
-    if (const auto reduceOp = leanReduceOp(a[1].toStringRef())) {
-      if (const Lean lean = leanTarget(a[2])) {
-        std::vector<at::Tensor> outputs;
-        outputs.reserve(inputs.size());
-        for (const auto& t : inputs) outputs.push_back(t.clone(at::MemoryFormat::Contiguous));
-        c10d::AllreduceCoalescedOptions opts;
-        opts.reduceOp = *reduceOp;
-        registerWork(outputs, lean.use().allreduce_coalesced(outputs, opts));
-        torch::jit::push(*stack, std::move(outputs));
-        return;
-      }
+    if (const auto r = leanReduction(a[1].toStringRef(), a[2])) {
+      std::vector<at::Tensor> outputs;
+      outputs.reserve(inputs.size());
+      for (const auto& t : inputs) outputs.push_back(t.clone(at::MemoryFormat::Contiguous));
+      leanAllReduceCoalesced(*r, outputs);
+      torch::jit::push(*stack, std::move(outputs));
+      return;
     }
   }
   auto out = withGroup(a[2], [&](auto group) {
@@ -306,14 +309,10 @@ void allReduceCoalescedInplace(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
   if (auto io = tensors(a[0]); leanTensors(io)) {
-    if (const auto reduceOp = leanReduceOp(a[1].toStringRef())) {
-      if (const Lean lean = leanTarget(a[2])) {
-        c10d::AllreduceCoalescedOptions opts;
-        opts.reduceOp = *reduceOp;
-        registerWork(io, lean.use().allreduce_coalesced(io, opts));
-        torch::jit::push(*stack, std::move(io));
-        return;
-      }
+    if (const auto r = leanReduction(a[1].toStringRef(), a[2])) {
+      leanAllReduceCoalesced(*r, io);
+      torch::jit::push(*stack, std::move(io));
+      return;
     }
   }
   auto out = withGroup(a[2], [&](auto group) {
@@ -326,9 +325,14 @@ void allReduceCoalescedInplace(const c10::OperatorHandle&, Stack* stack) {
 void allGatherIntoTensor(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
-  if (auto output = leanGatherOrScatter(a[0].toTensor(), a[1].toInt(), a[2], nullptr)) {
-    torch::jit::push(*stack, std::move(*output));
-    return;
+  if (const at::Tensor& input = a[0].toTensor(); leanTensor(input)) {
+    if (const Lean lean = leanTarget(a[2])) {
+      std::vector<at::Tensor> outputs{gatheredOutput(input, a[1].toInt())};
+      std::vector<at::Tensor> inputs{input};
+      leanAllGather(lean, outputs, inputs);
+      torch::jit::push(*stack, std::move(outputs[0]));
+      return;
+    }
   }
   auto out = withGroup(a[2], [&](auto group) {
     return c10d::all_gather_into_tensor(a[0].toTensor(), a[1].toInt(), std::move(group));
@@ -345,6 +349,7 @@ void allGatherIntoTensorOut(const c10::OperatorHandle&, Stack* stack) {
   at::Tensor output = a[3].toTensor();
   if (leanTensor(input)) {
     if (const Lean lean = leanTarget(a[2])) {
+      // As torch's implementation: the plain (not coalesced) method for a given output.
       registerWork({output}, lean.use()._allgather_base(output, input, c10d::AllgatherOptions()));
       torch::jit::push(*stack, std::move(output));
       return;
@@ -366,8 +371,7 @@ void allGatherIntoTensorCoalesced(const c10::OperatorHandle&, Stack* stack) {
       std::vector<at::Tensor> outputs;
       outputs.reserve(inputs.size());
       for (const auto& t : inputs) outputs.push_back(gatheredOutput(t, a[1].toInt()));
-      registerWork(outputs, lean.use().allgather_into_tensor_coalesced(outputs, inputs,
-                                                                       c10d::AllgatherOptions()));
+      leanAllGather(lean, outputs, inputs);
       torch::jit::push(*stack, std::move(outputs));
       return;
     }
@@ -383,10 +387,16 @@ void allGatherIntoTensorCoalesced(const c10::OperatorHandle&, Stack* stack) {
 void reduceScatterTensor(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 4);
-  const std::string& reduceOp = a[1].toStringRef();
-  if (auto output = leanGatherOrScatter(a[0].toTensor(), a[2].toInt(), a[3], &reduceOp)) {
-    torch::jit::push(*stack, std::move(*output));
-    return;
+  const at::Tensor& input = a[0].toTensor();
+  const int64_t groupSize = a[2].toInt();
+  if (leanTensor(input) && scatterable(input, groupSize)) {
+    if (const auto r = leanReduction(a[1].toStringRef(), a[3])) {
+      std::vector<at::Tensor> outputs{scatteredOutput(input, groupSize)};
+      std::vector<at::Tensor> inputs{input};
+      leanReduceScatter(*r, outputs, inputs);
+      torch::jit::push(*stack, std::move(outputs[0]));
+      return;
+    }
   }
   auto out = withGroup(a[3], [&](auto group) {
     return c10d::reduce_scatter_tensor(a[0].toTensor(), a[1].toStringRef(), a[2].toInt(),
@@ -403,16 +413,12 @@ void reduceScatterTensorOut(const c10::OperatorHandle&, Stack* stack) {
   at::Tensor output = a[4].toTensor();
   const at::Tensor& input = a[0].toTensor();
   if (leanTensor(input) && !output.is_complex()) {
-    if (const auto reduceOp = leanReduceOp(a[1].toStringRef())) {
-      if (const Lean lean = leanTarget(a[3])) {
-        c10d::ReduceScatterOptions opts;
-        opts.reduceOp = *reduceOp;
-        std::vector<at::Tensor> outputs{output};
-        std::vector<at::Tensor> inputs{input};
-        registerWork(outputs, lean.use().reduce_scatter_tensor_coalesced(outputs, inputs, opts));
-        torch::jit::push(*stack, std::move(output));
-        return;
-      }
+    if (const auto r = leanReduction(a[1].toStringRef(), a[3])) {
+      std::vector<at::Tensor> outputs{output};
+      std::vector<at::Tensor> inputs{input};
+      leanReduceScatter(*r, outputs, inputs);
+      torch::jit::push(*stack, std::move(output));
+      return;
     }
   }
   auto result = withGroup(a[3], [&](auto group) {
@@ -427,23 +433,19 @@ void reduceScatterTensorOut(const c10::OperatorHandle&, Stack* stack) {
 void reduceScatterTensorCoalesced(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 4);
-  if (auto inputs = tensors(a[0]); leanTensors(inputs)) {
-    const auto reduceOp = leanReduceOp(a[1].toStringRef());
-    std::vector<at::Tensor> outputs;
-    outputs.reserve(inputs.size());
-    for (const auto& t : inputs) {
-      auto output = scatteredOutput(t, a[2].toInt());
-      if (!output) break;
-      outputs.push_back(std::move(*output));
-    }
-    if (reduceOp && outputs.size() == inputs.size()) {
-      if (const Lean lean = leanTarget(a[3])) {
-        c10d::ReduceScatterOptions opts;
-        opts.reduceOp = *reduceOp;
-        registerWork(outputs, lean.use().reduce_scatter_tensor_coalesced(outputs, inputs, opts));
-        torch::jit::push(*stack, std::move(outputs));
-        return;
-      }
+  const int64_t groupSize = a[2].toInt();
+  auto inputs = tensors(a[0]);
+  const bool shaped = std::all_of(inputs.begin(), inputs.end(), [&](const at::Tensor& t) {
+    return leanTensor(t) && scatterable(t, groupSize);
+  });
+  if (shaped) {
+    if (const auto r = leanReduction(a[1].toStringRef(), a[3])) {
+      std::vector<at::Tensor> outputs;
+      outputs.reserve(inputs.size());
+      for (const auto& t : inputs) outputs.push_back(scatteredOutput(t, groupSize));
+      leanReduceScatter(*r, outputs, inputs);
+      torch::jit::push(*stack, std::move(outputs));
+      return;
     }
   }
   auto out = withGroup(a[3], [&](auto group) {
