@@ -8,12 +8,15 @@ rank (regenerated locally from a shared seed). For inductor we also check that i
 generated code (which calls ``_c10d_functional`` ops), and for every backend that the
 collectives reached spyreccl (the backend's own profiler ranges). With the C++ wrapper, the
 collectives must reach spyreccl through the dispatcher (spyre's ``_c10d_functional`` kernels:
-the profiler shows the op), not through the CPU shims that call c10d directly.
+the profiler shows the op), not through the CPU shims that call c10d directly; with the Python
+wrapper, through the functions ``spyreccl_torch._C._direct_op`` binds, which reach the same
+dispatcher operators.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -21,6 +24,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 DEVICE = "spyre"
+# A line of a Python wrapper that calls a functional collective through torch.ops.
+STOCK_CALL = re.compile(r"\s*(\w+ = )?torch\.ops\._c10d_functional\.\w+\.default\(")
 ROWS, COLS = 6, 5  # ROWS * world_size rows after the gather; reduce_scatter splits them again
 
 
@@ -94,6 +99,12 @@ def _compile_and_check(
                 assert "aoti_torch_spyre__c10d_functional_all_reduce" in code, code
             else:
                 assert "_c10d_functional.all_reduce" in code, "no all_reduce in inductor's code"
+                if device_type == "spyre":
+                    # spyre's wrapper calls them through the functions _direct_op binds
+                    # once per module, not through torch.ops (spyreccl_torch.device._inductor).
+                    stock = [line.strip() for line in code.splitlines() if STOCK_CALL.match(line)]
+                    assert not stock, stock
+                    assert "_spyreccl_wait_tensor_default(buf" in code, code
             assert f"_c10d_functional{sep}all_gather_into_tensor" in code, code
             assert f"_c10d_functional{sep}reduce_scatter_tensor" in code, code
             assert "_c10d_functional_wait_tensor" in code or "_c10d_functional.wait_tensor" in code
@@ -111,7 +122,8 @@ def _compile_and_check(
         # all_reduce, all_gather and reduce_scatter, whatever names the lowering picked.
         assert len(ranges) >= 3, f"{msg}: collectives did not reach spyreccl ({ranges})"
         info["spyreccl"] = sorted(set(ranges))
-        if cpp_wrapper:
+        if backend == "inductor":
+            # Both wrappers reach spyre's kernels through the dispatcher.
             ops = {e.name for e in prof.events() if e.name.startswith("_c10d_functional::")}
             assert (
                 "_c10d_functional::all_reduce_" in ops or "_c10d_functional::all_reduce" in ops

@@ -16,7 +16,9 @@ only once the late rank joined; a queued one returns at once.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import sys
 import threading
 import time
 
@@ -46,6 +48,44 @@ RUN_TIMEOUT = 300.0
 # 2-core machine; an inline one cannot return before it.
 PEER_DELAY_S = 1.0
 QUEUED_RETURN_LIMIT_S = 0.5
+
+
+class _DirectCalls:
+    """The _c10d_functional ops as spyre's inductor wrappers call them: through the
+    functions spyreccl_torch._C._direct_op binds (src/backend/direct_ops.cpp)."""
+
+    def __getattr__(self, op: str):
+        from spyreccl_torch._C import _direct_op
+
+        overload = getattr(C10D, op).default
+        bound = _direct_op(overload)
+        assert bound is not overload, f"{op}: _direct_op handed the overload back"
+        setattr(self, op, bound)
+        return bound
+
+
+CALLS = {"torch.ops": C10D, "direct": _DirectCalls()}
+
+
+@contextlib.contextmanager
+def _python_operator_calls():
+    """Collects the OpOverloads whose Python __call__ runs on this thread meanwhile (the
+    direct functions' fallback to torch's operator call)."""
+    seen: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is _OVERLOAD_CALL:
+            seen.append(str(frame.f_locals.get("self")))
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
+
+
+_OVERLOAD_CALL = torch._ops.OpOverload.__call__.__code__
 
 
 def _name(group=None) -> str:
@@ -177,12 +217,22 @@ def test_functional_bound_is_configurable_and_async_op_never_inline(
 # --------------------------------------------------------------------------------------------
 
 
-def run_every_op(seed, numel, ctx, group_object=False):
+def run_every_op(seed, numel, ctx, group_object=False, calls="torch.ops"):
     """Every _c10d_functional op of this size; out-of-place outputs and out= tensors are
     poisoned (or fresh) so that an unwritten element fails. The group is passed by name, or
-    as the ProcessGroup object (the ops' ``Any group_name`` takes both)."""
+    as the ProcessGroup object (the ops' ``Any group_name`` takes both). ``calls``: through
+    torch.ops, or through the functions spyre's inductor wrappers call (``direct``), which
+    must not fall back to torch's Python operator call unless given a group object."""
+    ops = CALLS[calls]
+    with _python_operator_calls() as fallbacks:
+        _every_op(ops, seed, numel, ctx, dist.group.WORLD if group_object else _name())
+    if calls == "direct":
+        assert bool(fallbacks) == group_object, fallbacks
+    return len(fallbacks)
+
+
+def _every_op(ops, seed, numel, ctx, name):
     world, rank, dev = ctx.world_size, ctx.rank, ctx.device
-    name = dist.group.WORLD if group_object else _name()
     f32 = torch.float32
 
     def check(got, expected, what):
@@ -192,43 +242,43 @@ def run_every_op(seed, numel, ctx, group_object=False):
     for i, op in enumerate(("sum", "avg", "max", "min", "product")):
         inputs = _inputs(seed, 10 + i, numel, f32, world)
         mine = inputs[rank].to(dev)
-        out = C10D.wait_tensor(C10D.all_reduce(mine, op, name))
+        out = ops.wait_tensor(ops.all_reduce(mine, op, name))
         check(out, reference_reduce(inputs, op), f"all_reduce {op}")
         check(mine, inputs[rank], "all_reduce must leave its input alone")
-        C10D.wait_tensor(C10D.all_reduce_(mine, op, name))
+        ops.wait_tensor(ops.all_reduce_(mine, op, name))
         check(mine, reference_reduce(inputs, op), f"all_reduce_ {op}")
 
     # coalesced forms, with an odd length and an empty tensor in the list
     lists = [_inputs(seed, 20 + j, n, f32, world) for j, n in enumerate((numel, 3, 0))]
     mine = [per_rank[rank].to(dev) for per_rank in lists]
-    outs = C10D.all_reduce_coalesced(mine, "sum", name)
+    outs = ops.all_reduce_coalesced(mine, "sum", name)
     for j, out in enumerate(outs):
-        check(C10D.wait_tensor(out), reference_reduce(lists[j], "sum"), f"coalesced {j}")
-    C10D.all_reduce_coalesced_(mine, "sum", name)
+        check(ops.wait_tensor(out), reference_reduce(lists[j], "sum"), f"coalesced {j}")
+    ops.all_reduce_coalesced_(mine, "sum", name)
     for j, t in enumerate(mine):
-        check(C10D.wait_tensor(t), reference_reduce(lists[j], "sum"), f"coalesced_ {j}")
+        check(ops.wait_tensor(t), reference_reduce(lists[j], "sum"), f"coalesced_ {j}")
 
     # all_gather_into_tensor (+ _out, + coalesced)
     gathered_inputs = _inputs(seed, 30, numel, f32, world)
     expected = torch.cat(gathered_inputs)
     mine = gathered_inputs[rank].to(dev)
-    check(C10D.wait_tensor(C10D.all_gather_into_tensor(mine, world, name)), expected, "ag")
+    check(ops.wait_tensor(ops.all_gather_into_tensor(mine, world, name)), expected, "ag")
     out = poison_(torch.empty(numel * world, device=dev))
-    C10D.wait_tensor(C10D.all_gather_into_tensor_out(mine, world, name, out=out))
+    ops.wait_tensor(ops.all_gather_into_tensor_out(mine, world, name, out=out))
     check(out, expected, "all_gather_into_tensor_out")
-    outs = C10D.all_gather_into_tensor_coalesced([mine, mine[:1]], world, name)
-    check(C10D.wait_tensor(outs[0]), expected, "ag coalesced 0")
-    check(C10D.wait_tensor(outs[1]), torch.stack([x[0] for x in gathered_inputs]), "ag c 1")
+    outs = ops.all_gather_into_tensor_coalesced([mine, mine[:1]], world, name)
+    check(ops.wait_tensor(outs[0]), expected, "ag coalesced 0")
+    check(ops.wait_tensor(outs[1]), torch.stack([x[0] for x in gathered_inputs]), "ag c 1")
 
     # reduce_scatter_tensor (+ coalesced): rank r gets block r of the reduction
     rs_inputs = _inputs(seed, 40, numel * world, f32, world)
     reduced = reference_reduce(rs_inputs, "sum")
     block = reduced[rank * numel : (rank + 1) * numel]
     mine = rs_inputs[rank].to(dev)
-    check(C10D.wait_tensor(C10D.reduce_scatter_tensor(mine, "sum", world, name)), block, "rs")
-    outs = C10D.reduce_scatter_tensor_coalesced([mine], "avg", world, name)
+    check(ops.wait_tensor(ops.reduce_scatter_tensor(mine, "sum", world, name)), block, "rs")
+    outs = ops.reduce_scatter_tensor_coalesced([mine], "avg", world, name)
     avg_block = reference_reduce(rs_inputs, "avg")[rank * numel : (rank + 1) * numel]
-    check(C10D.wait_tensor(outs[0]), avg_block, "reduce_scatter_tensor_coalesced avg")
+    check(ops.wait_tensor(outs[0]), avg_block, "reduce_scatter_tensor_coalesced avg")
 
     # all_to_all_single with uneven splits: rank r sends (s + 1) elements to rank s
     a2a_inputs = [
@@ -239,29 +289,33 @@ def run_every_op(seed, numel, ctx, group_object=False):
     expected = torch.cat(
         [a2a_inputs[r][offsets[rank] : offsets[rank] + rank + 1] for r in range(world)]
     )
-    out = C10D.all_to_all_single(
+    out = ops.all_to_all_single(
         a2a_inputs[rank].to(dev), [rank + 1] * world, [s + 1 for s in range(world)], name
     )
-    check(C10D.wait_tensor(out), expected, "all_to_all_single")
+    check(ops.wait_tensor(out), expected, "all_to_all_single")
 
     # broadcast / broadcast_ from the last rank
     src = world - 1
     bc_inputs = _inputs(seed, 60, numel, f32, world)
     mine = bc_inputs[rank].to(dev)
-    check(C10D.wait_tensor(C10D.broadcast(mine, src, name)), bc_inputs[src], "broadcast")
-    C10D.wait_tensor(C10D.broadcast_(mine, src, name))
+    check(ops.wait_tensor(ops.broadcast(mine, src, name)), bc_inputs[src], "broadcast")
+    ops.wait_tensor(ops.broadcast_(mine, src, name))
     check(mine, bc_inputs[src], "broadcast_")
 
 
+@pytest.mark.parametrize("calls", CALLS)
 @pytest.mark.parametrize(
     "numel", [1, 37, FUNCTIONAL_MAX_BYTES // 4 + 1, 20_011], ids=["1", "37", "above-bound", "20011"]
 )
-def test_every_functional_op_matches_float64(rank_pool, numel):
-    rank_pool.run(run_every_op, fresh_seed(), numel, timeout=RUN_TIMEOUT)
+def test_every_functional_op_matches_float64(rank_pool, numel, calls):
+    rank_pool.run(run_every_op, fresh_seed(), numel, calls=calls, timeout=RUN_TIMEOUT)
 
 
-def test_every_functional_op_takes_a_process_group_object(rank_pool):
-    rank_pool.run(run_every_op, fresh_seed(), 37, group_object=True, timeout=RUN_TIMEOUT)
+@pytest.mark.parametrize("calls", CALLS)
+def test_every_functional_op_takes_a_process_group_object(rank_pool, calls):
+    rank_pool.run(
+        run_every_op, fresh_seed(), 37, group_object=True, calls=calls, timeout=RUN_TIMEOUT
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -381,27 +435,30 @@ def test_large_collective_overlaps_the_computation_before_its_wait(rank_pool):
 # --------------------------------------------------------------------------------------------
 
 
-def run_registry_and_profiler(seed, numel, ctx):
+def run_registry_and_profiler(seed, numel, ctx, calls="torch.ops"):
     """The work registry holds one entry per unwaited output (popped by its wait), and the
-    profiler shows a spyreccl:all_reduce range, on both paths."""
+    profiler shows the dispatcher's op and a spyreccl:all_reduce range, on both paths."""
+    ops = CALLS[calls]
     world, rank, dev = ctx.world_size, ctx.rank, ctx.device
     registry = torch._C._distributed_c10d._get_work_registry_size
     base = registry()
     inputs = _inputs(seed, 0, numel, torch.float32, world)
     mine = inputs[rank].to(dev)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        out = C10D.all_reduce(mine, "sum", _name())
+        out = ops.all_reduce(mine, "sum", _name())
         unwaited = registry() - base
-        C10D.wait_tensor(out)
+        ops.wait_tensor(out)
     assert unwaited == 1 and registry() == base, (unwaited, registry() - base)
     assert_close_dtype(out.cpu(), reference_reduce(inputs, "sum"), torch.float32, world, seed=seed)
     names = {event.name for event in prof.events()}
     assert "spyreccl:all_reduce" in names, sorted(n for n in names if "reduce" in n)
+    assert "_c10d_functional::all_reduce" in names, sorted(n for n in names if "reduce" in n)
 
 
 @pytest.mark.parametrize("numel", [5, FUNCTIONAL_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
-def test_registry_and_profiler_ranges(rank_pool, numel):
-    rank_pool.run(run_registry_and_profiler, fresh_seed(), numel, timeout=RUN_TIMEOUT)
+@pytest.mark.parametrize("calls", CALLS)
+def test_registry_and_profiler_ranges(rank_pool, numel, calls):
+    rank_pool.run(run_registry_and_profiler, fresh_seed(), numel, calls=calls, timeout=RUN_TIMEOUT)
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,15 +468,16 @@ def test_registry_and_profiler_ranges(rank_pool, numel):
 GROUP_TIMEOUT_S = 2.0
 
 
-def run_timeout(numel, ctx):
+def run_timeout(numel, ctx, calls="torch.ops"):
+    ops = CALLS[calls]
     group = dist.new_group(timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     result = None
     if ctx.rank == 0:  # the others never join
         tensor = torch.ones(numel, device=ctx.device)
         start = time.monotonic()
-        C10D.all_reduce_(tensor, "sum", _name(group))
+        ops.all_reduce_(tensor, "sum", _name(group))
         try:
-            C10D.wait_tensor(tensor)
+            ops.wait_tensor(tensor)
         except dist.DistBackendError as exc:
             result = (time.monotonic() - start, str(exc))
         else:
@@ -429,16 +487,18 @@ def run_timeout(numel, ctx):
 
 
 @pytest.mark.parametrize("numel", [3, FUNCTIONAL_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
-def test_group_timeout_bounds_a_functional_collective(rank_pool, numel):
-    elapsed, message = rank_pool.run(run_timeout, numel, timeout=120)[0]
+@pytest.mark.parametrize("calls", CALLS)
+def test_group_timeout_bounds_a_functional_collective(rank_pool, numel, calls):
+    elapsed, message = rank_pool.run(run_timeout, numel, calls=calls, timeout=120)[0]
     assert GROUP_TIMEOUT_S * 0.9 <= elapsed <= GROUP_TIMEOUT_S + 20.0, (elapsed, message)
     assert "imeout" in message and "allreduce" in message, message
 
 
-def run_abort(numel, ctx):
+def run_abort(numel, ctx, calls="torch.ops"):
     """Rank 0 issues a functional all_reduce_ that its peers never join; another thread
     aborts the group after 0.3 s. The call (inline: blocked in it; queued: in flight) ends,
     and wait_tensor raises naming the abort."""
+    ops = CALLS[calls]
     group = dist.new_group(timeout=datetime.timedelta(seconds=60))
     result = None
     if ctx.rank == 0:
@@ -448,8 +508,8 @@ def run_abort(numel, ctx):
         tensor = torch.ones(numel, device=ctx.device)
         start = time.monotonic()
         try:
-            C10D.all_reduce_(tensor, "sum", _name(group))
-            C10D.wait_tensor(tensor)
+            ops.all_reduce_(tensor, "sum", _name(group))
+            ops.wait_tensor(tensor)
         except Exception as exc:  # the type is checked by the test
             result = (time.monotonic() - start, type(exc).__name__, str(exc))
         finally:
@@ -460,18 +520,20 @@ def run_abort(numel, ctx):
 
 
 @pytest.mark.parametrize("numel", [3, FUNCTIONAL_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
-def test_abort_ends_a_functional_collective(rank_pool, numel):
-    elapsed, kind, message = rank_pool.run(run_abort, numel, timeout=120)[0]
+@pytest.mark.parametrize("calls", CALLS)
+def test_abort_ends_a_functional_collective(rank_pool, numel, calls):
+    elapsed, kind, message = rank_pool.run(run_abort, numel, calls=calls, timeout=120)[0]
     assert elapsed < 10.0, (elapsed, message)
     assert kind == "DistBackendError", (kind, message)
     assert "abort" in message.lower(), message
 
 
-def run_mismatch(numel, ctx):
+def run_mismatch(numel, ctx, calls="torch.ops"):
+    ops = CALLS[calls]
     group = dist.new_group(timeout=datetime.timedelta(seconds=30))
     tensor = torch.ones(numel + ctx.rank, device=ctx.device)  # counts differ across ranks
     try:
-        C10D.wait_tensor(C10D.all_reduce_(tensor, "sum", _name(group)))
+        ops.wait_tensor(ops.all_reduce_(tensor, "sum", _name(group)))
     except dist.DistBackendError as exc:
         return str(exc)
     finally:
@@ -480,8 +542,9 @@ def run_mismatch(numel, ctx):
 
 
 @pytest.mark.parametrize("numel", [5, FUNCTIONAL_MAX_BYTES // 4 + 1], ids=["inline", "queued"])
-def test_mismatch_is_detected_on_every_rank(rank_pool, numel):
-    for rank, message in enumerate(rank_pool.run(run_mismatch, numel, timeout=120)):
+@pytest.mark.parametrize("calls", CALLS)
+def test_mismatch_is_detected_on_every_rank(rank_pool, numel, calls):
+    for rank, message in enumerate(rank_pool.run(run_mismatch, numel, calls=calls, timeout=120)):
         assert "spyrecclMismatch" in message and "allreduce" in message, f"rank {rank}: {message}"
 
 

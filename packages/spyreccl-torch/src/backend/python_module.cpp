@@ -12,6 +12,7 @@
 
 #include <spyreccl/spyreccl.h>
 
+#include "backend/direct_ops.h"
 #include "backend/exit_guard.h"
 #include "backend/fast_empty.h"
 #include "backend/functional_scope.h"
@@ -157,5 +158,6 @@ PYBIND11_MODULE(_C, module) {
       "sleep, in ns, in place of their groups' yield_ns; -1 restores the groups' own "
       "(spyrecclSetThreadYield).");
   spyreccl_torch::addFastEmpty(module);
+  spyreccl_torch::addDirectOps(module);
   module.attr("BACKEND_NAME") = spyreccl_torch::kBackendName;
 }

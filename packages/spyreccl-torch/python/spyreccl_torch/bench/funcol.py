@@ -16,7 +16,9 @@ measures, per message size and for spyre+spyreccl and CPU+gloo in the same rank 
 - ``<backend>+``: how much longer a compiled graph ``all_reduce(t * 2) + 1`` takes than the
   same graph ``t * 2 + 1``, for ``aot_eager``, ``inductor`` and inductor with its C++ wrapper
   (``cpp_wrapper=True``), with the group given as the ``ProcessGroup`` and (``-name``) by
-  its name;
+  its name; ``inductor-name-stock`` is ``inductor-name`` compiled with spyre's direct
+  collective calls switched off (the wrapper calls ``torch.ops._c10d_functional...`` as
+  the stock wrapper does, see ``spyreccl_torch.device._inductor``);
 
 and, once per level, a tensor-parallel MLP block's forward+backward step (DTensor colwise /
 rowwise sharding) next to the same block without tensor parallelism, and how much of a large
@@ -30,12 +32,13 @@ on the batch length before each case.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .launcher import RankJob, reporting_to
@@ -48,7 +51,16 @@ __all__ = ["CALLS", "GRAPH_BACKENDS", "run_funcol"]
 CALLS = ("eager", "async+wait", "op", "op_", "op_ torch-path", "funcol", "dtensor")
 # Rows timed with spyreccl's lean functional path switched off.
 TORCH_PATH_SUFFIX = " torch-path"
-GRAPH_BACKENDS = ("aot_eager", "inductor", "inductor-cpp", "inductor-name", "inductor-cpp-name")
+GRAPH_BACKENDS = (
+    "aot_eager",
+    "inductor",
+    "inductor-cpp",
+    "inductor-name",
+    "inductor-name-stock",
+    "inductor-cpp-name",
+)
+# Graph backends compiled with spyre's direct collective calls switched off.
+STOCK_CALLS_SUFFIX = "-stock"
 BATCHES = 15
 OVERLAP_BYTES = 16 << 20
 
@@ -119,7 +131,8 @@ def _compiled_pair(env: Any, backend: str) -> tuple[Any, Any]:
     torch, dist = env["torch"], env["dist"]
     import torch.distributed._functional_collectives as funcol
 
-    group = dist.group.WORLD.group_name if backend.endswith("-name") else dist.group.WORLD
+    by_name = backend.removesuffix(STOCK_CALLS_SUFFIX).endswith("-name")
+    group = dist.group.WORLD.group_name if by_name else dist.group.WORLD
 
     def with_collective(t: Any) -> Any:
         return funcol.all_reduce(t * 2, "sum", group) + 1
@@ -143,8 +156,13 @@ def _graph_samples(env: Any, backend: str, t: Any, budget_s: float) -> dict[str,
     # Dynamo caches compiled code per code object, and its guards do not cover inductor's
     # config: without a reset, the C++-wrapper rows would reuse the Python-wrapper graphs.
     reset_dynamo()
+    stock = backend.endswith(STOCK_CALLS_SUFFIX)
     try:
-        with inductor_config.patch(cpp_wrapper=cpp):
+        # The FX graph cache would hand a stock row the module compiled with direct calls.
+        with (
+            inductor_config.patch(cpp_wrapper=cpp, fx_graph_cache=not stock),
+            _direct_collective_calls(not stock),
+        ):
             coll, plain = _compiled_pair(env, backend)
             expected = (t * 2).cpu() * dist.get_world_size()
             got = coll(t)  # compiles (collectively: every rank compiles the same graph)
@@ -163,6 +181,20 @@ def _graph_samples(env: Any, backend: str, t: Any, budget_s: float) -> dict[str,
         "with": _time_batches(dist, torch, lambda: coll(t), budget_s),
         "without": _time_batches(dist, torch, lambda: plain(t), budget_s),
     }
+
+
+@contextlib.contextmanager
+def _direct_collective_calls(enabled: bool) -> Iterator[None]:
+    """Whether spyre's inductor wrappers compiled meanwhile call the functional collectives
+    through spyreccl_torch._C._direct_op (the default) or as the stock wrapper does."""
+    from spyreccl_torch.device import _inductor
+
+    saved = _inductor.DIRECT_COLLECTIVE_CALLS
+    _inductor.DIRECT_COLLECTIVE_CALLS = enabled
+    try:
+        yield
+    finally:
+        _inductor.DIRECT_COLLECTIVE_CALLS = saved
 
 
 def _tp_mlp_step(env: Any, device: Any, budget_s: float) -> dict[str, Any]:
