@@ -169,3 +169,61 @@ def test_compiled_collectives_match_eager(rank_pool, backend, seed):
 def test_inductor_really_ran(rank_pool, seed):
     counts = rank_pool.run(_inductor_counters, DEVICE, seed, timeout=400)
     assert all(c > 0 for c in counts), counts
+
+
+def _waited_at_once(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return funcol.all_reduce(x * 2, "sum", group_name) + 1
+
+
+def _overlapped(x: torch.Tensor, w: torch.Tensor, group_name: str) -> torch.Tensor:
+    # Inductor issues both collectives before the first wait, and sums the first result
+    # before waiting for the second: each has work of the graph between it and its wait.
+    ops = torch.ops._c10d_functional
+    first = ops.all_reduce(x * 2, "sum", group_name)
+    second = ops.all_reduce(w + 1, "sum", group_name)
+    return ops.wait_tensor(first).sum() + ops.wait_tensor(second).sum()
+
+
+def _wait_placement(seed: int) -> dict[str, list[str]]:
+    """Both graphs on every rank's random input, against float64 references; the calls their
+    Python wrappers make. A collective whose wait is the next thing the wrapper does is
+    bound with wait_follows=True (``<name>_then_wait``); one with the matmul between it and
+    its wait keeps the functional path, so that the transfer overlaps that work."""
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.accelerator.set_device_index(rank % torch.accelerator.device_count())
+    xs64, w64, x, w = _inputs(seed, DEVICE)
+    name = dist.group.WORLD.group_name
+    summed = sum(xi * 2 for xi in xs64)
+    cases = {
+        "waited": (_waited_at_once, (x, name), summed + 1),
+        "overlapped": (_overlapped, (x, w, name), summed.sum() + world * (w64 + 1).sum()),
+    }
+    calls: dict[str, list[str]] = {}
+    for label, (fn, args, expected) in cases.items():
+        torch._dynamo.reset()
+        with inductor_config.patch(fx_graph_cache=False):
+            out, codes = run_and_get_code(torch.compile(fn, fullgraph=True), *args)
+        torch.testing.assert_close(
+            out.cpu().double(), expected, rtol=1e-5, atol=1e-5, msg=f"{label}, rank {rank}"
+        )
+        calls[label] = re.findall(r"^\s*(_spyreccl_\w+)\(", "\n".join(codes), re.MULTILINE)
+    assert world > 1
+    return calls
+
+
+def test_a_collective_waited_at_once_runs_as_a_synchronous_call(rank_pool, seed):
+    for calls in rank_pool.run(_wait_placement, seed, timeout=400):
+        assert calls["waited"] == [
+            "_spyreccl_all_reduce__default_then_wait",
+            "_spyreccl_wait_tensor_default",
+        ], calls
+        assert calls["overlapped"] == [
+            "_spyreccl_all_reduce__default",
+            "_spyreccl_all_reduce__default",
+            "_spyreccl_wait_tensor_default",
+            "_spyreccl_wait_tensor_default",
+        ], calls

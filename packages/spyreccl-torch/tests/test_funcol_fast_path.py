@@ -104,17 +104,26 @@ def _inputs(seed: int, index: int, numel: int, dtype: torch.dtype, world: int):
 # --------------------------------------------------------------------------------------------
 
 
-def run_path_probe(seed, numel, ctx):
+def run_path_probe(seed, numel, ctx, wait_follows=False):
     """Times a functional all_reduce_ whose last rank arrives PEER_DELAY_S late; returns how
-    long the call took to return on this rank, and checks the result."""
+    long the call took to return on this rank, and checks the result. ``wait_follows``: the
+    call goes through the function spyre's inductor wrappers bind for a collective whose
+    wait comes next (``_direct_op(..., wait_follows=True)``)."""
+    from spyreccl_torch._C import _direct_op
+
     world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    all_reduce_ = (
+        _direct_op(C10D.all_reduce_.default, wait_follows=True)
+        if wait_follows
+        else C10D.all_reduce_
+    )
     inputs = _inputs(seed, 0, numel, torch.float32, world)
     tensor = inputs[rank].to(dev)
     dist.barrier()
     if rank == world - 1:
         time.sleep(PEER_DELAY_S)
     start = time.monotonic()
-    C10D.all_reduce_(tensor, "sum", _name())
+    all_reduce_(tensor, "sum", _name())
     returned = time.monotonic() - start
     C10D.wait_tensor(tensor)
     assert_close_dtype(
@@ -124,12 +133,22 @@ def run_path_probe(seed, numel, ctx):
 
 
 @pytest.mark.parametrize(
-    ("numel", "inline"),
-    [(1, True), (FUNCTIONAL_MAX_BYTES // 4, True), (FUNCTIONAL_MAX_BYTES // 4 + 1, False)],
-    ids=["tiny", "at-bound", "above-bound"],
+    ("numel", "wait_follows", "inline"),
+    [
+        (1, False, True),
+        (FUNCTIONAL_MAX_BYTES // 4, False, True),
+        (FUNCTIONAL_MAX_BYTES // 4 + 1, False, False),
+        # A collective whose wait comes next is a synchronous call: inline up to the bound
+        # of synchronous calls (SPYRECCL_INLINE_MAX_BYTES, 4 MiB), whatever the functional one.
+        (FUNCTIONAL_MAX_BYTES // 4 + 1, True, True),
+        (1 << 18, True, True),
+    ],
+    ids=["tiny", "at-bound", "above-bound", "above-bound-wait-follows", "1MiB-wait-follows"],
 )
-def test_functional_all_reduce_path_follows_the_bound(rank_pool, numel, inline):
-    returned = rank_pool.run(run_path_probe, fresh_seed(), numel, timeout=RUN_TIMEOUT)
+def test_functional_all_reduce_path_follows_the_bound(rank_pool, numel, wait_follows, inline):
+    returned = rank_pool.run(
+        run_path_probe, fresh_seed(), numel, wait_follows=wait_follows, timeout=RUN_TIMEOUT
+    )
     for rank, seconds in enumerate(returned[:-1]):  # only the early ranks can tell
         if inline:
             assert seconds >= PEER_DELAY_S * 0.5, (

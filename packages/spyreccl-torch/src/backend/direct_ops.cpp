@@ -39,6 +39,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/python_numbers.h>
 
+#include "backend/functional_scope.h"
+
 namespace spyreccl_torch {
 namespace {
 
@@ -61,6 +63,8 @@ struct DirectOp {
   std::vector<std::string> names;
   std::vector<std::optional<c10::IValue>> defaults;
   ResultKind result = ResultKind::kNone;
+  // The wrapper calls wait_tensor on the result next (WaitFollowsScope).
+  bool waitFollows = false;
 };
 
 constexpr const char* kCapsuleName = "spyreccl_torch.DirectOp";
@@ -230,7 +234,12 @@ PyObject* callDirect(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
   {
     // As torch's operator call: a collective may wait for its peers.
     pybind11::gil_scoped_release released;
-    op->handle.callBoxed(*stack);
+    if (op->waitFollows) {
+      WaitFollowsScope scope;
+      op->handle.callBoxed(*stack);
+    } else {
+      op->handle.callBoxed(*stack);
+    }
   }
   return resultObject(op->result, *stack);
   END_HANDLE_TH_ERRORS
@@ -245,7 +254,7 @@ void destroyCapsule(PyObject* capsule) {
   delete static_cast<DirectOp*>(PyCapsule_GetPointer(capsule, kCapsuleName));
 }
 
-pybind11::object directOp(const pybind11::object& overload) {
+pybind11::object directOp(const pybind11::object& overload, bool waitFollows) {
   const pybind11::object schema_object = overload.attr("_schema");
   const auto name = schema_object.attr("name").cast<std::string>();
   const auto overload_name = schema_object.attr("overload_name").cast<std::string>();
@@ -258,6 +267,7 @@ pybind11::object directOp(const pybind11::object& overload) {
 
   auto op = std::make_unique<DirectOp>(*handle, overload.ptr());
   op->result = *result;
+  op->waitFollows = waitFollows;
   for (const c10::Argument& argument : schema.arguments()) {
     const auto kind = kindOf(argument);
     if (!kind.has_value()) return overload;
@@ -278,11 +288,15 @@ pybind11::object directOp(const pybind11::object& overload) {
 
 void addDirectOps(pybind11::module_& module) {
   module.def("_direct_op", &directOp, pybind11::arg("overload"),
+             pybind11::arg("wait_follows") = false,
              "A C function that calls the OpOverload's dispatcher operator with its Python "
              "arguments, without torch's Python operator layer; what it cannot convert goes "
              "to the overload itself. Returns the overload unchanged when its schema has "
              "argument or return types the direct path does not convert. Bound once per "
-             "module by spyre's inductor wrappers for the functional collectives.");
+             "module by spyre's inductor wrappers for the functional collectives. "
+             "wait_follows=True: the caller waits for the collective's result right after the "
+             "call, so spyreccl runs it on the calling thread up to the bound of synchronous "
+             "calls (SPYRECCL_INLINE_MAX_BYTES) instead of the functional one.");
 }
 
 }  // namespace spyreccl_torch

@@ -15,7 +15,8 @@ namespace spyreccl_torch {
 // call as torch's own operator call does. A call it cannot convert (keyword arguments it
 // does not know, a Tensor subclass, an argument of another type, an active
 // __torch_function__ mode) goes to `overload` itself. For any other schema it returns
-// `overload` unchanged.
+// `overload` unchanged. `_direct_op(overload, wait_follows=True)` binds a function for
+// callers whose next step is the collective's wait_tensor (WaitFollowsScope).
 void addDirectOps(pybind11::module_& module);
 
 }  // namespace spyreccl_torch

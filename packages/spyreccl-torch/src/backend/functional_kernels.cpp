@@ -44,6 +44,7 @@ namespace spyreccl_torch {
 
 namespace {
 thread_local bool functionalCallActive = false;
+thread_local bool waitFollowsActive = false;
 }  // namespace
 
 FunctionalCallScope::FunctionalCallScope() : previous_(functionalCallActive) {
@@ -53,6 +54,12 @@ FunctionalCallScope::FunctionalCallScope() : previous_(functionalCallActive) {
 FunctionalCallScope::~FunctionalCallScope() { functionalCallActive = previous_; }
 
 bool inFunctionalCall() { return functionalCallActive; }
+
+WaitFollowsScope::WaitFollowsScope() : previous_(waitFollowsActive) { waitFollowsActive = true; }
+
+WaitFollowsScope::~WaitFollowsScope() { waitFollowsActive = previous_; }
+
+bool waitFollows() { return waitFollowsActive; }
 
 namespace {
 std::atomic<bool> leanEnabled{true};

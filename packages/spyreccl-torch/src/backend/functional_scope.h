@@ -25,6 +25,26 @@ class FunctionalCallScope {
 // Whether the calling thread is inside a FunctionalCallScope.
 bool inFunctionalCall();
 
+// Marks the calling thread as issuing functional collectives whose wait_tensor comes next,
+// with nothing in between: inductor's wrapper for spyre knows it from the graph
+// (spyreccl_torch.device._inductor) and says so through the functions direct_ops.cpp binds.
+// No computation can overlap such a collective, so it runs inline up to the bound of
+// synchronous calls (SPYRECCL_INLINE_MAX_BYTES) instead of the functional one
+// (ProcessGroupSpyreccl::runsInline).
+class WaitFollowsScope {
+ public:
+  WaitFollowsScope();
+  ~WaitFollowsScope();
+  WaitFollowsScope(const WaitFollowsScope&) = delete;
+  WaitFollowsScope& operator=(const WaitFollowsScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Whether the calling thread is inside a WaitFollowsScope.
+bool waitFollows();
+
 // The lean path of functional_kernels.cpp: on by default; off, every functional collective
 // runs torch's implementation (for comparisons: spyreccl_torch._C._set_lean_functional).
 void setLeanFunctional(bool enabled);

@@ -585,12 +585,19 @@ bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
   //    * functional collectives (DTensor, FSDP2, compiled graphs) are asynchronous, and
   //      their callers may place computation between the call and its wait_tensor, which
   //      must overlap the transfer: only messages whose transfer takes about as long as the
-  //      hand-off it saves run inline, up to inlineFunctionalMaxBytes_;
+  //      hand-off it saves run inline, up to inlineFunctionalMaxBytes_ — unless the caller
+  //      says that the wait comes next (WaitFollowsScope: a compiled graph with nothing
+  //      between the two), which makes them synchronous calls in all but name;
   //    * dist.*(async_op=True) never: its Work may be polled or waited on with a timeout
   //      of its own (WorkSpyreccl::wait runs it on the waiting thread instead, when the
   //      progress thread has not started it yet).
-  const size_t bound =
-      !op.asyncOp ? inlineMaxBytes_ : (inFunctionalCall() ? inlineFunctionalMaxBytes_ : 0);
+  size_t bound = 0;
+  if (!op.asyncOp) {
+    bound = inlineMaxBytes_;
+  } else if (inFunctionalCall()) {
+    bound = waitFollows() ? std::max(inlineMaxBytes_, inlineFunctionalMaxBytes_)
+                          : inlineFunctionalMaxBytes_;
+  }
   if (bound == 0 || !progress_->idle()) {
     return false;
   }

@@ -130,11 +130,24 @@ class _HostKernelCallsMixin:
             return None
         opname, overloadname = overload._opname, overload._overloadname
         name = f"_spyreccl_{opname}_{overloadname}"
+        target = f"torch.ops.{_FUNCTIONAL_NAMESPACE}.{opname}.{overloadname}"
         root.add_import_once(_DIRECT_OP_IMPORT)
-        root.add_import_once(
-            f"{name} = {_DIRECT_OP}(torch.ops.{_FUNCTIONAL_NAMESPACE}.{opname}.{overloadname})"
-        )
+        if node.get_name() in self._collectives_waited_at_once():
+            name += "_then_wait"
+            root.add_import_once(f"{name} = {_DIRECT_OP}({target}, wait_follows=True)")
+        else:
+            root.add_import_once(f"{name} = {_DIRECT_OP}({target})")
         return name
+
+    def _collectives_waited_at_once(self) -> set[str]:
+        """The collectives of this wrapper whose wait_tensor is its next line that does
+        anything (computed once, when the first collective is written: the wrapper's lines
+        are final by then)."""
+        cached: set[str] | None = getattr(self, "_spyre_waited_at_once", None)
+        if cached is None:
+            cached = _waited_at_once(self.lines)  # type: ignore[attr-defined]
+            self._spyre_waited_at_once = cached
+        return cached
 
     def _generate_extern_kernel_alloc_helper(self, extern_kernel: Any, args: list[str]) -> None:
         name = self._direct_collective(extern_kernel)
@@ -184,6 +197,72 @@ class _HostKernelCallsMixin:
         if shape_code != allocation_code:
             line += f".as_strided({shape_code}, {stride_code})"
         return line
+
+
+# Wrapper lines that neither compute nor touch a collective's buffers: what may sit between a
+# collective and its wait_tensor for the collective still to count as waited at once.
+_IDLE_LINE_PREFIXES = ("#", "assert_size_stride(", "assert_alignment(", "del ")
+
+
+def _idle_line(line: Any) -> bool:
+    from torch._inductor.codegen import wrapper
+    from torch._inductor.utils import LineContext
+
+    if isinstance(line, LineContext):  # origin information for the lines that follow
+        return True
+    if isinstance(line, str):
+        text = line.strip()
+        return not text or text.startswith(_IDLE_LINE_PREFIXES)
+    return isinstance(
+        line,
+        (
+            wrapper.CommentLine,
+            wrapper.MemoryPlanningLine,  # allocations, frees, reuses, reinterpreting views
+            wrapper.FreeLine,
+            wrapper.AssertSizeStrideLine,
+        ),
+    )
+
+
+def _waited_at_once(lines: list[Any]) -> set[str]:
+    """Names of the functional collectives in ``lines`` (a wrapper's lines, in order) whose
+    wait_tensor comes next, with only idle lines (and the collective's own output
+    unpacking) in between. No computation of the graph can overlap such a collective, so
+    it may run as a synchronous call (``_direct_op(..., wait_follows=True)``). Anything
+    else in between — a kernel, another collective, a wait on something else — and the
+    collective keeps the functional path, whose transfers overlap that work."""
+    from torch._inductor import ir
+    from torch._inductor.codegen import wrapper
+
+    found: set[str] = set()
+    for index, line in enumerate(lines):
+        node = getattr(line, "node", None)
+        if (
+            not isinstance(line, wrapper.ExternKernelAllocLine)
+            or not isinstance(node, ir._CollectiveKernel)
+            or isinstance(node, ir._WaitKernel)
+        ):
+            continue
+        written = {node.get_name(), *node.get_mutation_names()}
+        if node.op_overload._schema.is_mutable:
+            # In-place forms (all_reduce_, broadcast_, ..._out): inductor lists the tensors
+            # they write among their inputs, and their waits take those tensors.
+            written.update(i.get_name() for i in node.inputs if isinstance(i, ir.IRNode))
+        for later in lines[index + 1 :]:
+            if isinstance(later, wrapper.MultiOutputLine) and later.arg_name in written:
+                written.add(later.result_name)
+                continue
+            if _idle_line(later):
+                continue
+            wait = getattr(later, "node", None)
+            if isinstance(later, wrapper.ExternKernelAllocLine) and isinstance(
+                wait, ir._WaitKernel
+            ):
+                waited = {i.get_name() for i in wait.inputs if isinstance(i, ir.IRNode)}
+                if waited & written:
+                    found.add(node.get_name())
+            break
+    return found
 
 
 class SpyreSubgraphWrapperCodegen(_HostKernelCallsMixin, SubgraphPythonWrapperCodegen):
