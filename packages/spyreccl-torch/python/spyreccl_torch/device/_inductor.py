@@ -244,7 +244,8 @@ def _waited_at_once(lines: list[Any]) -> set[str]:
         ):
             continue
         written = {node.get_name(), *node.get_mutation_names()}
-        if node.op_overload._schema.is_mutable:
+        schema = getattr(node.op_overload, "_schema", None)
+        if schema is not None and schema.is_mutable:
             # In-place forms (all_reduce_, broadcast_, ..._out): inductor lists the tensors
             # they write among their inputs, and their waits take those tensors.
             written.update(i.get_name() for i in node.inputs if isinstance(i, ir.IRNode))
