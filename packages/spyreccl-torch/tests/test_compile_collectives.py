@@ -227,3 +227,46 @@ def test_a_collective_waited_at_once_runs_as_a_synchronous_call(rank_pool, seed)
             "_spyreccl_wait_tensor_default",
             "_spyreccl_wait_tensor_default",
         ], calls
+
+
+def _placement_fails(seed: int) -> list[str]:
+    """If telling waited-at-once collectives apart fails (inductor's internals moved), the
+    graph still compiles and computes the right thing, with a warning, every collective
+    keeping the functional path."""
+    import warnings
+
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    from spyreccl_torch.device import _inductor
+
+    torch.accelerator.set_device_index(dist.get_rank() % torch.accelerator.device_count())
+    xs64, _, x, _ = _inputs(seed, DEVICE)
+
+    def broken(lines):
+        raise AttributeError("no such wrapper line")
+
+    saved = _inductor._waited_at_once
+    _inductor._waited_at_once = broken
+    try:
+        torch._dynamo.reset()
+        with (
+            inductor_config.patch(fx_graph_cache=False),
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
+            out, codes = run_and_get_code(
+                torch.compile(_waited_at_once, fullgraph=True), x, dist.group.WORLD.group_name
+            )
+    finally:
+        _inductor._waited_at_once = saved
+    expected = sum(xi * 2 for xi in xs64) + 1
+    torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-5, atol=1e-5)
+    assert any("waited at once" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    return re.findall(r"^\s*(_spyreccl_\w+)\(", "\n".join(codes), re.MULTILINE)
+
+
+def test_a_failed_wait_placement_keeps_the_functional_path(rank_pool, seed):
+    for calls in rank_pool.run(_placement_fails, seed, timeout=400):
+        assert calls == ["_spyreccl_all_reduce__default", "_spyreccl_wait_tensor_default"], calls

@@ -24,6 +24,7 @@ import functools
 import os
 import sys
 import threading
+import warnings
 from typing import Any
 
 import torch
@@ -145,7 +146,17 @@ class _HostKernelCallsMixin:
         are final by then)."""
         cached: set[str] | None = getattr(self, "_spyre_waited_at_once", None)
         if cached is None:
-            cached = _waited_at_once(self.lines)  # type: ignore[attr-defined]
+            try:
+                cached = _waited_at_once(self.lines)  # type: ignore[attr-defined]
+            except Exception as error:  # inductor's internals moved: never fail a compile
+                warnings.warn(
+                    "spyreccl: cannot tell which collectives of a compiled spyre graph are "
+                    f"waited at once ({type(error).__name__}: {error}); they all keep the "
+                    "functional path",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                cached = set()
             self._spyre_waited_at_once = cached
         return cached
 
@@ -213,15 +224,15 @@ def _idle_line(line: Any) -> bool:
     if isinstance(line, str):
         text = line.strip()
         return not text or text.startswith(_IDLE_LINE_PREFIXES)
-    return isinstance(
-        line,
-        (
-            wrapper.CommentLine,
-            wrapper.MemoryPlanningLine,  # allocations, frees, reuses, reinterpreting views
-            wrapper.FreeLine,
-            wrapper.AssertSizeStrideLine,
-        ),
-    )
+    return isinstance(line, _idle_line_types(wrapper))
+
+
+@functools.cache
+def _idle_line_types(wrapper: Any) -> tuple[type, ...]:
+    # Allocations, frees, reuses and reinterpreting views (MemoryPlanningLine), comments,
+    # size asserts; looked up by name, so that a torch without one of them still compiles.
+    names = ("CommentLine", "MemoryPlanningLine", "FreeLine", "AssertSizeStrideLine")
+    return tuple(t for t in (getattr(wrapper, n, None) for n in names) if isinstance(t, type))
 
 
 def _waited_at_once(lines: list[Any]) -> set[str]:
