@@ -270,3 +270,80 @@ def _placement_fails(seed: int) -> list[str]:
 def test_a_failed_wait_placement_keeps_the_functional_path(rank_pool, seed):
     for calls in rank_pool.run(_placement_fails, seed, timeout=400):
         assert calls == ["_spyreccl_all_reduce__default", "_spyreccl_wait_tensor_default"], calls
+
+
+def _every_kind(xs: list[torch.Tensor], group_name: str) -> list[torch.Tensor]:
+    """One of each functional collective whose arguments differ in kind (tensor lists, int
+    lists, an int source rank), every result used by a later kernel."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    a, b = xs
+    reduced = funcol.all_reduce_coalesced([a * 2, b - 1], "sum", group_name)
+    gathered = funcol.all_gather_into_tensor_coalesced([a + 1, b * 3], group_name)
+    scattered = funcol.reduce_scatter_tensor_coalesced([a.repeat(world, 1)], "sum", [0], group_name)
+    splits = [r + 1 for r in range(world)]  # rank r sends r+1 rows to every rank ...
+    exchanged = funcol.all_to_all_single(
+        b[: sum(splits)].clone(), [rank + 1] * world, splits, group_name
+    )  # ... and receives rank+1 rows from each
+    broadcast = funcol.broadcast(a - b[: a.shape[0]], world - 1, group_name)
+    return [t * 1.0 for t in (*reduced, *gathered, *scattered, exchanged, broadcast)]
+
+
+def _every_kind_compiled(seed: int) -> list[str]:
+    """_every_kind compiled with inductor on spyre against float64 references built from every
+    rank's inputs; the calls its Python wrapper makes."""
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.accelerator.set_device_index(rank % torch.accelerator.device_count())
+    gen = torch.Generator().manual_seed(seed)
+    rows = world * (world + 1) // 2 + ROWS
+    inputs = [
+        (
+            torch.randn(ROWS, COLS, generator=gen, dtype=torch.float64),
+            torch.randn(rows, COLS, generator=gen, dtype=torch.float64),
+        )
+        for _ in range(world)
+    ]
+    a = [p[0] for p in inputs]
+    b = [p[1] for p in inputs]
+    offsets = [sum(range(1, s + 1)) for s in range(world)]  # rank r's rows for s start here
+    expected = [
+        sum(x * 2 for x in a),
+        sum(x - 1 for x in b),
+        torch.cat([x + 1 for x in a]),
+        torch.cat([x * 3 for x in b]),
+        sum(a),  # every rank's block r of a.repeat(world, 1) is its a
+        torch.cat([b[r][offsets[rank] : offsets[rank] + rank + 1] for r in range(world)]),
+        a[world - 1] - b[world - 1][:ROWS],
+    ]
+    mine = [t.float().to(DEVICE) for t in inputs[rank]]
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False):
+        outs, codes = run_and_get_code(
+            torch.compile(_every_kind, fullgraph=True), mine, dist.group.WORLD.group_name
+        )
+    assert len(outs) == len(expected)
+    for i, (got, want) in enumerate(zip(outs, expected, strict=True)):
+        torch.testing.assert_close(
+            got.cpu().double(), want, rtol=1e-5, atol=1e-5, msg=f"output {i}, rank {rank}"
+        )
+    code = "\n".join(codes)
+    stock = [line.strip() for line in code.splitlines() if STOCK_CALL.match(line)]
+    assert not stock, stock
+    calls = set(re.findall(r"^\s*(?:\w+ = )?(_spyreccl_\w+)\(", code, re.MULTILINE))
+    return sorted(calls - {"_spyreccl_direct_op"})  # the module's binding lines
+
+
+def test_every_kind_of_functional_collective_in_a_compiled_graph(rank_pool, seed):
+    for calls in rank_pool.run(_every_kind_compiled, seed, timeout=400):
+        ops = {re.sub(r"_default(_then_wait)?$", "", c.removeprefix("_spyreccl_")) for c in calls}
+        assert {
+            "all_reduce_coalesced_",
+            "all_gather_into_tensor_coalesced",
+            "reduce_scatter_tensor_coalesced",
+            "all_to_all_single",
+            "broadcast_",
+            "wait_tensor",
+        } <= ops, calls
