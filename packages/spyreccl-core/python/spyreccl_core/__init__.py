@@ -39,6 +39,7 @@ from ._core import (
     group_end,
     group_start,
     library_version,
+    set_thread_yield,
 )
 from .launch import LaunchError, launch
 from .memory import empty
@@ -84,6 +85,7 @@ __all__ = [
     "launch",
     "library_path",
     "library_version",
+    "set_thread_yield",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <spyreccl/spyreccl.h>
 
+#include <cstdint>
 #include <string>
 
 #include "communicator.h"
@@ -40,6 +41,24 @@ PYBIND11_MODULE(_core, m) {
       "error_string",
       [](spyrecclResult_t result) { return std::string(spyrecclGetErrorString(result)); },
       py::arg("result"), "Generic description of a Result code.");
+
+  m.def(
+      "set_thread_yield",
+      [](int64_t ns) {
+        if (ns < -1) {
+          spyreccl_py::throw_invalid_argument(
+              "set_thread_yield",
+              "argument 'ns' must be >= -1 (-1 restores the communicators' "
+              "own yield_ns), got " +
+                  std::to_string(ns));
+        }
+        spyreccl_py::check_result(spyrecclSetThreadYield(ns), nullptr);
+      },
+      py::arg("ns"),
+      "How long the waits of spyreccl calls made by this thread keep the CPU with sched_yield "
+      "before they sleep, in ns, in place of their communicators' yield_ns; 0 sleeps right "
+      "after the spin, -1 restores the communicators' own (spyrecclSetThreadYield). Waits "
+      "of other threads are not affected.");
 
   spyreccl_py::bind_types(m);
   spyreccl_py::bind_errors(m);

@@ -219,6 +219,58 @@ def test_multi_rank_argument_errors(rank_pool):
         assert f"not a multiple of size = {rank_pool.world_size}" in message
 
 
+def test_set_thread_yield_arguments():
+    with raises(
+        spyreccl_core.InvalidArgumentError, "set_thread_yield: argument 'ns' must be >= -1"
+    ):
+        spyreccl_core.set_thread_yield(-2)
+    with raises(TypeError, "set_thread_yield"):
+        spyreccl_core.set_thread_yield("1ms")
+    spyreccl_core.set_thread_yield(0)
+    spyreccl_core.set_thread_yield(-1)  # back to the communicators' own
+
+
+LATE_S = 0.4
+
+
+def rank_waits_with_thread_yield(comm, seed):
+    """The last rank joins an all_reduce LATE_S late, twice: the early ranks wait first with
+    their thread's yield phase at 0 (they sleep right after the spin), then at 10 s (they
+    yield the CPU all along, so the wait costs the thread CPU time). Returns the thread CPU
+    seconds each early wait took; the sums are checked against float64."""
+    import time
+
+    def inputs(rank, k):
+        return np.random.default_rng([seed, rank, k]).standard_normal(17).astype(F32)
+
+    cpu = []
+    for k, ns in enumerate((0, 10_000_000_000)):
+        spyreccl_core.set_thread_yield(ns)
+        try:
+            out = np.full(17, np.nan, dtype=F32)
+            comm.barrier()
+            if comm.rank == comm.size - 1:
+                time.sleep(LATE_S)
+            start = time.thread_time()
+            comm.all_reduce(inputs(comm.rank, k), out)
+            cpu.append(time.thread_time() - start)
+        finally:
+            spyreccl_core.set_thread_yield(-1)
+        expected = sum(inputs(r, k).astype(np.float64) for r in range(comm.size))
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    return cpu
+
+
+def test_set_thread_yield_changes_how_this_thread_waits(rank_pool):
+    import os
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    results = rank_pool.run(rank_waits_with_thread_yield, seed)
+    for rank, (sleeping, yielding) in enumerate(results[:-1]):
+        assert sleeping < 0.25 * LATE_S, (rank, sleeping, yielding)
+        assert yielding > 0.5 * LATE_S, (rank, sleeping, yielding)
+
+
 # ---------------------------------------------------------------------------------------
 # Fuzz
 # ---------------------------------------------------------------------------------------
