@@ -184,7 +184,7 @@ def _overlapped(x: torch.Tensor, w: torch.Tensor, group_name: str) -> torch.Tens
     return ops.wait_tensor(first).sum() + ops.wait_tensor(second).sum()
 
 
-def _wait_placement(seed: int) -> dict[str, list[str]]:
+def _wait_placement(seed: int, cpp_wrapper: bool = False) -> dict[str, list[str]]:
     """Both graphs on every rank's random input, against float64 references; the calls their
     Python wrappers make. A collective whose wait is the next thing the wrapper does is
     bound with wait_follows=True (``<name>_then_wait``); one with the matmul between it and
@@ -205,14 +205,28 @@ def _wait_placement(seed: int) -> dict[str, list[str]]:
     calls: dict[str, list[str]] = {}
     for label, (fn, args, expected) in cases.items():
         torch._dynamo.reset()
-        with inductor_config.patch(fx_graph_cache=False):
+        with inductor_config.patch(fx_graph_cache=False, cpp_wrapper=cpp_wrapper):
             out, codes = run_and_get_code(torch.compile(fn, fullgraph=True), *args)
         torch.testing.assert_close(
             out.cpu().double(), expected, rtol=1e-5, atol=1e-5, msg=f"{label}, rank {rank}"
         )
-        calls[label] = re.findall(r"^\s*(_spyreccl_\w+)\(", "\n".join(codes), re.MULTILINE)
+        code = "\n".join(codes)
+        if cpp_wrapper:  # the all_reduce shims' calls (the C++ wrapper waits through c10d)
+            calls[label] = re.findall(CPP_SHIM_CALL, code)
+        else:
+            calls[label] = re.findall(r"^\s*(_spyreccl_\w+)\(", code, re.MULTILINE)
     assert world > 1
     return calls
+
+
+# A call of one of the C++ wrapper's all_reduce shims (spyreccl_torch.device._cpp_wrapper).
+CPP_SHIM_CALL = r"AOTI_TORCH_ERROR_CODE_CHECK\(aoti_torch_spyre__c10d_functional_(\w+)\("
+
+
+def test_the_cpp_wrapper_marks_a_collective_waited_at_once(rank_pool, seed):
+    for calls in rank_pool.run(_wait_placement, seed, cpp_wrapper=True, timeout=400):
+        assert calls["waited"] == ["all_reduce__then_wait"], calls
+        assert calls["overlapped"] == ["all_reduce_", "all_reduce_"], calls
 
 
 def test_a_collective_waited_at_once_runs_as_a_synchronous_call(rank_pool, seed):

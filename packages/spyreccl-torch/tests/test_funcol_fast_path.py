@@ -104,19 +104,27 @@ def _inputs(seed: int, index: int, numel: int, dtype: torch.dtype, world: int):
 # --------------------------------------------------------------------------------------------
 
 
-def run_path_probe(seed, numel, ctx, wait_follows=False):
+def run_path_probe(seed, numel, ctx, wait_follows=None):
     """Times a functional all_reduce_ whose last rank arrives PEER_DELAY_S late; returns how
     long the call took to return on this rank, and checks the result. ``wait_follows``: the
-    call goes through the function spyre's inductor wrappers bind for a collective whose
-    wait comes next (``_direct_op(..., wait_follows=True)``)."""
+    caller says that the wait comes next, through the function spyre's Python wrappers bind
+    (``"direct"``: ``_direct_op(..., wait_follows=True)``) or the dispatcher op its C++
+    wrappers call around the collective (``"op"``: ``spyreccl::_set_wait_follows``)."""
     from spyreccl_torch._C import _direct_op
 
     world, rank, dev = ctx.world_size, ctx.rank, ctx.device
-    all_reduce_ = (
-        _direct_op(C10D.all_reduce_.default, wait_follows=True)
-        if wait_follows
-        else C10D.all_reduce_
-    )
+    all_reduce_ = C10D.all_reduce_
+    if wait_follows == "direct":
+        all_reduce_ = _direct_op(C10D.all_reduce_.default, wait_follows=True)
+    elif wait_follows == "op":
+
+        def all_reduce_(*args):
+            previous = torch.ops.spyreccl._set_wait_follows(True)
+            try:
+                return C10D.all_reduce_(*args)
+            finally:
+                assert torch.ops.spyreccl._set_wait_follows(previous)
+
     inputs = _inputs(seed, 0, numel, torch.float32, world)
     tensor = inputs[rank].to(dev)
     dist.barrier()
@@ -135,15 +143,23 @@ def run_path_probe(seed, numel, ctx, wait_follows=False):
 @pytest.mark.parametrize(
     ("numel", "wait_follows", "inline"),
     [
-        (1, False, True),
-        (FUNCTIONAL_MAX_BYTES // 4, False, True),
-        (FUNCTIONAL_MAX_BYTES // 4 + 1, False, False),
+        (1, None, True),
+        (FUNCTIONAL_MAX_BYTES // 4, None, True),
+        (FUNCTIONAL_MAX_BYTES // 4 + 1, None, False),
         # A collective whose wait comes next is a synchronous call: inline up to the bound
         # of synchronous calls (SPYRECCL_INLINE_MAX_BYTES, 4 MiB), whatever the functional one.
-        (FUNCTIONAL_MAX_BYTES // 4 + 1, True, True),
-        (1 << 18, True, True),
+        (FUNCTIONAL_MAX_BYTES // 4 + 1, "direct", True),
+        (1 << 18, "direct", True),
+        (1 << 18, "op", True),
     ],
-    ids=["tiny", "at-bound", "above-bound", "above-bound-wait-follows", "1MiB-wait-follows"],
+    ids=[
+        "tiny",
+        "at-bound",
+        "above-bound",
+        "above-bound-wait-follows",
+        "1MiB-wait-follows",
+        "1MiB-wait-follows-op",
+    ],
 )
 def test_functional_all_reduce_path_follows_the_bound(rank_pool, numel, wait_follows, inline):
     returned = rank_pool.run(

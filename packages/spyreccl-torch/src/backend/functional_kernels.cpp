@@ -62,6 +62,19 @@ WaitFollowsScope::~WaitFollowsScope() { waitFollowsActive = previous_; }
 bool waitFollows() { return waitFollowsActive; }
 
 namespace {
+// spyreccl::_set_wait_follows(bool enabled) -> bool: sets the calling thread's WaitFollowsScope
+// flag and returns its previous value, for code that cannot link against this extension
+// (the C++ wrappers inductor compiles for spyre graphs, spyreccl_torch.device._cpp_wrapper).
+bool setWaitFollows(bool enabled) {
+  const bool previous = waitFollowsActive;
+  waitFollowsActive = enabled;
+  return previous;
+}
+}  // namespace
+
+TORCH_LIBRARY(spyreccl, m) { m.def("_set_wait_follows(bool enabled) -> bool", &setWaitFollows); }
+
+namespace {
 std::atomic<bool> leanEnabled{true};
 std::atomic<uint64_t> leanCalls{0};
 }  // namespace

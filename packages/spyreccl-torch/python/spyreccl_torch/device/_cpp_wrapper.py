@@ -74,6 +74,37 @@ AOTITorchError aoti_torch_spyre__c10d_functional_all_reduce(
       "_c10d_functional::all_reduce", "");
   return spyreccl_call_all_reduce(op, inp, reduce_op, group_name, ret0);
 }
+// The wrapper waits for the result right after the call (nothing of the graph in between):
+// spyreccl may run it on this thread like a synchronous call, above the functional inline
+// bound. The flag is the thread's WaitFollowsScope, set through spyreccl's dispatcher op.
+struct SpyrecclWaitFollows {
+  static const c10::TypedOperatorHandle<bool(bool)>& op() {
+    static const auto handle = c10::Dispatcher::singleton()
+        .findSchemaOrThrow("spyreccl::_set_wait_follows", "").typed<bool(bool)>();
+    return handle;
+  }
+  SpyrecclWaitFollows() : previous(op().call(true)) {}
+  ~SpyrecclWaitFollows() { op().call(previous); }
+  bool previous;
+};
+AOTITorchError aoti_torch_spyre__c10d_functional_all_reduce__then_wait(
+    AtenTensorHandle inp, const char* reduce_op, const char* group_name,
+    AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    SpyrecclWaitFollows scope;
+    AOTI_TORCH_ERROR_CODE_CHECK(
+        aoti_torch_spyre__c10d_functional_all_reduce_(inp, reduce_op, group_name, ret0));
+  });
+}
+AOTITorchError aoti_torch_spyre__c10d_functional_all_reduce_then_wait(
+    AtenTensorHandle inp, const char* reduce_op, const char* group_name,
+    AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    SpyrecclWaitFollows scope;
+    AOTI_TORCH_ERROR_CODE_CHECK(
+        aoti_torch_spyre__c10d_functional_all_reduce(inp, reduce_op, group_name, ret0));
+  });
+}
 }  // namespace
 """
 
@@ -112,6 +143,8 @@ class SpyreCppWrapperCodegen(CppWrapperCpu):
     def __init__(self) -> None:
         super().__init__()
         self._collective_helpers_written = False
+        self._spyre_waited_at_once: set[str] | None = None  # see _collectives_waited_at_once
+        self._spyre_then_wait = False  # the collective being written is waited at once
 
     @staticmethod
     def create(
@@ -138,10 +171,27 @@ class SpyreCppWrapperCodegen(CppWrapperCpu):
         op = _DISPATCHED_COLLECTIVE_SHIMS.get(kernel)
         if op is not None:
             self._write_collective_helpers()
-            return f"aoti_torch_spyre__c10d_functional_{op}"
+            suffix = "_then_wait" if self._spyre_then_wait else ""
+            return f"aoti_torch_spyre__c10d_functional_{op}{suffix}"
         # out= extern kernels: inductor allocated the spyre output, the CPU kernel only
         # sees host pointers (fallback kernels never get here: generate_fallback_kernel).
         return CppWrapperCpu.get_c_shim_func_name(kernel, "cpu")
+
+    def _generate_extern_kernel_alloc_helper(self, extern_kernel: Any, args: list[str]) -> None:
+        # The all_reduce(_) shims above: a collective whose wait comes next takes the
+        # _then_wait form (the Python wrapper's rule, spyreccl_torch.device._inductor).
+        self._spyre_then_wait = extern_kernel.get_name() in self._collectives_waited_at_once()
+        try:
+            super()._generate_extern_kernel_alloc_helper(extern_kernel, args)
+        finally:
+            self._spyre_then_wait = False
+
+    def _collectives_waited_at_once(self) -> set[str]:
+        if self._spyre_waited_at_once is None:
+            from spyreccl_torch.device._inductor import waited_at_once_or_none
+
+            self._spyre_waited_at_once = waited_at_once_or_none(self.lines)
+        return self._spyre_waited_at_once
 
     def _write_collective_helpers(self) -> None:
         if self._collective_helpers_written:

@@ -146,17 +146,7 @@ class _HostKernelCallsMixin:
         are final by then)."""
         cached: set[str] | None = getattr(self, "_spyre_waited_at_once", None)
         if cached is None:
-            try:
-                cached = _waited_at_once(self.lines)  # type: ignore[attr-defined]
-            except Exception as error:  # inductor's internals moved: never fail a compile
-                warnings.warn(
-                    "spyreccl: cannot tell which collectives of a compiled spyre graph are "
-                    f"waited at once ({type(error).__name__}: {error}); they all keep the "
-                    "functional path",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                cached = set()
+            cached = waited_at_once_or_none(self.lines)  # type: ignore[attr-defined]
             self._spyre_waited_at_once = cached
         return cached
 
@@ -233,6 +223,21 @@ def _idle_line_types(wrapper: Any) -> tuple[type, ...]:
     # size asserts; looked up by name, so that a torch without one of them still compiles.
     names = ("CommentLine", "MemoryPlanningLine", "FreeLine", "AssertSizeStrideLine")
     return tuple(t for t in (getattr(wrapper, n, None) for n in names) if isinstance(t, type))
+
+
+def waited_at_once_or_none(lines: list[Any]) -> set[str]:
+    """_waited_at_once(lines), or no collective at all if that fails (inductor's internals
+    moved): a warning, never a failed compile. For the Python and the C++ wrapper."""
+    try:
+        return _waited_at_once(lines)
+    except Exception as error:
+        warnings.warn(
+            "spyreccl: cannot tell which collectives of a compiled spyre graph are waited at "
+            f"once ({type(error).__name__}: {error}); they all keep the functional path",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return set()
 
 
 def _waited_at_once(lines: list[Any]) -> set[str]:
