@@ -197,3 +197,34 @@ def test_funcol_mode(tmp_path, capsys):
         assert result["overlap"]["both"] > 0
     text = capsys.readouterr().out
     assert "aot_eager+" in text and "tensor-parallel MLP block" in text
+
+
+def test_funcol_mode_with_inductor_times_the_compiled_tensor_parallel_step(tmp_path, capsys):
+    """With an inductor graph row, the run also compiles the tensor-parallel block (forward
+    and backward graphs with functional collectives), checks it against the eager block
+    inside, and reports its step next to the eager one, on both levels."""
+    out = tmp_path / "funcol.json"
+    rc = main(
+        [
+            "--mode",
+            "funcol",
+            "--nproc",
+            "2",
+            "--sizes",
+            "8",
+            "--graph-backends",
+            "inductor-name",
+            "--time-per-size",
+            "0.01",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    doc = _load(out)
+    for level in ("spyreccl", "gloo"):
+        result = doc["results"][level]
+        assert "error" not in result["sizes"]["8"]["inductor-name+"], result["sizes"]["8"]
+        step = result["tp_mlp_step"]
+        assert step["tp_compiled"]["median_us"] > 0, step
+    assert "tp compiled" in capsys.readouterr().out

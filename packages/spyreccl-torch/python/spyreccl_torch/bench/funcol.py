@@ -21,8 +21,10 @@ measures, per message size and for spyre+spyreccl and CPU+gloo in the same rank 
   the stock wrapper does, see ``spyreccl_torch.device._inductor``);
 
 and, once per level, a tensor-parallel MLP block's forward+backward step (DTensor colwise /
-rowwise sharding) next to the same block without tensor parallelism, and how much of a large
-functional all_reduce overlaps with computation placed between the call and its wait.
+rowwise sharding) next to the same block without tensor parallelism (and, when an inductor
+graph row is asked for, the sharded block through ``torch.compile``), and how much of a
+large functional all_reduce overlaps with computation placed between the call and its
+wait.
 
 Each number is the median over 15 batches of the mean per-call time of a batch (p10 / p90
 over the batches are in the JSON), averaged over the ranks batch by batch; the ranks agree
@@ -197,9 +199,11 @@ def _direct_collective_calls(enabled: bool) -> Iterator[None]:
         _inductor.DIRECT_COLLECTIVE_CALLS = saved
 
 
-def _tp_mlp_step(env: Any, device: Any, budget_s: float) -> dict[str, Any]:
+def _tp_mlp_step(env: Any, device: Any, budget_s: float, compiled: bool) -> dict[str, Any]:
     """Forward+backward of a Megatron-style MLP block (colwise then rowwise linear) sharded
-    over the world, and of the same block unsharded on this rank."""
+    over the world, and of the same block unsharded on this rank; with ``compiled``, also
+    the sharded block through ``torch.compile`` (inductor: its collectives are functional
+    ones in the compiled forward and backward graphs), checked against the eager block."""
     torch, dist = env["torch"], env["dist"]
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -229,10 +233,31 @@ def _tp_mlp_step(env: Any, device: Any, budget_s: float) -> dict[str, Any]:
 
         return run
 
-    return {
+    result = {
         "tp": _time_batches(dist, torch, step(tp), budget_s),
         "local": _time_batches(dist, torch, step(local), budget_s),
     }
+    if compiled:
+        from torch._dynamo import reset as reset_dynamo
+
+        reset_dynamo()
+        tp_compiled = parallelize_module(
+            block(), env["mesh"], {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        )
+        forward = torch.compile(tp_compiled)
+
+        def compiled_run() -> object:
+            tp_compiled.zero_grad(set_to_none=True)
+            forward(x).sum().backward()
+            return None
+
+        compiled_run()  # compiles the forward and backward graphs (every rank alike)
+        expected = tp(x).full_tensor() if hasattr(tp(x), "full_tensor") else tp(x)
+        got = forward(x)
+        got = got.full_tensor() if hasattr(got, "full_tensor") else got
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        result["tp_compiled"] = _time_batches(dist, torch, compiled_run, budget_s)
+    return result
 
 
 def _overlap(env: Any, device: Any, budget_s: float) -> dict[str, float]:
@@ -320,11 +345,19 @@ def funcol_rank(args: dict) -> None:
                     )
                 conn.send(("progress", f"{level} {nbytes} B"))
         for level, env in per_level.items():
-            results[f"{level}/tp_mlp"] = _tp_mlp_step(env, env["device"], budget * 2)
+            results[f"{level}/tp_mlp"] = _tp_mlp_step(
+                env, env["device"], budget * 2, _compiles_tp(args["graph_backends"])
+            )
             results[f"{level}/overlap"] = _overlap(env, env["device"], budget * 2)
         conn.send(("case", 0, results))
         dist.destroy_process_group()
         conn.send(("done",))
+
+
+def _compiles_tp(graph_backends: list[str]) -> bool:
+    """Whether the run times the compiled tensor-parallel step (with an inductor graph row:
+    its compilation is what costs)."""
+    return any(b.startswith("inductor") for b in graph_backends)
 
 
 def _set_lean(enabled: bool) -> None:
@@ -366,7 +399,8 @@ def _rows(per_rank: list[dict], args: argparse.Namespace) -> dict[str, Any]:
             "sizes": sizes,
             "tp_mlp_step": {
                 kind: _summary([r[f"{level}/tp_mlp"][kind] for r in per_rank])
-                for kind in ("tp", "local")
+                for kind in ("tp", "local", "tp_compiled")
+                if kind in first[f"{level}/tp_mlp"]
             },
             "overlap": {
                 k: sum(r[f"{level}/overlap"][k] for r in per_rank) / len(per_rank)
@@ -409,9 +443,12 @@ def _format(table: dict[str, Any], args: argparse.Namespace) -> str:
     for level in ("spyreccl", "gloo"):
         step = table[level]["tp_mlp_step"]
         tp_ms, local_ms = step["tp"]["median_us"] / 1e3, step["local"]["median_us"] / 1e3
-        lines.append(
+        line = (
             f"{level:<9} tp {tp_ms:8.3f}   local {local_ms:8.3f}   tp-local {tp_ms - local_ms:8.3f}"
         )
+        if "tp_compiled" in step:
+            line += f"   tp compiled {step['tp_compiled']['median_us'] / 1e3:8.3f}"
+        lines.append(line)
     lines += [
         "",
         f"# overlap: functional all_reduce_ of {_size_label(OVERLAP_BYTES)}, independent "
