@@ -47,36 +47,11 @@ namespace {
 // spyreccl: a _c10d_functional all_reduce on spyre tensors goes through the dispatcher, so
 // that the PrivateUse1 kernel of spyreccl-torch runs it (inductor's CPU shim calls c10d
 // directly). Same C signature as aoti_torch_cpu__c10d_functional_<op>.
-AOTITorchError spyreccl_call_all_reduce(
-    const c10::OperatorHandle& op, AtenTensorHandle inp, const char* reduce_op,
-    const char* group_name, AtenTensorHandle* ret0) {
-  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-    std::vector<c10::IValue> stack;
-    stack.reserve(3);
-    stack.emplace_back(*torch::aot_inductor::tensor_handle_to_tensor_pointer(inp));
-    stack.emplace_back(std::string(reduce_op));
-    stack.emplace_back(std::string(group_name));
-    op.callBoxed(&stack);
-    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(stack[0]).toTensor());
-  });
-}
-AOTITorchError aoti_torch_spyre__c10d_functional_all_reduce_(
-    AtenTensorHandle inp, const char* reduce_op, const char* group_name,
-    AtenTensorHandle* ret0) {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
-      "_c10d_functional::all_reduce_", "");
-  return spyreccl_call_all_reduce(op, inp, reduce_op, group_name, ret0);
-}
-AOTITorchError aoti_torch_spyre__c10d_functional_all_reduce(
-    AtenTensorHandle inp, const char* reduce_op, const char* group_name,
-    AtenTensorHandle* ret0) {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
-      "_c10d_functional::all_reduce", "");
-  return spyreccl_call_all_reduce(op, inp, reduce_op, group_name, ret0);
-}
-// The wrapper waits for the result right after the call (nothing of the graph in between):
-// spyreccl may run it on this thread like a synchronous call, above the functional inline
-// bound. The flag is the thread's WaitFollowsScope, set through spyreccl's dispatcher op.
+//
+// The _then_wait forms are for a collective whose wait the wrapper calls right after it
+// (nothing of the graph in between): spyreccl may then run it on this thread like a
+// synchronous call, above the functional inline bound. They set the thread's flag through
+// spyreccl's dispatcher op, since this code cannot link against spyreccl's extension.
 struct SpyrecclWaitFollows {
   static const c10::TypedOperatorHandle<bool(bool)>& op() {
     static const auto handle = c10::Dispatcher::singleton()
@@ -87,24 +62,39 @@ struct SpyrecclWaitFollows {
   ~SpyrecclWaitFollows() { op().call(previous); }
   bool previous;
 };
-AOTITorchError aoti_torch_spyre__c10d_functional_all_reduce__then_wait(
-    AtenTensorHandle inp, const char* reduce_op, const char* group_name,
-    AtenTensorHandle* ret0) {
+const c10::OperatorHandle& spyreccl_all_reduce_op(bool in_place) {
+  static const auto in_place_op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      "_c10d_functional::all_reduce_", "");
+  static const auto out_of_place_op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      "_c10d_functional::all_reduce", "");
+  return in_place ? in_place_op : out_of_place_op;
+}
+AOTITorchError spyreccl_call_all_reduce(
+    bool in_place, bool wait_follows, AtenTensorHandle inp, const char* reduce_op,
+    const char* group_name, AtenTensorHandle* ret0) {
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-    SpyrecclWaitFollows scope;
-    AOTI_TORCH_ERROR_CODE_CHECK(
-        aoti_torch_spyre__c10d_functional_all_reduce_(inp, reduce_op, group_name, ret0));
+    std::optional<SpyrecclWaitFollows> scope;
+    if (wait_follows) scope.emplace();
+    std::vector<c10::IValue> stack;
+    stack.reserve(3);
+    stack.emplace_back(*torch::aot_inductor::tensor_handle_to_tensor_pointer(inp));
+    stack.emplace_back(std::string(reduce_op));
+    stack.emplace_back(std::string(group_name));
+    spyreccl_all_reduce_op(in_place).callBoxed(&stack);
+    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(stack[0]).toTensor());
   });
 }
-AOTITorchError aoti_torch_spyre__c10d_functional_all_reduce_then_wait(
-    AtenTensorHandle inp, const char* reduce_op, const char* group_name,
-    AtenTensorHandle* ret0) {
-  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-    SpyrecclWaitFollows scope;
-    AOTI_TORCH_ERROR_CODE_CHECK(
-        aoti_torch_spyre__c10d_functional_all_reduce(inp, reduce_op, group_name, ret0));
-  });
-}
+#define SPYRECCL_ALL_REDUCE_SHIM(name, in_place, wait_follows)                           \
+  AOTITorchError name(AtenTensorHandle inp, const char* reduce_op, const char* group_name, \
+                      AtenTensorHandle* ret0) {                                            \
+    return spyreccl_call_all_reduce(in_place, wait_follows, inp, reduce_op, group_name,    \
+                                    ret0);                                                 \
+  }
+SPYRECCL_ALL_REDUCE_SHIM(aoti_torch_spyre__c10d_functional_all_reduce_, true, false)
+SPYRECCL_ALL_REDUCE_SHIM(aoti_torch_spyre__c10d_functional_all_reduce, false, false)
+SPYRECCL_ALL_REDUCE_SHIM(aoti_torch_spyre__c10d_functional_all_reduce__then_wait, true, true)
+SPYRECCL_ALL_REDUCE_SHIM(aoti_torch_spyre__c10d_functional_all_reduce_then_wait, false, true)
+#undef SPYRECCL_ALL_REDUCE_SHIM
 }  // namespace
 """
 
