@@ -160,30 +160,22 @@ def test_ibm_mode_self_launches_under_torchrun(tmp_path):
         assert r["minbw_gbps"] <= r["avgbw_gbps"] <= r["maxbw_gbps"]
 
 
+def _funcol_run(tmp_path, sizes: str, graph_backends: str) -> dict:
+    """spyreccl-bench --mode funcol on 2 ranks, briefly; its JSON document."""
+    out = tmp_path / "funcol.json"
+    args = ["--mode", "funcol", "--nproc", "2", "--sizes", sizes]
+    args += ["--graph-backends", graph_backends, "--time-per-size", "0.01", "--json", str(out)]
+    assert main(args) == 0
+    doc = _load(out)
+    assert doc["mode"] == "funcol"
+    return doc
+
+
 def test_funcol_mode(tmp_path, capsys):
     """Every row at two sizes with one compiled-graph backend: the ranks agree on the batch
     lengths, the compiled graphs' results are checked inside, and the table and document
     carry every row for both levels."""
-    out = tmp_path / "funcol.json"
-    rc = main(
-        [
-            "--mode",
-            "funcol",
-            "--nproc",
-            "2",
-            "--sizes",
-            "8,4K",
-            "--graph-backends",
-            "aot_eager",
-            "--time-per-size",
-            "0.01",
-            "--json",
-            str(out),
-        ]
-    )
-    assert rc == 0
-    doc = _load(out)
-    assert doc["mode"] == "funcol"
+    doc = _funcol_run(tmp_path, "8,4K", "aot_eager")
     for level in ("spyreccl", "gloo"):
         result = doc["results"][level]
         assert sorted(result["sizes"]) == ["4096", "8"]
@@ -194,6 +186,7 @@ def test_funcol_mode(tmp_path, capsys):
             assert "graph_with_us" in rows["aot_eager+"], rows["aot_eager+"]
         step = result["tp_mlp_step"]
         assert step["tp"]["median_us"] > 0 and step["local"]["median_us"] > 0
+        assert "tp_compiled" not in step  # only with an inductor graph row
         assert result["overlap"]["both"] > 0
     text = capsys.readouterr().out
     assert "aot_eager+" in text and "tensor-parallel MLP block" in text
@@ -203,25 +196,7 @@ def test_funcol_mode_with_inductor_times_the_compiled_tensor_parallel_step(tmp_p
     """With an inductor graph row, the run also compiles the tensor-parallel block (forward
     and backward graphs with functional collectives), checks it against the eager block
     inside, and reports its step next to the eager one, on both levels."""
-    out = tmp_path / "funcol.json"
-    rc = main(
-        [
-            "--mode",
-            "funcol",
-            "--nproc",
-            "2",
-            "--sizes",
-            "8",
-            "--graph-backends",
-            "inductor-name",
-            "--time-per-size",
-            "0.01",
-            "--json",
-            str(out),
-        ]
-    )
-    assert rc == 0
-    doc = _load(out)
+    doc = _funcol_run(tmp_path, "8", "inductor-name")
     for level in ("spyreccl", "gloo"):
         result = doc["results"][level]
         assert "error" not in result["sizes"]["8"]["inductor-name+"], result["sizes"]["8"]
