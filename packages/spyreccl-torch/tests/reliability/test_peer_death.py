@@ -43,6 +43,9 @@ CORE_NAMES = {
     # The functional collective DTensor and compiled graphs call (all_reduce_ + wait_tensor):
     # small ones run on the calling thread, large ones on the progress thread.
     "functional_all_reduce": "allreduce",
+    # The same as a compiled graph's Python wrapper calls it when the wait comes next
+    # (spyreccl_torch._C._direct_op(..., wait_follows=True); inline up to 4 MiB).
+    "direct_functional_all_reduce": "allreduce",
 }
 
 
@@ -70,6 +73,14 @@ def _make_step(op: str, numel: int, rank: int, world: int):
         functional = torch.ops._c10d_functional
         name = dist.group.WORLD.group_name
         return lambda: functional.wait_tensor(functional.all_reduce_(x, "sum", name))
+    if op == "direct_functional_all_reduce":
+        from spyreccl_torch._C import _direct_op
+
+        functional = torch.ops._c10d_functional
+        all_reduce_ = _direct_op(functional.all_reduce_.default, wait_follows=True)
+        wait_tensor = _direct_op(functional.wait_tensor.default)
+        name = dist.group.WORLD.group_name
+        return lambda: wait_tensor(all_reduce_(x, "sum", name))
     if op == "send_recv":
         # The victim streams messages to every survivor; survivors wait on it directly.
         if rank == VICTIM:
