@@ -361,3 +361,49 @@ def test_every_kind_of_functional_collective_in_a_compiled_graph(rank_pool, seed
             "broadcast_",
             "wait_tensor",
         } <= ops, calls
+
+
+def _branches(x: torch.Tensor, flag: torch.Tensor, group_name: str) -> torch.Tensor:
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(x * 2, "sum", group_name) + 1
+
+    def shifted(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(x - 1, "sum", group_name) * 3
+
+    return torch.cond(flag, doubled, shifted, (x,))
+
+
+def _collectives_in_subgraphs(seed: int) -> list[str]:
+    """torch.cond with a collective in each branch: inductor writes the branches through
+    subgraph wrappers, whose collectives' functions the module binds once (in its root
+    wrapper). Both branches against float64, through one compiled graph."""
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    rank = dist.get_rank()
+    torch.accelerator.set_device_index(rank % torch.accelerator.device_count())
+    xs64, _, x, _ = _inputs(seed, DEVICE)
+    torch._dynamo.reset()
+    compiled = torch.compile(_branches, fullgraph=True)
+    name = dist.group.WORLD.group_name
+    with inductor_config.patch(fx_graph_cache=False):
+        out, codes = run_and_get_code(compiled, x, torch.tensor(True), name)
+    other = compiled(x, torch.tensor(False), name)
+    torch.testing.assert_close(
+        out.cpu().double(), sum(t * 2 for t in xs64) + 1, rtol=1e-5, atol=1e-5
+    )
+    torch.testing.assert_close(
+        other.cpu().double(), sum(t - 1 for t in xs64) * 3, rtol=1e-5, atol=1e-5
+    )
+    code = "\n".join(codes)
+    stock = [line.strip() for line in code.splitlines() if STOCK_CALL.match(line)]
+    assert not stock, stock
+    return re.findall(r"^\s*(_spyreccl_\w+)\(", code, re.MULTILINE)
+
+
+def test_collectives_inside_control_flow_subgraphs(rank_pool, seed):
+    for calls in rank_pool.run(_collectives_in_subgraphs, seed, timeout=400):
+        # one all_reduce and its wait in each branch
+        assert calls.count("_spyreccl_all_reduce__default_then_wait") == 2, calls
+        assert calls.count("_spyreccl_wait_tensor_default") == 2, calls
