@@ -43,31 +43,13 @@
 namespace spyreccl_torch {
 
 namespace {
-thread_local bool functionalCallActive = false;
-thread_local bool waitFollowsActive = false;
-}  // namespace
-
-FunctionalCallScope::FunctionalCallScope() : previous_(functionalCallActive) {
-  functionalCallActive = true;
-}
-
-FunctionalCallScope::~FunctionalCallScope() { functionalCallActive = previous_; }
-
-bool inFunctionalCall() { return functionalCallActive; }
-
-WaitFollowsScope::WaitFollowsScope() : previous_(waitFollowsActive) { waitFollowsActive = true; }
-
-WaitFollowsScope::~WaitFollowsScope() { waitFollowsActive = previous_; }
-
-bool waitFollows() { return waitFollowsActive; }
-
-namespace {
 // spyreccl::_set_wait_follows(bool enabled) -> bool: sets the calling thread's WaitFollowsScope
 // flag and returns its previous value, for code that cannot link against this extension
 // (the C++ wrappers inductor compiles for spyre graphs, spyreccl_torch.device._cpp_wrapper).
 bool setWaitFollows(bool enabled) {
-  const bool previous = waitFollowsActive;
-  waitFollowsActive = enabled;
+  bool& flag = WaitFollowsScope::flag();
+  const bool previous = flag;
+  flag = enabled;
   return previous;
 }
 }  // namespace

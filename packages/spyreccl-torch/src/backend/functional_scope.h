@@ -11,19 +11,31 @@
 
 namespace spyreccl_torch {
 
-class FunctionalCallScope {
+// A flag of the calling thread that is true while a scope of it lives (scopes nest: each
+// restores the value it found). `Tag` names the flag.
+template <typename Tag>
+class ThreadFlagScope {
  public:
-  FunctionalCallScope();
-  ~FunctionalCallScope();
-  FunctionalCallScope(const FunctionalCallScope&) = delete;
-  FunctionalCallScope& operator=(const FunctionalCallScope&) = delete;
+  ThreadFlagScope() : previous_(flag()) { flag() = true; }
+  ~ThreadFlagScope() { flag() = previous_; }
+  ThreadFlagScope(const ThreadFlagScope&) = delete;
+  ThreadFlagScope& operator=(const ThreadFlagScope&) = delete;
+
+  // The calling thread's flag.
+  static bool& flag() {
+    thread_local bool value = false;
+    return value;
+  }
 
  private:
   bool previous_;
 };
 
+// Marks the calling thread as running a functional collective (see above).
+using FunctionalCallScope = ThreadFlagScope<struct FunctionalCallTag>;
+
 // Whether the calling thread is inside a FunctionalCallScope.
-bool inFunctionalCall();
+inline bool inFunctionalCall() { return FunctionalCallScope::flag(); }
 
 // Marks the calling thread as issuing functional collectives whose wait_tensor comes next,
 // with nothing in between: inductor's wrapper for spyre knows it from the graph
@@ -31,19 +43,10 @@ bool inFunctionalCall();
 // No computation can overlap such a collective, so it runs inline up to the bound of
 // synchronous calls (SPYRECCL_INLINE_MAX_BYTES) instead of the functional one
 // (ProcessGroupSpyreccl::runsInline).
-class WaitFollowsScope {
- public:
-  WaitFollowsScope();
-  ~WaitFollowsScope();
-  WaitFollowsScope(const WaitFollowsScope&) = delete;
-  WaitFollowsScope& operator=(const WaitFollowsScope&) = delete;
-
- private:
-  bool previous_;
-};
+using WaitFollowsScope = ThreadFlagScope<struct WaitFollowsTag>;
 
 // Whether the calling thread is inside a WaitFollowsScope.
-bool waitFollows();
+inline bool waitFollows() { return WaitFollowsScope::flag(); }
 
 // The lean path of functional_kernels.cpp: on by default; off, every functional collective
 // runs torch's implementation (for comparisons: spyreccl_torch._C._set_lean_functional).
