@@ -133,8 +133,8 @@ class ProcessGroupSpyreccl : public c10d::Backend {
     // (env SPYRECCL_P2P_CHUNK_BYTES or 256 KiB).
     size_t p2p_chunk_bytes = 0;
     // How long a wait yields the CPU before it sleeps, in ns (spyrecclConfig_t::yieldNs);
-    // -1 = the core's default (env SPYRECCL_YIELD_NS or 2 ms). The multi-node group sets a
-    // short one for its node groups, whose ranks wait for stages between nodes.
+    // -1 = the core's default (env SPYRECCL_YIELD_NS or 2 ms). Shorten it for groups whose
+    // waits are long (ranks waiting for transfers between hosts).
     int64_t yield_ns = -1;
   };
 
