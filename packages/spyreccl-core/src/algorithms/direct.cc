@@ -97,7 +97,10 @@ size_t cmaBusyThreshold(const Communicator& c, Kind kind) {
 
 size_t cmaThreshold(const Communicator& c, Kind kind) {
   if (c.config().cmaMinBytes != 0) return c.config().cmaMinBytes;
-  // Bytes as passed to beginDirect (kNone: a send/recv message). Crossovers against the
+  // The quiet threshold: where a rank whose path advisor is off (SPYRECCL_CMA_ADAPTIVE=0)
+  // votes for the single copy; with the advisor on (the default) measured speed decides at
+  // every size (path_advisor.h). Bytes as passed to beginDirect (kNone: a send/recv
+  // message). Crossovers against the
   // staged algorithms, measured interleaved at 2 ranks on the 2-core dev machine
   // (docs/performance.md, "Single copy for any memory"): process_vm_readv copies at
   // 10-15 GB/s, about half of a cached memcpy, and one process does it alone while the
@@ -121,16 +124,19 @@ bool beginDirect(Communicator& c, OpScope& scope, size_t bytes, std::optional<Di
   bool announced = false;
   const Kind kind = static_cast<Kind>(scope.desc()->kind);
   const int64_t startNs = nowNs();
-  const bool cma = c.cmaOn() && bytes >= cmaThreshold(c, kind);
-  // Between the two thresholds the ranks vote (every rank computes the same window: the
-  // thresholds depend on the size and the communicator's agreed settings only).
+  // SPYRECCL_CMA_MIN_BYTES fixes the path; otherwise the ranks vote from the contended
+  // threshold up, at every size (every rank computes the same window: it depends on the size
+  // and the communicator's agreed settings only, never on a rank's own advisor mode).
+  const size_t fixedMin = c.config().cmaMinBytes;
+  const bool cma = c.cmaOn() && fixedMin != 0 && bytes >= fixedMin;
   const bool voted = !cma && c.cmaOn() && bytes >= cmaBusyThreshold(c, kind);
   if (!c.directCapable(bytes, cma || voted, scope.desc(), &announced)) return false;
   const bool arena = c.directOn() && bytes >= c.config().directMinBytes;
   uint64_t vote = 0;
   if (voted) {
     if (transport::cpusContended()) vote |= PathAdvisor::kContended;
-    vote |= c.pathAdvisor().vote(scope.desc()->kind, bytes, nowNs());
+    vote |=
+        c.pathAdvisor().vote(scope.desc()->kind, bytes, nowNs(), bytes >= cmaThreshold(c, kind));
   }
   x.emplace(c, scope, announced, arena, cma, vote, a, aBytes, b, bBytes);
   // The path the votes chose is timed to the collective's end, when it concerns ordinary

@@ -17,10 +17,10 @@
 //
 // Buffers outside the arenas (ordinary memory: numpy arrays, malloc'ed tensors) take the
 // same algorithms through cross-memory attach (transport/cma.h) when the communicator's
-// init probe found it permitted and the collective moves at least the operation's CMA
-// threshold (cmaThreshold): x.copyFrom() then reads the peer's pages with one
-// process_vm_readv instead of a load from a mapping. Each rank publishes every buffer's
-// address and length with its arena offset, and a peer's buffer is only ever read within
+// init probe found it permitted and the ranks' vote chose it (from cmaBusyThreshold up:
+// contended CPUs, or the faster path by the ranks' estimates): x.copyFrom() then reads the peer's
+// pages with one process_vm_readv instead of a load from a mapping. Each rank publishes every
+// buffer's address and length with its arena offset, and a peer's buffer is only ever read within
 // the [address, address + length) its owner announced.
 //
 // Ranks only ever read peers' buffers and write their own, so a rank that fails midway
@@ -95,10 +95,11 @@ class DirectTransfer {
 // all_gather 8 vs 14 us (docs/performance.md).
 size_t cmaBusyThreshold(const Communicator& c, Kind kind);
 
-// Smallest collective (bytes, as passed to beginDirect) of kind `kind` (kNone: a
-// send/recv message) whose buffers
-// outside arenas are transferred through cross-memory attach: SPYRECCL_CMA_MIN_BYTES when
-// set, else the measured per-operation crossover (docs/performance.md).
+// The quiet threshold of kind `kind` (kNone: a send/recv message; bytes as passed to
+// beginDirect): SPYRECCL_CMA_MIN_BYTES when set (then the single copy is fixed from there),
+// else the per-operation crossover measured once on the dev machine (docs/performance.md),
+// which is now only the vote of a rank whose path advisor is off: with it on, the ranks
+// vote by measured speed at every size from cmaBusyThreshold (path_advisor.h).
 size_t cmaThreshold(const Communicator& c, Kind kind);
 
 // Step 1 of a direct transfer, when the collective qualifies (size, switch, arenas mapped):

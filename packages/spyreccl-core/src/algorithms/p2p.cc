@@ -18,8 +18,8 @@
 // staged send completes once its last chunk is posted). Point-to-point never probes for
 // direct transfers itself: that is a collective step, and a send involves one peer only.
 // A send buffer outside the arena goes the same way when the communicator uses
-// cross-memory attach (Communicator::cmaOn) and the message reaches the CMA threshold
-// (algorithms::cmaThreshold): the chunk (kChunkCma) then carries the buffer's address, and
+// cross-memory attach (Communicator::cmaOn) and the sender's vote chooses the single copy
+// (directSource, path_advisor.h): the chunk (kChunkCma) then carries the buffer's address, and
 // the receiver reads exactly the announced bytes with process_vm_readv.
 //
 // Blocked senders and receivers sleep on their own rank's doorbell, which every peer
@@ -144,13 +144,16 @@ DirectSource directSource(P2POp& op, size_t total) {
     if (off >= 0) return {kChunkDirect, static_cast<uint64_t>(off)};
   }
   if (!c.cmaOn()) return {};
-  if (total >= cmaThreshold(c, Kind::kNone)) {
+  const size_t fixedMin = c.config().cmaMinBytes;
+  if (fixedMin != 0 && total >= fixedMin) {
     return {kChunkDirect | kChunkCma, reinterpret_cast<uintptr_t>(op.sendBuf)};
   }
   if (total < cmaBusyThreshold(c, Kind::kNone)) return {};
-  // Between the thresholds the sender alone chooses (PathAdvisor: contended CPUs, or the
-  // faster path by its running estimates), and times the message on the chosen path.
-  uint64_t vote = c.pathAdvisor().vote(static_cast<uint32_t>(Kind::kNone), total, nowNs());
+  // From the contended threshold up, at every size, the sender alone chooses (PathAdvisor:
+  // contended CPUs, or the faster path by its running estimates; with the advisor off, the
+  // quiet threshold), and times the message on the chosen path.
+  uint64_t vote = c.pathAdvisor().vote(static_cast<uint32_t>(Kind::kNone), total, nowNs(),
+                                       total >= cmaThreshold(c, Kind::kNone));
   if (transport::cpusContended()) vote |= PathAdvisor::kContended;
   if (c.pathAdvisor().enabled()) op.timedKind = static_cast<uint32_t>(Kind::kNone) + 1;
   if (!PathAdvisor::decide(vote)) return {};

@@ -28,17 +28,20 @@ int PathAdvisor::sizeClass(size_t bytes) {
   return cls;
 }
 
-bool PathAdvisor::Estimate::stale(int64_t nowNs) const {
+bool PathAdvisor::Estimate::stale(int64_t nowNs, size_t bytes) const {
   const int64_t at = atNs.load(std::memory_order_relaxed);
   if (at == 0) return true;
   const uint32_t n = samples.load(std::memory_order_relaxed);
   const int64_t after = n >= 8 ? kStaleNs : std::min(kStaleNs, kFirstProbeNs << n);
-  return nowNs - at > after;
+  const double probeNs =
+      3.0 * nsPerKiB.load(std::memory_order_relaxed) * static_cast<double>(bytes) / 1024.0;
+  return nowNs - at > std::max<int64_t>(after, static_cast<int64_t>(kProbeSpacing * probeNs));
 }
 
-uint64_t PathAdvisor::vote(uint32_t kind, size_t bytes, int64_t nowNs) const {
+uint64_t PathAdvisor::vote(uint32_t kind, size_t bytes, int64_t nowNs, bool quietCma) const {
   switch (mode_) {
     case kOff:
+      return quietCma ? kPreferCma : 0;
     case kPreferStagedAlways:
       return 0;
     case kPreferCmaAlways:
@@ -54,8 +57,8 @@ uint64_t PathAdvisor::vote(uint32_t kind, size_t bytes, int64_t nowNs) const {
   const int64_t cmaAt = e.path[1].atNs.load(std::memory_order_relaxed);
   if (stagedAt == 0) return kProbeStaged;
   if (cmaAt == 0) return kPreferCma;
-  const bool stagedStale = e.path[0].stale(nowNs);
-  const bool cmaStale = e.path[1].stale(nowNs);
+  const bool stagedStale = e.path[0].stale(nowNs, bytes);
+  const bool cmaStale = e.path[1].stale(nowNs, bytes);
   if (stagedStale && (!cmaStale || stagedAt <= cmaAt)) return kProbeStaged;
   if (cmaStale) return kPreferCma;
   const double staged = e.path[0].nsPerKiB.load(std::memory_order_relaxed);

@@ -13,13 +13,23 @@
 //
 // Each communicator keeps, per operation kind and size class (factors of 4 from 32 KiB), a
 // running estimate (exponentially weighted mean) of the time per KiB each path took: every
-// collective in the adaptive window (from cmaBusyThreshold up to cmaThreshold) measures the
-// path it took, from the step where the ranks agreed on it to its end. A sample is the
-// faster of two consecutive calls on the path; the first call after a switch only primes
-// (it runs cold). A rank votes for the single copy while that is the faster estimate; a
-// stale estimate asks for calls on its path (a probe, three calls): 2, 4, 8, ... ms after
-// its last sample while it is young, every kStaleNs after that (three slower calls per size
-// class and quarter second, about 0.1 % of the calls of a loop of 512 KiB collectives).
+// collective from cmaBusyThreshold up, at any size, measures the path it took, from the step
+// where the ranks agreed on it to its end. A sample is the faster of two consecutive calls on
+// the path; the first call after a switch only primes (it runs cold). A rank votes for the
+// single copy while that is the faster estimate; a stale estimate asks for calls on its path
+// (a probe, three calls): 2, 4, 8, ... ms after its last sample while it is young, every
+// kStaleNs after that (three slower calls per size class and quarter second, about 0.1 % of
+// the calls of a loop of 512 KiB collectives), and never sooner than kProbeSpacing times
+// the probe's own expected time, so that probing a slow path of large messages stays a
+// small share of the time too (a 128 MiB staged broadcast took 20 ms against 3 ms single
+// copy in the machine's slow state).
+//
+// There is no size above which the single copy is fixed: it used to be chosen without a
+// vote from cmaThreshold (16 MiB send/recv, 32 MiB the other collectives), and on the dev
+// machine's fast state the staged paths were then 1.2-1.5x faster than that choice at
+// 16-128 MiB, because the pipeline's slots stay in the cache and both ranks copy at once
+// (docs/performance.md, "Large messages: the vote at every size"). cmaThreshold is now the
+// vote of a rank whose advisor is off (SPYRECCL_CMA_ADAPTIVE=0).
 //
 // Votes travel with the buffers every rank publishes (DirectTransfer, word 6), so every
 // rank combines the same words (decide()) and all take the same path. Point-to-point: the
@@ -46,6 +56,9 @@ class PathAdvisor {
   static constexpr uint64_t kProbeStaged = 4;  // this rank's staged estimate is stale
   static constexpr int64_t kStaleNs = 250 * 1000 * 1000;
   static constexpr int64_t kFirstProbeNs = 1000 * 1000;
+  // A stale estimate is re-measured no sooner than this many times its probe's expected
+  // time (three calls at the estimate): a probe then costs at most ~1.5 % of the time.
+  static constexpr int64_t kProbeSpacing = 64;
   static constexpr int kKinds = 16;
   // The table index (beyond algorithms::Kind) of point-to-point messages of up to two
   // chunks handed to a waiting receiver; kNone (0) holds the larger messages.
@@ -60,8 +73,9 @@ class PathAdvisor {
   bool enabled() const { return mode_ != kOff; }
 
   // This rank's vote bits (kPreferCma, kProbeStaged or 0) for an operation of `kind`
-  // moving `bytes` at time `nowNs`.
-  uint64_t vote(uint32_t kind, size_t bytes, int64_t nowNs) const;
+  // moving `bytes` at time `nowNs`. `quietCma`: the message reaches the fixed quiet
+  // threshold (cmaThreshold), which decides when the advisor is off.
+  uint64_t vote(uint32_t kind, size_t bytes, int64_t nowNs, bool quietCma = false) const;
   // The path for the OR of every rank's vote word: true = single copy.
   static bool decide(uint64_t anyVotes) {
     if (anyVotes & kContended) return true;
@@ -85,8 +99,9 @@ class PathAdvisor {
     std::atomic<double> prevRaw{0};    // the previous call's time per KiB
     // When it asks for a new sample: kFirstProbeNs after its first, doubling with each
     // sample up to kStaleNs, so that a first sample taken cold (page faults, caches) is
-    // soon corrected, and a path not in use is re-measured every kStaleNs after that.
-    bool stale(int64_t nowNs) const;
+    // soon corrected, and a path not in use is re-measured every kStaleNs after that; for
+    // a message of `bytes`, never sooner than kProbeSpacing probes' time.
+    bool stale(int64_t nowNs, size_t bytes) const;
   };
   struct Entry {
     Estimate path[2];              // [0] staged, [1] single copy

@@ -346,6 +346,54 @@ void adaptiveAutoBody(RankContext& ctx) {
   }
 }
 
+// A message of `count` float16 from rank `from` to rank `to`, checked element by element;
+// on the receiver, whether it went single-copy must be `single`.
+void checkedMessage(RankContext& ctx, size_t count, int from, int to, bool single) {
+  const TypeInfo& t = typeInfo(spyrecclFloat16);
+  std::vector<uint8_t> buf(count * t.size);
+  const unsigned long long start = cmaReads(ctx);
+  if (ctx.rank == from) {
+    fillAnyBits(t, ctx.seed, from, buf.data(), count);
+    SPY_REQUIRE_OK(spyrecclSend(buf.data(), count, t.dtype, to, 13, ctx.comm), ctx.comm);
+  } else if (ctx.rank == to) {
+    poisonMessage(t, buf.data(), count, ctx.seed, from);
+    SPY_REQUIRE_OK(spyrecclRecv(buf.data(), count, t.dtype, from, 13, ctx.comm), ctx.comm);
+    checkMessage(t, buf.data(), count, ctx.seed, from,
+                 format("message of %zu float16 from rank %d", count, from));
+    SPY_CHECK((cmaReads(ctx) > start) == single,
+              "message of %zu B from rank %d: expected it %s, \"%s\"", count * t.size, from,
+              single ? "single-copy" : "staged", cmaLine(ctx).c_str());
+  }
+}
+
+// Sizes above the quiet thresholds of cmaThreshold (collectives 32 MiB, send/recv 16 MiB),
+// where the single copy used to be fixed: they are voted like smaller ones.
+constexpr size_t kLargeBroadcastInts = (33u << 20) / 4 + 3;
+constexpr size_t kLargeMessageHalves = (17u << 20) / 2 + 5;
+
+// Every rank's estimate prefers staging: the large broadcast and messages are staged.
+void largeStagedBody(RankContext& ctx) {
+  const unsigned long long before = cmaReads(ctx);
+  checkedBroadcast(ctx, kLargeBroadcastInts, 0);
+  SPY_CHECK(cmaReads(ctx) == before, "every rank votes staged: expected no single copy, \"%s\"",
+            cmaLine(ctx).c_str());
+  checkedMessage(ctx, kLargeMessageHalves, 0, ctx.nranks - 1, false);
+}
+
+// Rank 1's advisor is off (SPYRECCL_CMA_ADAPTIVE=0: its vote is the quiet threshold), the
+// others' estimates prefer staging: the large broadcast goes single-copy on every rank (the
+// ranks agree whatever their modes), a large message from rank 1 single-copy, one from rank
+// 0 staged.
+void largeOffVoteBody(RankContext& ctx) {
+  const unsigned long long before = cmaReads(ctx);
+  checkedBroadcast(ctx, kLargeBroadcastInts, 0);
+  if (ctx.rank != 0) {
+    SPY_CHECK(cmaReads(ctx) > before, "rank 1 votes single copy: \"%s\"", cmaLine(ctx).c_str());
+  }
+  checkedMessage(ctx, kLargeMessageHalves, 1, 0, true);
+  checkedMessage(ctx, kLargeMessageHalves, 0, 1, false);
+}
+
 // Arena buffers below the arena threshold (256 KiB), where the peers' arenas are not mapped,
 // while rank 0 votes for single copies: they are read with process_vm_readv like any memory.
 void arenaBelowThresholdBody(RankContext& ctx) {
@@ -462,6 +510,20 @@ void registerCma(const char* name, void (*body)(RankContext&), std::vector<int> 
       [](int rank) {
         ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
         ::setenv("SPYRECCL_CMA_ADAPTIVE", rank == 0 ? "cma" : "staged", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_large_staged", largeStagedBody, {2, 3}, {},
+      [](int) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", "staged", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_large_off_vote", largeOffVoteBody, {2, 3}, {},
+      [](int rank) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", rank == 1 ? "0" : "staged", 1);
       },
       true);
   registerCma(

@@ -1,0 +1,121 @@
+// Unit tests of the copy-path advisor (src/algorithms/path_advisor.cc), compiled into their
+// own executable with it: the library exports the C API only.
+//
+//   advisor.learns          no estimate: staged first, then the single copy; then the
+//                           faster path by the estimates, at any size (no fixed threshold).
+//   advisor.off             SPYRECCL_CMA_ADAPTIVE=0: the quiet threshold is the whole vote.
+//   advisor.probe_spacing   a stale estimate is re-measured after kStaleNs for small
+//                           messages, but no sooner than kProbeSpacing times the probe's
+//                           expected time for large ones.
+#include <cstdint>
+
+#include "algorithms/path_advisor.h"
+#include "multiproc.h"
+
+namespace {
+
+using spyreccl::algorithms::PathAdvisor;
+using spyreccl_test::registerTest;
+
+constexpr uint32_t kKind = 3;
+constexpr int64_t kMs = 1000 * 1000;
+
+// Three consecutive calls on one path: the first primes, the next two make one sample.
+void feed(PathAdvisor& a, size_t bytes, bool cma, int64_t ns, int64_t& now) {
+  for (int i = 0; i < 3; ++i) {
+    now += ns;
+    a.record(kKind, bytes, cma, ns, now);
+  }
+}
+
+void learnsTest() {
+  for (size_t bytes : {size_t{1} << 20, size_t{128} << 20}) {
+    PathAdvisor a(PathAdvisor::kAuto);
+    int64_t now = 10 * kMs;
+    SPY_CHECK(a.vote(kKind, bytes, now) == PathAdvisor::kProbeStaged,
+              "%zu bytes, no estimate: staged first", bytes);
+    feed(a, bytes, false, 5 * kMs, now);  // staged: 5 ms a call
+    SPY_CHECK(a.vote(kKind, bytes, now) == PathAdvisor::kPreferCma,
+              "%zu bytes: the single copy is measured next", bytes);
+    feed(a, bytes, true, 8 * kMs, now);  // single copy: slower
+    SPY_CHECK(a.vote(kKind, bytes, now) == 0, "%zu bytes: staged is faster (5 vs 8 ms)", bytes);
+    SPY_CHECK(a.estimate(kKind, bytes, false) > 0 && a.estimate(kKind, bytes, true) > 0,
+              "both estimates taken");
+    // Whatever the quiet threshold says: the estimates decide.
+    SPY_CHECK(a.vote(kKind, bytes, now, true) == 0, "%zu bytes above the quiet threshold", bytes);
+  }
+  // And the other way round.
+  PathAdvisor a(PathAdvisor::kAuto);
+  int64_t now = 10 * kMs;
+  const size_t bytes = size_t{64} << 20;
+  feed(a, bytes, false, 9 * kMs, now);
+  feed(a, bytes, true, 3 * kMs, now);
+  SPY_CHECK(a.vote(kKind, bytes, now, false) == PathAdvisor::kPreferCma,
+            "single copy faster (3 vs 9 ms)");
+}
+
+void offTest() {
+  PathAdvisor off(PathAdvisor::kOff);
+  SPY_CHECK(off.vote(kKind, size_t{64} << 20, kMs, true) == PathAdvisor::kPreferCma,
+            "off, above the quiet threshold: single copy");
+  SPY_CHECK(off.vote(kKind, size_t{1} << 20, kMs, false) == 0,
+            "off, below the quiet threshold: staged");
+  PathAdvisor staged(PathAdvisor::kPreferStagedAlways);
+  SPY_CHECK(staged.vote(kKind, size_t{64} << 20, kMs, true) == 0, "forced staged estimate");
+  PathAdvisor cma(PathAdvisor::kPreferCmaAlways);
+  SPY_CHECK(cma.vote(kKind, size_t{1} << 20, kMs, false) == PathAdvisor::kPreferCma,
+            "forced single-copy estimate");
+}
+
+// Settles the estimates of `bytes` (staged `stagedNs`, single copy `cmaNs` a call) with
+// enough samples that the young re-probe intervals are over; returns the time of the last.
+int64_t settle(PathAdvisor& a, size_t bytes, int64_t stagedNs, int64_t cmaNs) {
+  int64_t now = 10 * kMs;
+  for (int i = 0; i < 10; ++i) {
+    feed(a, bytes, false, stagedNs, now);
+    feed(a, bytes, true, cmaNs, now);
+  }
+  return now;
+}
+
+void probeSpacingTest() {
+  // 1 MiB, staged 100 us, single copy 300 us: staged is used; its rival is re-measured
+  // once kStaleNs has passed since its last sample.
+  {
+    PathAdvisor a(PathAdvisor::kAuto);
+    const size_t bytes = size_t{1} << 20;
+    const int64_t last = settle(a, bytes, 100 * 1000, 300 * 1000);
+    SPY_CHECK(a.vote(kKind, bytes, last + PathAdvisor::kStaleNs / 2) == 0,
+              "fresh estimates: the faster path (staged)");
+    SPY_CHECK(a.vote(kKind, bytes, last + PathAdvisor::kStaleNs + kMs) != 0,
+              "after kStaleNs the single copy is probed");
+  }
+  // 128 MiB, single copy 4 ms, staged 30 ms: a probe of the staged path costs ~90 ms, so
+  // it is not asked for before kProbeSpacing x 90 ms (~5.8 s), but is after that.
+  {
+    PathAdvisor a(PathAdvisor::kAuto);
+    const size_t bytes = size_t{128} << 20;
+    const int64_t last = settle(a, bytes, 30 * kMs, 4 * kMs);
+    const int64_t probeNs = 3 * 30 * kMs;
+    SPY_CHECK(a.vote(kKind, bytes, last + PathAdvisor::kStaleNs + kMs) == PathAdvisor::kPreferCma,
+              "no staged probe at kStaleNs: it would cost more than 1/%lld of the time",
+              static_cast<long long>(PathAdvisor::kProbeSpacing));
+    SPY_CHECK(a.vote(kKind, bytes, last + PathAdvisor::kProbeSpacing * probeNs / 2) ==
+                  PathAdvisor::kPreferCma,
+              "still no staged probe halfway");
+    SPY_CHECK(a.vote(kKind, bytes, last + PathAdvisor::kProbeSpacing * probeNs * 11 / 10) ==
+                  PathAdvisor::kProbeStaged,
+              "the staged path is re-measured after kProbeSpacing probes' time");
+  }
+}
+
+[[maybe_unused]] const bool registered = [] {
+  registerTest("advisor.learns", learnsTest);
+  registerTest("advisor.off", offTest);
+  registerTest("advisor.probe_spacing", probeSpacingTest);
+  return true;
+}();
+
+}  // namespace
+
+int main(int argc, char** argv) { return spyreccl_test::runTests(argc, argv); }
