@@ -146,14 +146,16 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
 // ---------------------------------------------------------------------------------------
 
 Communicator::Communicator(int rank, int nranks, CommConfig config,
-                           std::unique_ptr<transport::Segment> segment, std::vector<pid_t> pids)
+                           std::unique_ptr<transport::Segment> segment, std::vector<pid_t> pids,
+                           int cpus)
     : rank_(rank),
       nranks_(nranks),
       config_(std::move(config)),
       timeoutMs_(config_.timeoutMs),
       segment_(std::move(segment)),
       layout_(nranks, config_.chunkBytes, config_.p2pChunkBytes),
-      spin_{nranks <= transport::usableCpus(), config_.spinMaxNs, config_.yieldNs},
+      cpus_(cpus),
+      spin_{nranks <= cpus, config_.spinMaxNs, config_.yieldNs},
       p2p_(nranks),
       sources_(nranks),
       pids_(pids),
@@ -628,6 +630,9 @@ std::string Communicator::dumpState() const {
     out += format("  last %d collectives on this rank:\n", shown);
     out += lines;
   }
+  out += format("  waits: %s (%d ranks on %d CPUs)\n",
+                spin_.spin ? "spinning" : "yielding, the ranks oversubscribe the CPUs", nranks_,
+                cpus_);
   out += format("  transfers: single-copy of ordinary memory (CMA) %s, %llu reads, %llu bytes\n",
                 cmaState_.c_str(),
                 static_cast<unsigned long long>(cmaReads_.load(std::memory_order_relaxed)),

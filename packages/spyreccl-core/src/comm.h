@@ -71,8 +71,10 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
 
 class Communicator {
  public:
+  // `cpus`: how many CPUs the ranks may run on between them (bootstrap); waits spin only
+  // when there are at least as many as ranks.
   Communicator(int rank, int nranks, CommConfig config, std::unique_ptr<transport::Segment> segment,
-               std::vector<pid_t> pids);
+               std::vector<pid_t> pids, int cpus);
   virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -267,6 +269,7 @@ class Communicator {
   std::unique_ptr<transport::Segment> segment_;
   transport::Layout layout_;
   std::vector<transport::PeerWatch> watches_;
+  const int cpus_;  // CPUs the ranks may run on between them (bootstrap)
   transport::SpinPolicy spin_;
 
   uint32_t step_ = 0;

@@ -55,7 +55,7 @@ bool cpusContended() {
     double load1 = 0;
     int running = 0;
     if (std::fscanf(f, "%lf %*f %*f %d/", &load1, &running) == 2) {
-      const int cpus = usableCpus();
+      const int cpus = jobCpus();
       // `running` includes the reader itself; a peer rank spinning is one more.
       busy = running > cpus + 1 || load1 > cpus + 1.0;
     }

@@ -21,7 +21,7 @@ namespace spyreccl::transport {
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 constexpr uint32_t kSegmentMagic = 0x53505347u;  // "SPSG"
-constexpr uint32_t kSegmentVersion = 5;
+constexpr uint32_t kSegmentVersion = 6;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -63,6 +63,8 @@ enum : uint32_t {
 };
 
 constexpr int kXferWords = 8;
+// CPU affinity masks published at bootstrap: 1024 CPUs (glibc's cpu_set_t).
+constexpr int kCpuMaskWords = 16;
 
 struct alignas(kCacheLine) RankControl {
   // Collective progress: the last step this rank published. Own cache line: it is the
@@ -81,6 +83,12 @@ struct alignas(kCacheLine) RankControl {
   std::atomic<uint32_t> status;
   std::atomic<int32_t> failCode;
   std::atomic<int32_t> pid;
+  // Written once at bootstrap, before the rank counts itself attached: the CPUs this
+  // rank's process may run on (cpuMaskKnown 0: sched_getaffinity failed), so that every
+  // rank can tell whether the ranks oversubscribe the CPUs they have between them
+  // (rendezvous/bootstrap.cc: ranks bound to a core each do not).
+  uint32_t cpuMaskKnown;
+  uint64_t cpuMask[kCpuMaskWords];
 };
 
 // Per ordered pair (src -> dst). `posted` is written by the sender only, `consumed` by

@@ -5,6 +5,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 
@@ -41,5 +43,29 @@ int usableCpus() {
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
 }
+
+bool ownCpuMask(uint64_t* words, int nwords) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return false;
+  for (int w = 0; w < nwords; ++w) words[w] = 0;
+  const int cpus = std::min<int>(CPU_SETSIZE, nwords * 64);
+  for (int cpu = 0; cpu < cpus; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) words[cpu / 64] |= uint64_t{1} << (cpu % 64);
+  }
+  return true;
+}
+
+namespace {
+std::atomic<int> notedJobCpus{0};
+}  // namespace
+
+void noteJobCpus(int n) {
+  int cur = notedJobCpus.load(std::memory_order_relaxed);
+  while (n > cur && !notedJobCpus.compare_exchange_weak(cur, n, std::memory_order_relaxed)) {
+  }
+}
+
+int jobCpus() { return std::max(usableCpus(), notedJobCpus.load(std::memory_order_relaxed)); }
 
 }  // namespace spyreccl::transport

@@ -64,6 +64,16 @@ void futexWakeAll(std::atomic<uint32_t>* word);
 // Number of CPUs this process may run on (affinity mask, so cpusets/taskset count).
 int usableCpus();
 
+// This process's affinity mask as kCpuMaskWords words of 64 CPUs; false when unknown.
+bool ownCpuMask(uint64_t* words, int nwords);
+
+// The CPUs the ranks of this process's communicators may run on between them (the largest
+// union of their affinity masks seen at bootstrap, noteJobCpus), or usableCpus() if larger:
+// what "more runnable tasks than CPUs" compares with (cma.cc) when a launcher binds every
+// rank to a core of its own.
+int jobCpus();
+void noteJobCpus(int n);
+
 // Wakes the sleepers of `word` if there may be any. Call after publishing a new value.
 // The seq_cst fence pairs with the one in waitUntil: either the waiter sees the new value
 // before sleeping or this sees the waiter's sleepers increment (no lost wake-up).

@@ -5,10 +5,13 @@
 //                invalid arguments (and that the communicator survives them)
 //
 // The harness checks after every test that no /dev/shm/spyreccl-* segment was left.
+#include <sched.h>
 #include <signal.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -568,6 +571,42 @@ void yieldBody(RankContext& ctx, bool longYield, bool threadOverride = false) {
   }
 }
 
+// Ranks bound to a CPU of their own (as mpirun and Slurm's --cpu-bind place them) do not
+// oversubscribe the CPUs even though each process may run on one only: their waits spin
+// (`own`). Bound to one CPU together they do, and their waits yield at once. The state dump
+// says which ("waits: ..."). With fewer CPUs than ranks, "own" binding shares CPUs too and
+// must yield.
+void bindingBody(RankContext& ctx, bool own) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  SPY_REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity: %s",
+              std::strerror(errno));
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  const int mine = own ? cpus[ctx.rank % cpus.size()] : cpus[0];
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(mine, &one);
+  SPY_REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0, "sched_setaffinity: %s",
+              std::strerror(errno));
+  SPY_REQUIRE_OK(spyrecclCommInitRank(&ctx.comm, ctx.nranks, ctx.id, ctx.rank, &ctx.config),
+                 nullptr);
+  const int distinct = own ? std::min<int>(ctx.nranks, static_cast<int>(cpus.size())) : 1;
+  const bool spinning = distinct >= ctx.nranks;
+  std::vector<char> buf(1 << 16);
+  SPY_CHECK_OK(spyrecclCommDumpState(ctx.comm, buf.data(), buf.size()), ctx.comm);
+  const std::string dump = buf.data();
+  const std::string want = format(
+      "waits: %s (%d ranks on %d CPUs)",
+      spinning ? "spinning" : "yielding, the ranks oversubscribe the CPUs", ctx.nranks, distinct);
+  SPY_CHECK(dump.find(want) != std::string::npos, "expected \"%s\" in the state dump:\n%s",
+            want.c_str(), dump.c_str());
+  SPY_CHECK_OK(spyrecclCommDestroy(ctx.comm), nullptr);
+  ctx.comm = nullptr;
+}
+
 // ---------------------------------------------------------------------------------------
 // Registration
 // ---------------------------------------------------------------------------------------
@@ -607,6 +646,16 @@ void yieldBody(RankContext& ctx, bool longYield, bool threadOverride = false) {
   registerRanks(
       "lifecycle.yield_thread/ws2", 2, [](RankContext& ctx) { yieldBody(ctx, false, true); },
       [](RunOptions& o) { o.config.yieldNs = int64_t{10} * 1000 * 1000 * 1000; });
+  for (int ws : {2, 3}) {
+    registerRanks(
+        format("lifecycle.bound_own_cpu/ws%d", ws), ws,
+        [](RankContext& ctx) { bindingBody(ctx, true); },
+        [](RunOptions& o) { o.initComm = false; });
+    registerRanks(
+        format("lifecycle.bound_one_cpu/ws%d", ws), ws,
+        [](RankContext& ctx) { bindingBody(ctx, false); },
+        [](RunOptions& o) { o.initComm = false; });
+  }
   registerRanks("errors.invalid_arguments/ws2", 2, invalidArgumentsBody);
   registerRanks("errors.invalid_arguments/ws3", 3, invalidArgumentsBody);
   return true;

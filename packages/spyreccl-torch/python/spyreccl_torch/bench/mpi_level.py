@@ -47,10 +47,9 @@ def unavailable() -> str | None:
 
 
 def mpirun_command(nranks: int, args_path: str, out_path: str, *, as_root: bool) -> list[str]:
-    # --bind-to none: mpirun pins each rank to one core by default, and the processes it
-    # starts also run spyreccl_core, whose waits then see ranks sharing too few CPUs and
-    # never spin (and the sweep's other levels run unpinned): both libraries get the whole
-    # machine, as in the other levels.
+    # --bind-to none: mpirun pins each rank to one core by default, while the sweep's other
+    # levels run unpinned: both libraries get the whole machine, as in the other levels.
+    # (spyreccl_core handles bound ranks too: it counts the union of the ranks' CPUs.)
     cmd = ["mpirun", "-n", str(nranks), "--oversubscribe", "--bind-to", "none"]
     if as_root:
         cmd.append("--allow-run-as-root")
