@@ -89,10 +89,10 @@ class DirectTransfer {
 // Smallest collective (bytes, as passed to beginDirect) of kind `kind` whose buffers outside
 // arenas are transferred through cross-memory attach while some rank's CPUs are contended
 // (transport::cpusContended; kNone: a send/recv message whose sender's are):
-// SPYRECCL_CMA_MIN_BYTES when set, else 64 KiB (never for the allreduce; send/recv only
-// above two p2p chunks). Measured with the machine loaded (load average 5-10 on 2 CPUs):
-// 2 MiB send/recv 0.9 ms single-copy vs 1.6 ms staged; 128 KiB broadcast 10 vs 20 us,
-// all_gather 8 vs 14 us (docs/performance.md).
+// SPYRECCL_CMA_MIN_BYTES when set, else 64 KiB (2 MiB for the allreduce; send/recv only
+// above two p2p chunks). From there up the ranks vote (contended CPUs, measured speed). Measured
+// with the machine loaded (load average 5-10 on 2 CPUs): 2 MiB send/recv 0.9 ms single-copy vs 1.6
+// ms staged; 128 KiB broadcast 10 vs 20 us, all_gather 8 vs 14 us (docs/performance.md).
 size_t cmaBusyThreshold(const Communicator& c, Kind kind);
 
 // The quiet threshold of kind `kind` (kNone: a send/recv message; bytes as passed to

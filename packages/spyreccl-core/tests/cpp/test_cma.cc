@@ -394,6 +394,43 @@ void largeOffVoteBody(RankContext& ctx) {
   checkedMessage(ctx, kLargeMessageHalves, 0, 1, false);
 }
 
+// An allreduce (sum) of `count` float32 at a non-aligned offset of ordinary buffers,
+// checked element by element against the float64 reference of every rank's inputs.
+void checkedAllReduce(RankContext& ctx, size_t count) {
+  const TypeInfo& t = typeInfo(spyrecclFloat32);
+  std::vector<char> in(count * t.size + 3), out(count * t.size + 3);
+  void* send = in.data() + 3;
+  void* recv = out.data() + 3;
+  fillInput(t, Red::Sum, ctx.seed, ctx.rank, send, count);
+  for (size_t i = 0; i < count; ++i) storeBits(t, recv, i, nanBits(t));
+  SPY_REQUIRE_OK(spyrecclAllReduce(send, recv, count, t.dtype, spyrecclSum, ctx.comm), ctx.comm);
+  std::vector<uint64_t> values(ctx.nranks);
+  std::string bad;
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) {
+    for (int q = 0; q < ctx.nranks; ++q) values[q] = inputBits(t, Red::Sum, ctx.seed, q, i);
+    const std::string why = checkElement(
+        t, loadBits(t, recv, i), reduceReference(t, Red::Sum, values.data(), ctx.nranks, 0));
+    if (!why.empty() && wrong++ == 0) bad = format("element %zu: %s", i, why.c_str());
+  }
+  SPY_CHECK(wrong == 0, "allreduce of %zu float32: %zu wrong elements, first %s", count, wrong,
+            bad.c_str());
+}
+
+// From 2 MiB the allreduce is voted like the other collectives (contended CPUs, or the
+// faster path by the estimates): with rank 1's estimate forced to the single copy it reads
+// its peers with process_vm_readv (`single`), with every rank's forced to staging it does
+// not; below 2 MiB it is always staged. Exact either way.
+void allReduceVoteBody(RankContext& ctx, bool single) {
+  const unsigned long long before = cmaReads(ctx);
+  checkedAllReduce(ctx, (1u << 20) / 4 + 7);
+  SPY_CHECK(cmaReads(ctx) == before, "1 MiB allreduce: below the window, expected staging: \"%s\"",
+            cmaLine(ctx).c_str());
+  checkedAllReduce(ctx, (2u << 20) / 4 + 5);
+  SPY_CHECK((cmaReads(ctx) > before) == single, "2 MiB allreduce: expected it %s: \"%s\"",
+            single ? "single-copy" : "staged", cmaLine(ctx).c_str());
+}
+
 // Arena buffers below the arena threshold (256 KiB), where the peers' arenas are not mapped,
 // while rank 0 votes for single copies: they are read with process_vm_readv like any memory.
 void arenaBelowThresholdBody(RankContext& ctx) {
@@ -524,6 +561,28 @@ void registerCma(const char* name, void (*body)(RankContext&), std::vector<int> 
       [](int rank) {
         ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
         ::setenv("SPYRECCL_CMA_ADAPTIVE", rank == 1 ? "0" : "staged", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_allreduce_vote", [](RankContext& ctx) { allReduceVoteBody(ctx, true); }, {2, 3}, {},
+      [](int rank) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", rank == 1 ? "cma" : "staged", 1);
+      },
+      true);
+  registerCma(
+      "adaptive_allreduce_staged", [](RankContext& ctx) { allReduceVoteBody(ctx, false); }, {2, 3},
+      {},
+      [](int) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", "staged", 1);
+      },
+      true);
+  registerCma(
+      "contended_allreduce", [](RankContext& ctx) { allReduceVoteBody(ctx, true); }, {2, 3}, {},
+      [](int rank) {
+        ::setenv("SPYRECCL_CMA_CONTENDED", rank == 0 ? "1" : "0", 1);
+        ::setenv("SPYRECCL_CMA_ADAPTIVE", "staged", 1);
       },
       true);
   registerCma(
