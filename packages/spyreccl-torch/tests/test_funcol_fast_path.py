@@ -64,7 +64,22 @@ class _DirectCalls:
         return bound
 
 
-CALLS = {"torch.ops": C10D, "direct": _DirectCalls()}
+class _WaitedCalls(_DirectCalls):
+    """The same, bound as the wrappers bind a collective whose wait_tensor is the next line
+    (``wait_follows=True``): an all_reduce then runs without a Work when nothing observes one
+    (ProcessGroupSpyreccl::runWaited), and raises its errors from the call itself."""
+
+    def __getattr__(self, op: str):
+        from spyreccl_torch._C import _direct_op
+
+        overload = getattr(C10D, op).default
+        bound = _direct_op(overload, wait_follows=op != "wait_tensor")
+        assert bound is not overload, f"{op}: _direct_op handed the overload back"
+        setattr(self, op, bound)
+        return bound
+
+
+CALLS = {"torch.ops": C10D, "direct": _DirectCalls(), "waited": _WaitedCalls()}
 
 
 @contextlib.contextmanager
@@ -261,7 +276,7 @@ def run_every_op(seed, numel, ctx, group_object=False, calls="torch.ops"):
     ops = CALLS[calls]
     with _python_operator_calls() as fallbacks:
         _every_op(ops, seed, numel, ctx, dist.group.WORLD if group_object else _name())
-    if calls == "direct":
+    if calls != "torch.ops":
         assert bool(fallbacks) == group_object, fallbacks
     return len(fallbacks)
 
@@ -496,6 +511,61 @@ def test_registry_and_profiler_ranges(rank_pool, numel, calls):
     rank_pool.run(run_registry_and_profiler, fresh_seed(), numel, calls=calls, timeout=RUN_TIMEOUT)
 
 
+def run_waited_without_work(seed, numel, ctx):
+    """An all_reduce(_) waited at once runs without a Work: nothing enters the registry, the
+    wait that follows finds nothing to wait for, and the result is right. With the profiler
+    on, or the switch off, it creates its Work as before (range recorded, one registry
+    entry until the wait)."""
+    from spyreccl_torch import _C
+
+    waited = CALLS["waited"]
+    registry = torch._C._distributed_c10d._get_work_registry_size
+    base = registry()
+    inputs = _inputs(seed, 0, numel, torch.float32, ctx.world_size)
+    expected = reference_reduce(inputs, "sum")
+    mine = inputs[ctx.rank].to(ctx.device)
+
+    def check(out, what):
+        assert_close_dtype(out.cpu(), expected, torch.float32, ctx.world_size, seed=seed)
+
+    before = _C._waited_functional_calls()
+    tensor = mine.clone()
+    waited.all_reduce_(tensor, "sum", _name())
+    assert registry() == base, ("registered", registry() - base)
+    waited.wait_tensor(tensor)
+    check(tensor, "all_reduce_")
+    out = waited.all_reduce(mine, "sum", _name())
+    assert registry() == base, ("registered", registry() - base)
+    waited.wait_tensor(out)
+    check(out, "all_reduce")
+    torch.testing.assert_close(mine.cpu(), inputs[ctx.rank])  # out of place: input untouched
+    assert _C._waited_functional_calls() - before == 2
+
+    _C._set_waited_without_work(False)
+    try:
+        tensor = mine.clone()
+        waited.all_reduce_(tensor, "sum", _name())
+        assert registry() - base == 1, ("switched off: registered", registry() - base)
+        waited.wait_tensor(tensor)
+        check(tensor, "all_reduce_, switched off")
+    finally:
+        _C._set_waited_without_work(True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        tensor = mine.clone()
+        waited.all_reduce_(tensor, "sum", _name())
+        assert registry() - base == 1, ("profiled: registered", registry() - base)
+        waited.wait_tensor(tensor)
+    check(tensor, "all_reduce_, profiled")
+    assert "spyreccl:all_reduce" in {event.name for event in prof.events()}
+    assert _C._waited_functional_calls() - before == 2
+    assert registry() == base
+
+
+@pytest.mark.parametrize("numel", [7, FUNCTIONAL_MAX_BYTES // 4 + 1], ids=["small", "above-bound"])
+def test_waited_collective_runs_without_a_work(rank_pool, numel):
+    rank_pool.run(run_waited_without_work, fresh_seed(), numel, timeout=RUN_TIMEOUT)
+
+
 # --------------------------------------------------------------------------------------------
 # errors on this path: timeout, abort, mismatch
 # --------------------------------------------------------------------------------------------
@@ -510,8 +580,9 @@ def run_timeout(numel, ctx, calls="torch.ops"):
     if ctx.rank == 0:  # the others never join
         tensor = torch.ones(numel, device=ctx.device)
         start = time.monotonic()
-        ops.all_reduce_(tensor, "sum", _name(group))
         try:
+            # Queued, the error comes with the wait; run inline, with the call.
+            ops.all_reduce_(tensor, "sum", _name(group))
             ops.wait_tensor(tensor)
         except dist.DistBackendError as exc:
             result = (time.monotonic() - start, str(exc))

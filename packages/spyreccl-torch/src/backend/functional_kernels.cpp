@@ -59,13 +59,19 @@ TORCH_LIBRARY(spyreccl, m) { m.def("_set_wait_follows(bool enabled) -> bool", &s
 namespace {
 std::atomic<bool> leanEnabled{true};
 std::atomic<uint64_t> leanCalls{0};
+std::atomic<uint64_t> waitedCalls{0};
+std::atomic<bool> waitedEnabled{true};
 }  // namespace
+
+void setWaitedWithoutWork(bool enabled) { waitedEnabled.store(enabled, std::memory_order_relaxed); }
 
 void setLeanFunctional(bool enabled) { leanEnabled.store(enabled, std::memory_order_relaxed); }
 
 bool leanFunctional() { return leanEnabled.load(std::memory_order_relaxed); }
 
 uint64_t leanFunctionalCalls() { return leanCalls.load(std::memory_order_relaxed); }
+
+uint64_t waitedFunctionalCalls() { return waitedCalls.load(std::memory_order_relaxed); }
 
 namespace {
 
@@ -206,6 +212,15 @@ void registerWork(const std::vector<at::Tensor>& outputs,
 // implementation gathers and reduce-scatters with the coalesced backend methods, one tensor
 // or many; so do these.
 void leanAllReduceInplace(const LeanReduction& r, at::Tensor& io) {
+  // Waited at once (a compiled graph's wait_tensor is the next line): no Work to create,
+  // register and wait for, when the backend can run it right here; the wait_tensor that
+  // follows then finds nothing registered and returns.
+  if (waitFollows() && waitedEnabled.load(std::memory_order_relaxed) &&
+      r.lean.spyreccl->allreduceWaited(io, r.op)) {
+    r.lean.use();
+    waitedCalls.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   c10d::AllreduceOptions opts;
   opts.reduceOp = r.op;
   std::vector<at::Tensor> tensors{io};

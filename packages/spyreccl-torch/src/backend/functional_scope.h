@@ -54,5 +54,10 @@ void setLeanFunctional(bool enabled);
 bool leanFunctional();
 // How many functional collectives took the lean path in this process (tests).
 uint64_t leanFunctionalCalls();
+// How many of those, waited at once, ran without a Work (ProcessGroupSpyreccl::runWaited).
+uint64_t waitedFunctionalCalls();
+// On by default; off, collectives waited at once create their Work like the others (for
+// comparisons: spyreccl_torch._C._set_waited_without_work).
+void setWaitedWithoutWork(bool enabled);
 
 }  // namespace spyreccl_torch

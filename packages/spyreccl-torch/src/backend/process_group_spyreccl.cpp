@@ -691,6 +691,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
   return work;
 }
 
+bool ProcessGroupSpyreccl::runWaited(OpRecord& op) {
+  // What the Work of such a call would carry is unobservable: its caller waits at once (so
+  // the registry entry and the Future would be dropped right away) and, without
+  // callbacks, nobody records its range. Creating, registering and waiting for it cost
+  // about as much as the rest of the call at small sizes.
+  if (coalescing_ || at::hasCallbacks()) {
+    return false;
+  }
+  std::lock_guard<std::mutex> submitting(submitMutex_);
+  if (!runsInline(op)) {
+    return false;
+  }
+  const uint64_t seq = ++seq_;
+  for (Step& step : op.steps) {
+    step.seq = seq;
+  }
+  if (comm_->aborted()) {
+    std::rethrow_exception(makeDistBackendError(
+        "spyreccl: " + describeOperation("", op.name, seq, label()) +
+        " was not run because the communicator was aborted: " + comm_->abortReason()));
+  }
+  comm_->useTimeout(effectiveTimeout(op.timeout));
+  runSteps(op.steps, comm_->get());
+  return true;
+}
+
 void ProcessGroupSpyreccl::post(const c10::intrusive_ptr<WorkSpyreccl>& work,
                                 std::unique_ptr<ProgressThread::Job> job, bool lonePeerCall) {
   const uint64_t ticket = progress_->post(std::move(job));

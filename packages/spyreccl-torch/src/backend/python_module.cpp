@@ -145,6 +145,11 @@ PYBIND11_MODULE(_C, module) {
              "Whether the lean path of the _c10d_functional kernels is on.");
   module.def("_lean_functional_calls", &spyreccl_torch::leanFunctionalCalls,
              "How many functional collectives took the lean path in this process.");
+  module.def("_waited_functional_calls", &spyreccl_torch::waitedFunctionalCalls,
+             "How many of them were waited at once (wait_follows) and ran without a Work.");
+  module.def("_set_waited_without_work", &spyreccl_torch::setWaitedWithoutWork, py::arg("enabled"),
+             "Turns off (or back on, the default) running functional collectives waited at "
+             "once without a Work; for comparisons and tests.");
   module.def(
       "_set_thread_yield_ns",
       [](int64_t ns) {

@@ -26,8 +26,13 @@ WorkSpyreccl::WorkSpyreccl(int rank, c10d::OpType opType, uint64_t seq, const ch
 
 WorkSpyreccl::~WorkSpyreccl() = default;
 
+std::string describeOperation(const char* prefix, const char* opName, uint64_t seq,
+                              const std::string& groupLabel) {
+  return std::string(prefix) + opName + " #" + std::to_string(seq) + " on " + groupLabel;
+}
+
 std::string WorkSpyreccl::description() const {
-  return std::string(prefix_) + opName_ + " #" + std::to_string(seq_) + " on " + *groupLabel_;
+  return describeOperation(prefix_, opName_, seq_, *groupLabel_);
 }
 
 void WorkSpyreccl::addOutputs(const std::vector<at::Tensor>& outputs) {

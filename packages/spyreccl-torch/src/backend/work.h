@@ -22,6 +22,11 @@ namespace spyreccl_torch {
 
 class Communicator;
 
+// "<prefix><opName> #<seq> on <group>": how messages name an operation (the Work's
+// description(), and the calls that run without a Work, ProcessGroupSpyreccl::runWaited).
+std::string describeOperation(const char* prefix, const char* opName, uint64_t seq,
+                              const std::string& groupLabel);
+
 class WorkSpyreccl : public c10d::Work {
  public:
   // The operation is described lazily (only messages need the text): `prefix` + `opName`
