@@ -273,12 +273,17 @@ def run_every_op(seed, numel, ctx, group_object=False, calls="torch.ops"):
     as the ProcessGroup object (the ops' ``Any group_name`` takes both). ``calls``: through
     torch.ops, or through the functions spyre's inductor wrappers call (``direct``), which
     must not fall back to torch's Python operator call unless given a group object."""
+    from spyreccl_torch import _C
+
     ops = CALLS[calls]
+    registry = torch._C._distributed_c10d._get_work_registry_size
+    base, before = registry(), _C._waited_functional_calls()
     with _python_operator_calls() as fallbacks:
         _every_op(ops, seed, numel, ctx, dist.group.WORLD if group_object else _name())
     if calls != "torch.ops":
         assert bool(fallbacks) == group_object, fallbacks
-    return len(fallbacks)
+    assert registry() == base, ("left registered", registry() - base)
+    return len(fallbacks), _C._waited_functional_calls() - before
 
 
 def _every_op(ops, seed, numel, ctx, name):
@@ -358,7 +363,11 @@ def _every_op(ops, seed, numel, ctx, name):
     "numel", [1, 37, FUNCTIONAL_MAX_BYTES // 4 + 1, 20_011], ids=["1", "37", "above-bound", "20011"]
 )
 def test_every_functional_op_matches_float64(rank_pool, numel, calls):
-    rank_pool.run(run_every_op, fresh_seed(), numel, calls=calls, timeout=RUN_TIMEOUT)
+    results = rank_pool.run(run_every_op, fresh_seed(), numel, calls=calls, timeout=RUN_TIMEOUT)
+    # Waited at once, every one of them ran without a Work (none falls back to torch's
+    # implementation at these sizes); otherwise none did.
+    expected = LEAN_CALLS_OF_EVERY_OP if calls == "waited" else 0
+    assert [waited for _, waited in results] == [expected] * len(results), results
 
 
 @pytest.mark.parametrize("calls", CALLS)

@@ -238,19 +238,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allreduce(std::vector<at::T
   return submit(std::move(op));
 }
 
-bool ProcessGroupSpyreccl::allreduceWaited(at::Tensor& tensor, const c10d::ReduceOp& reduceOp) {
-  static constexpr const char* kOp = "allreduce";
-  checkUsable(kOp);
-  DeviceChecker devices(kOp);
-  devices.add(tensor, "tensors[0]");
-  const ReduceSpec spec = checkReduceOp(reduceOp, tensor.scalar_type(), kOp);
-  OpRecord op = newOp(c10d::OpType::ALLREDUCE, kOp, "spyreccl:all_reduce", c10d::kUnsetTimeout,
-                      /*asyncOp=*/true, devices);
-  op.steps.push_back(
-      allreduceStep(CommBuffer::inOut(tensor, kReduce, kOp, "tensors[0]"), spec, kOp));
-  return runWaited(op);
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   static constexpr const char* kOp = "allreduce_coalesced";

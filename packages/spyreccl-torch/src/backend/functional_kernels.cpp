@@ -208,49 +208,67 @@ void registerWork(const std::vector<at::Tensor>& outputs,
   for (const auto& t : outputs) c10d::register_work(t, work);
 }
 
+// Calls `call(backend)` (one backend method) for a lean functional collective and registers
+// the Work it returns for `outputs`, for their wait_tensor. Waited at once (a compiled
+// graph's wait_tensor is the next line), the backend may run it without a Work
+// (WorkOptionalScope): nothing to create, register and look up for that wait, which then
+// finds nothing registered and returns.
+template <typename Call>
+void leanRun(const Lean& lean, const std::vector<at::Tensor>& outputs, Call&& call) {
+  ProcessGroupSpyreccl& backend = lean.use();
+  if (waitFollows() && waitedEnabled.load(std::memory_order_relaxed)) {
+    c10::intrusive_ptr<c10d::Work> work;
+    {
+      WorkOptionalScope optional;
+      work = call(backend);
+    }
+    if (work == ranWithoutWork()) {
+      waitedCalls.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    registerWork(outputs, work);
+    return;
+  }
+  registerWork(outputs, call(backend));
+}
+
 // The lean calls of the backend, each registering its Work for the outputs. torch's
 // implementation gathers and reduce-scatters with the coalesced backend methods, one tensor
 // or many; so do these.
 void leanAllReduceInplace(const LeanReduction& r, at::Tensor& io) {
-  // Waited at once (a compiled graph's wait_tensor is the next line): no Work to create,
-  // register and wait for, when the backend can run it right here; the wait_tensor that
-  // follows then finds nothing registered and returns.
-  if (waitFollows() && waitedEnabled.load(std::memory_order_relaxed) &&
-      r.lean.spyreccl->allreduceWaited(io, r.op)) {
-    r.lean.use();
-    waitedCalls.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
   c10d::AllreduceOptions opts;
   opts.reduceOp = r.op;
   std::vector<at::Tensor> tensors{io};
-  registerWork(tensors, r.lean.use().allreduce(tensors, opts));
+  leanRun(r.lean, tensors, [&](ProcessGroupSpyreccl& b) { return b.allreduce(tensors, opts); });
 }
 
 void leanAllReduceCoalesced(const LeanReduction& r, std::vector<at::Tensor>& io) {
   c10d::AllreduceCoalescedOptions opts;
   opts.reduceOp = r.op;
-  registerWork(io, r.lean.use().allreduce_coalesced(io, opts));
+  leanRun(r.lean, io, [&](ProcessGroupSpyreccl& b) { return b.allreduce_coalesced(io, opts); });
 }
 
 void leanAllGather(const Lean& lean, std::vector<at::Tensor>& outputs,
                    std::vector<at::Tensor>& inputs) {
-  registerWork(outputs, lean.use().allgather_into_tensor_coalesced(outputs, inputs,
-                                                                   c10d::AllgatherOptions()));
+  leanRun(lean, outputs, [&](ProcessGroupSpyreccl& b) {
+    return b.allgather_into_tensor_coalesced(outputs, inputs, c10d::AllgatherOptions());
+  });
 }
 
 void leanReduceScatter(const LeanReduction& r, std::vector<at::Tensor>& outputs,
                        std::vector<at::Tensor>& inputs) {
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = r.op;
-  registerWork(outputs, r.lean.use().reduce_scatter_tensor_coalesced(outputs, inputs, opts));
+  leanRun(r.lean, outputs, [&](ProcessGroupSpyreccl& b) {
+    return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  });
 }
 
 void leanBroadcastInplace(const Lean& lean, at::Tensor& io, int64_t src) {
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
   std::vector<at::Tensor> tensors{io};
-  registerWork(tensors, lean.use().broadcast(tensors, opts));
+  leanRun(lean, tensors, [&](ProcessGroupSpyreccl& b) { return b.broadcast(tensors, opts); });
 }
 
 // Split sizes as plain integers; empty when one is symbolic (torch's path handles those).
@@ -368,7 +386,9 @@ void allGatherIntoTensorOut(const c10::OperatorHandle&, Stack* stack) {
   if (leanTensor(input)) {
     if (const Lean lean = leanTarget(a[2])) {
       // As torch's implementation: the plain (not coalesced) method for a given output.
-      registerWork({output}, lean.use()._allgather_base(output, input, c10d::AllgatherOptions()));
+      leanRun(lean, {output}, [&](ProcessGroupSpyreccl& b) {
+        return b._allgather_base(output, input, c10d::AllgatherOptions());
+      });
       torch::jit::push(*stack, std::move(output));
       return;
     }
@@ -491,8 +511,9 @@ void allToAllSingle(const c10::OperatorHandle&, Stack* stack) {
         sizes[0] = std::accumulate(outSplits->begin(), outSplits->end(), int64_t{0});
         at::Tensor output = at::empty(sizes, input.options());
         at::Tensor in = input;
-        registerWork({output}, lean.use().alltoall_base(output, in, *outSplits, *inSplits,
-                                                        c10d::AllToAllOptions()));
+        leanRun(lean, {output}, [&](ProcessGroupSpyreccl& b) {
+          return b.alltoall_base(output, in, *outSplits, *inSplits, c10d::AllToAllOptions());
+        });
         torch::jit::push(*stack, std::move(output));
         return;
       }

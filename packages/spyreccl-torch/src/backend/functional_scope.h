@@ -48,6 +48,13 @@ using WaitFollowsScope = ThreadFlagScope<struct WaitFollowsTag>;
 // Whether the calling thread is inside a WaitFollowsScope.
 inline bool waitFollows() { return WaitFollowsScope::flag(); }
 
+// Opened by the functional kernels around the backend call of a collective waited at once
+// (WaitFollowsScope) whose Work they would only register for that wait: the backend may
+// then run it without a Work (ProcessGroupSpyreccl::submit, runWaited) and return
+// ranWithoutWork() instead, which they do not register. Only those kernels open it: any
+// other caller of the backend gets a real Work, whatever the wait_follows flag says.
+using WorkOptionalScope = ThreadFlagScope<struct WorkOptionalTag>;
+
 // The lean path of functional_kernels.cpp: on by default; off, every functional collective
 // runs torch's implementation (for comparisons: spyreccl_torch._C._set_lean_functional).
 void setLeanFunctional(bool enabled);

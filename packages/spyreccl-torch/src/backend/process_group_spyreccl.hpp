@@ -115,6 +115,10 @@ struct OpRecord {
   std::vector<int64_t> outSplitSizes;
 };
 
+// What submit() returns for an operation it ran without a Work (runWaited): one completed
+// Work shared by all of them, which the functional kernels recognise and do not register.
+const c10::intrusive_ptr<c10d::Work>& ranWithoutWork();
+
 class ProcessGroupSpyreccl : public c10d::Backend {
  public:
   struct Options : c10d::Backend::Options {
@@ -156,12 +160,6 @@ class ProcessGroupSpyreccl : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
-  // The allreduce of a functional collective whose wait comes next (WaitFollowsScope: a
-  // compiled graph's collective waited at once): runs it on the calling thread without a
-  // Work and returns true when nothing could observe that Work; returns false, touching
-  // nothing, when it must take allreduce() instead (runWaited). Errors are thrown as the
-  // Work's wait() would throw them.
-  bool allreduceWaited(at::Tensor& tensor, const c10d::ReduceOp& reduceOp);
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
@@ -255,9 +253,11 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   // Queues the operation (or adds it to the open coalescing batch, or runs it inline) and
   // returns its Work.
   c10::intrusive_ptr<c10d::Work> submit(OpRecord op);
-  // Runs `op` on the calling thread without a Work when submit() would run it inline and
-  // nothing observes a Work: no coalescing batch open, no record-function callbacks (the
-  // profiler's range and param-comms event live with the Work). Returns false otherwise.
+  // Within a WorkOptionalScope (a functional collective waited at once): runs `op` on the
+  // calling thread without a Work when submit() would run it inline and nothing observes a
+  // Work (no coalescing batch open, no record-function callbacks: the profiler's range and
+  // param-comms event live with the Work). Errors are thrown as the Work's wait() would
+  // throw them. Returns false, touching nothing, otherwise.
   bool runWaited(OpRecord& op);
   // Queues a job on the progress thread; `work`'s waiter may run it itself while the
   // thread has not started it (WorkSpyreccl::setRunner): a collective through
