@@ -252,7 +252,10 @@ def _tp_mlp_step(env: Any, device: Any, budget_s: float, compiled: bool) -> dict
             return None
 
         compiled_run()  # compiles the forward and backward graphs (every rank alike)
-        expected = tp(x).full_tensor() if hasattr(tp(x), "full_tensor") else tp(x)
+        # One eager call, used: an output never used would leave its collective unwaited
+        # (DTensor's AsyncCollectiveTensor waits when it is read), which torch reports at exit.
+        expected = tp(x)
+        expected = expected.full_tensor() if hasattr(expected, "full_tensor") else expected
         got = forward(x)
         got = got.full_tensor() if hasattr(got, "full_tensor") else got
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
