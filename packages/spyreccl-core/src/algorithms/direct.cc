@@ -125,6 +125,17 @@ size_t cmaThreshold(const Communicator& c, Kind kind) {
   }
 }
 
+bool cmaFixed(const Communicator& c, size_t bytes) {
+  return c.config().cmaMinBytes != 0 && bytes >= c.config().cmaMinBytes;
+}
+
+uint64_t cmaVote(const Communicator& c, uint32_t advisorKind, size_t bytes, int64_t nowNs,
+                 bool quietCma) {
+  uint64_t vote = c.pathAdvisor().vote(advisorKind, bytes, nowNs, quietCma);
+  if (transport::cpusContended()) vote |= PathAdvisor::kContended;
+  return vote;
+}
+
 bool beginDirect(Communicator& c, OpScope& scope, size_t bytes, std::optional<DirectTransfer>& x,
                  const void* a, size_t aBytes, const void* b, size_t bBytes) {
   bool announced = false;
@@ -133,17 +144,12 @@ bool beginDirect(Communicator& c, OpScope& scope, size_t bytes, std::optional<Di
   // SPYRECCL_CMA_MIN_BYTES fixes the path; otherwise the ranks vote from the contended
   // threshold up, at every size (every rank computes the same window: it depends on the size
   // and the communicator's agreed settings only, never on a rank's own advisor mode).
-  const size_t fixedMin = c.config().cmaMinBytes;
-  const bool cma = c.cmaOn() && fixedMin != 0 && bytes >= fixedMin;
+  const bool cma = c.cmaOn() && cmaFixed(c, bytes);
   const bool voted = !cma && c.cmaOn() && bytes >= cmaBusyThreshold(c, kind);
   if (!c.directCapable(bytes, cma || voted, scope.desc(), &announced)) return false;
   const bool arena = c.directOn() && bytes >= c.config().directMinBytes;
-  uint64_t vote = 0;
-  if (voted) {
-    if (transport::cpusContended()) vote |= PathAdvisor::kContended;
-    vote |=
-        c.pathAdvisor().vote(scope.desc()->kind, bytes, nowNs(), bytes >= cmaThreshold(c, kind));
-  }
+  const uint64_t vote =
+      voted ? cmaVote(c, scope.desc()->kind, bytes, nowNs(), bytes >= cmaThreshold(c, kind)) : 0;
   x.emplace(c, scope, announced, arena, cma, vote, a, aBytes, b, bBytes);
   // The path the votes chose is timed to the collective's end, when it concerns ordinary
   // memory only (a path through arenas is neither of the two the advisor compares). From

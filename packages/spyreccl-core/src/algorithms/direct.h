@@ -102,6 +102,15 @@ size_t cmaBusyThreshold(const Communicator& c, Kind kind);
 // vote by measured speed at every size from cmaBusyThreshold (path_advisor.h).
 size_t cmaThreshold(const Communicator& c, Kind kind);
 
+// Whether SPYRECCL_CMA_MIN_BYTES is set and `bytes` reach it: the single copy without a vote.
+bool cmaFixed(const Communicator& c, size_t bytes);
+
+// This rank's vote word on the copy path of a transfer of `bytes` at `nowNs`: whether its
+// CPUs are contended, and its path advisor's vote for table entry `advisorKind` (`quietCma`:
+// the transfer reaches the quiet threshold, the vote of an advisor that is off).
+uint64_t cmaVote(const Communicator& c, uint32_t advisorKind, size_t bytes, int64_t nowNs,
+                 bool quietCma);
+
 // Step 1 of a direct transfer, when the collective qualifies (size, switch, arenas mapped):
 // constructs `x` and returns true; the caller then checks which buffers are in arenas.
 // Returns false, touching nothing, when the collective must be staged.

@@ -37,7 +37,6 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "memory/arena.h"
-#include "transport/cma.h"
 #include "transport/wait.h"
 
 namespace spyreccl::algorithms {
@@ -118,9 +117,7 @@ DirectSource directSource(P2POp& op, size_t total) {
     }
     op.timedKind = PathAdvisor::kSmallP2P + 1;
     const int64_t now = nowNs();
-    uint64_t vote = c.pathAdvisor().vote(PathAdvisor::kSmallP2P, total, now);
-    if (transport::cpusContended()) vote |= PathAdvisor::kContended;
-    if (!PathAdvisor::decide(vote)) return {};
+    if (!PathAdvisor::decide(cmaVote(c, PathAdvisor::kSmallP2P, total, now, false))) return {};
     const std::atomic<uint64_t>& waitingSeq = outbox(c, op.peer)->waitingSeq;
     auto waiting = [&] { return waitingSeq.load(std::memory_order_acquire) == op.msgSeq + 1; };
     if (!waiting() && c.spin().spin) {
@@ -144,17 +141,15 @@ DirectSource directSource(P2POp& op, size_t total) {
     if (off >= 0) return {kChunkDirect, static_cast<uint64_t>(off)};
   }
   if (!c.cmaOn()) return {};
-  const size_t fixedMin = c.config().cmaMinBytes;
-  if (fixedMin != 0 && total >= fixedMin) {
+  if (cmaFixed(c, total)) {
     return {kChunkDirect | kChunkCma, reinterpret_cast<uintptr_t>(op.sendBuf)};
   }
   if (total < cmaBusyThreshold(c, Kind::kNone)) return {};
   // From the contended threshold up, at every size, the sender alone chooses (PathAdvisor:
   // contended CPUs, or the faster path by its running estimates; with the advisor off, the
   // quiet threshold), and times the message on the chosen path.
-  uint64_t vote = c.pathAdvisor().vote(static_cast<uint32_t>(Kind::kNone), total, nowNs(),
-                                       total >= cmaThreshold(c, Kind::kNone));
-  if (transport::cpusContended()) vote |= PathAdvisor::kContended;
+  const uint64_t vote = cmaVote(c, static_cast<uint32_t>(Kind::kNone), total, nowNs(),
+                                total >= cmaThreshold(c, Kind::kNone));
   if (c.pathAdvisor().enabled()) op.timedKind = static_cast<uint32_t>(Kind::kNone) + 1;
   if (!PathAdvisor::decide(vote)) return {};
   return {kChunkDirect | kChunkCma, reinterpret_cast<uintptr_t>(op.sendBuf)};
