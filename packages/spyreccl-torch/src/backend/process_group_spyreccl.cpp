@@ -218,13 +218,30 @@ void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
   }
 }
 
-// Refuses to start an operation on an aborted communicator, saying why.
-void checkNotAborted(const WorkSpyreccl& work, const Communicator& comm) {
+// Refuses to start an operation on an aborted communicator, saying why; `description()`
+// names the operation, built only then.
+template <typename Description>
+void checkNotAborted(const Communicator& comm, Description&& description) {
   if (comm.aborted()) {
-    std::rethrow_exception(makeDistBackendError(
-        "spyreccl: " + work.description() +
-        " was not run because the communicator was aborted: " + comm.abortReason()));
+    std::rethrow_exception(makeDistBackendError("spyreccl: " + description() +
+                                                " was not run because the communicator was "
+                                                "aborted: " +
+                                                comm.abortReason()));
   }
+}
+
+void checkNotAborted(const WorkSpyreccl& work, const Communicator& comm) {
+  checkNotAborted(comm, [&] { return work.description(); });
+}
+
+// Runs the steps of one operation against `comm` under `timeout` (checkNotAborted first)
+// and throws its errors: the part that executeOp and ProcessGroupSpyreccl::runWaited share.
+template <typename Description>
+void runOp(std::vector<Step>& steps, std::chrono::milliseconds timeout, Communicator& comm,
+           Description&& description) {
+  checkNotAborted(comm, description);
+  comm.useTimeout(timeout);
+  runSteps(steps, comm.get());
 }
 
 // Runs the steps of one operation against `comm` and completes `work` with the outcome, on
@@ -233,9 +250,7 @@ void checkNotAborted(const WorkSpyreccl& work, const Communicator& comm) {
 void executeOp(WorkSpyreccl& work, std::vector<Step>& steps, std::chrono::milliseconds timeout,
                Communicator& comm, const std::shared_ptr<int>& sourceRank) noexcept {
   try {
-    checkNotAborted(work, comm);
-    comm.useTimeout(timeout);
-    runSteps(steps, comm.get());
+    runOp(steps, timeout, comm, [&] { return work.description(); });
     steps.clear();  // drop staging buffers before waking waiters
     if (sourceRank) {
       work.setSourceRank(*sourceRank);
@@ -727,13 +742,8 @@ bool ProcessGroupSpyreccl::runWaited(OpRecord& op) {
   for (Step& step : op.steps) {
     step.seq = seq;
   }
-  if (comm_->aborted()) {
-    std::rethrow_exception(makeDistBackendError(
-        "spyreccl: " + describeOperation("", op.name, seq, label()) +
-        " was not run because the communicator was aborted: " + comm_->abortReason()));
-  }
-  comm_->useTimeout(effectiveTimeout(op.timeout));
-  runSteps(op.steps, comm_->get());
+  runOp(op.steps, effectiveTimeout(op.timeout), *comm_,
+        [&] { return describeOperation("", op.name, seq, label()); });
   return true;
 }
 
