@@ -52,34 +52,25 @@ QUEUED_RETURN_LIMIT_S = 0.5
 
 class _DirectCalls:
     """The _c10d_functional ops as spyre's inductor wrappers call them: through the
-    functions spyreccl_torch._C._direct_op binds (src/backend/direct_ops.cpp)."""
+    functions spyreccl_torch._C._direct_op binds (src/backend/direct_ops.cpp). With
+    ``waited``, the collectives are bound as the wrappers bind one whose wait_tensor is the
+    next line (``wait_follows=True``): they then run without a Work when nothing observes
+    one (ProcessGroupSpyreccl::runWaited), and raise their errors from the call itself."""
+
+    def __init__(self, waited: bool = False) -> None:
+        self._waited = waited
 
     def __getattr__(self, op: str):
         from spyreccl_torch._C import _direct_op
 
         overload = getattr(C10D, op).default
-        bound = _direct_op(overload)
+        bound = _direct_op(overload, wait_follows=self._waited and op != "wait_tensor")
         assert bound is not overload, f"{op}: _direct_op handed the overload back"
         setattr(self, op, bound)
         return bound
 
 
-class _WaitedCalls(_DirectCalls):
-    """The same, bound as the wrappers bind a collective whose wait_tensor is the next line
-    (``wait_follows=True``): an all_reduce then runs without a Work when nothing observes one
-    (ProcessGroupSpyreccl::runWaited), and raises its errors from the call itself."""
-
-    def __getattr__(self, op: str):
-        from spyreccl_torch._C import _direct_op
-
-        overload = getattr(C10D, op).default
-        bound = _direct_op(overload, wait_follows=op != "wait_tensor")
-        assert bound is not overload, f"{op}: _direct_op handed the overload back"
-        setattr(self, op, bound)
-        return bound
-
-
-CALLS = {"torch.ops": C10D, "direct": _DirectCalls(), "waited": _WaitedCalls()}
+CALLS = {"torch.ops": C10D, "direct": _DirectCalls(), "waited": _DirectCalls(waited=True)}
 
 
 @contextlib.contextmanager

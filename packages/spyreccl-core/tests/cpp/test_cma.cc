@@ -230,6 +230,26 @@ void checkedBroadcast(RankContext& ctx, size_t count, int root) {
   check.report(__FILE__, __LINE__);
 }
 
+// A message of `count` float16 from rank `from` to rank `to`, checked element by element;
+// on the receiver, whether it went single-copy must be `single`.
+void checkedMessage(RankContext& ctx, size_t count, int from, int to, bool single) {
+  const TypeInfo& t = typeInfo(spyrecclFloat16);
+  std::vector<uint8_t> buf(count * t.size);
+  const unsigned long long start = cmaReads(ctx);
+  if (ctx.rank == from) {
+    fillAnyBits(t, ctx.seed, from, buf.data(), count);
+    SPY_REQUIRE_OK(spyrecclSend(buf.data(), count, t.dtype, to, 13, ctx.comm), ctx.comm);
+  } else if (ctx.rank == to) {
+    poisonMessage(t, buf.data(), count, ctx.seed, from);
+    SPY_REQUIRE_OK(spyrecclRecv(buf.data(), count, t.dtype, from, 13, ctx.comm), ctx.comm);
+    checkMessage(t, buf.data(), count, ctx.seed, from,
+                 format("message of %zu float16 from rank %d", count, from));
+    SPY_CHECK((cmaReads(ctx) > start) == single,
+              "message of %zu B from rank %d: expected it %s, \"%s\"", count * t.size, from,
+              single ? "single-copy" : "staged", cmaLine(ctx).c_str());
+  }
+}
+
 // Only rank 1's estimate prefers the single copy: a broadcast from rank 0 goes single-copy
 // on every rank (every non-root reads the root with process_vm_readv), and a message that
 // rank 0 sends (its own estimate prefers staging) is staged, while one rank 1 sends goes
@@ -242,25 +262,10 @@ void adaptiveMixedBody(RankContext& ctx) {
     SPY_CHECK(cmaReads(ctx) > before, "rank 1's vote should have chosen CMA: \"%s\"",
               cmaLine(ctx).c_str());
   }
-  const TypeInfo& t = typeInfo(spyrecclFloat16);
-  const size_t count = (1u << 20) / t.size + 7;  // above two p2p chunks
-  std::vector<uint8_t> buf(count * t.size);
+  const size_t count = (1u << 20) / 2 + 7;  // float16, above two p2p chunks
   for (int from : {0, last}) {
-    const int to = from == 0 ? last : 0;
-    const unsigned long long start = cmaReads(ctx);
-    if (ctx.rank == from) {
-      fillAnyBits(t, ctx.seed, from, buf.data(), count);
-      SPY_REQUIRE_OK(spyrecclSend(buf.data(), count, t.dtype, to, 9, ctx.comm), ctx.comm);
-    } else if (ctx.rank == to) {
-      poisonMessage(t, buf.data(), count, ctx.seed, from);
-      SPY_REQUIRE_OK(spyrecclRecv(buf.data(), count, t.dtype, from, 9, ctx.comm), ctx.comm);
-      checkMessage(t, buf.data(), count, ctx.seed, from,
-                   format("message of %zu float16 from rank %d", count, from));
-      const bool single = cmaReads(ctx) > start;
-      SPY_CHECK(single == (from == last), "message from rank %d: expected it %s, \"%s\"", from,
-                from == last ? "single-copy (its sender votes so)" : "staged",
-                cmaLine(ctx).c_str());
-    }
+    // Single-copy only when its sender (rank 1) votes so.
+    checkedMessage(ctx, count, from, from == 0 ? last : 0, from == last);
   }
 }
 
@@ -343,26 +348,6 @@ void adaptiveAutoBody(RankContext& ctx) {
               "expected both paths to be measured (single-copy reads in %d broadcasts: %llu): "
               "\"%s\"",
               kCalls, reads, cmaLine(ctx).c_str());
-  }
-}
-
-// A message of `count` float16 from rank `from` to rank `to`, checked element by element;
-// on the receiver, whether it went single-copy must be `single`.
-void checkedMessage(RankContext& ctx, size_t count, int from, int to, bool single) {
-  const TypeInfo& t = typeInfo(spyrecclFloat16);
-  std::vector<uint8_t> buf(count * t.size);
-  const unsigned long long start = cmaReads(ctx);
-  if (ctx.rank == from) {
-    fillAnyBits(t, ctx.seed, from, buf.data(), count);
-    SPY_REQUIRE_OK(spyrecclSend(buf.data(), count, t.dtype, to, 13, ctx.comm), ctx.comm);
-  } else if (ctx.rank == to) {
-    poisonMessage(t, buf.data(), count, ctx.seed, from);
-    SPY_REQUIRE_OK(spyrecclRecv(buf.data(), count, t.dtype, from, 13, ctx.comm), ctx.comm);
-    checkMessage(t, buf.data(), count, ctx.seed, from,
-                 format("message of %zu float16 from rank %d", count, from));
-    SPY_CHECK((cmaReads(ctx) > start) == single,
-              "message of %zu B from rank %d: expected it %s, \"%s\"", count * t.size, from,
-              single ? "single-copy" : "staged", cmaLine(ctx).c_str());
   }
 }
 
