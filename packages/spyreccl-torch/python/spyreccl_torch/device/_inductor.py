@@ -12,7 +12,10 @@ inductor so:
 * two device-scoped adjustments where torch 2.13 hard-codes device names and offers no
   registration hook (see :func:`_install_backend_name` and
   :func:`_install_cpu_codegen_node_check`): spyre kernels are C++ kernels ("cpp"), and
-  spyre scheduler nodes take the CPU path of the scheduler's loop optimisations.
+  spyre scheduler nodes take the CPU path of the scheduler's loop optimisations;
+* a do-nothing device pass whose ``uuid()`` names this code generation
+  (:class:`CodegenIdentity`), so that inductor's caches never serve a graph that an
+  older spyreccl-torch generated.
 
 Imported by ``torch.spyre.__getattr__`` the first time inductor asks for its codegen
 classes, so ``import torch`` never pays for importing inductor.
@@ -25,6 +28,7 @@ import os
 import sys
 import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +45,7 @@ from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 
 from spyreccl_torch.device._cpp_wrapper import SpyreCppWrapperCodegen, register_device_name
 
@@ -471,6 +476,48 @@ def _install_cpu_codegen_node_check() -> None:
     BaseSchedulerNode.is_cpu = is_cpu  # type: ignore[method-assign]
 
 
+def codegen_files() -> tuple[str, ...]:
+    """The files whose contents decide the code a spyre graph compiles to, or what that
+    code calls: this package's Python modules of the device (the wrapper code generators,
+    the functions their code imports) and its extension modules (the direct collective
+    calls, the fast allocation, the kernels behind the dispatcher ops the C++ wrapper
+    names)."""
+    package = Path(__file__).resolve().parent.parent
+    device = sorted((package / "device").glob("*.py"))
+    extensions = sorted(package.glob("*.so"))
+    return tuple(str(path) for path in (*device, *extensions))
+
+
+@functools.cache
+def codegen_uuid() -> bytes:
+    """A digest of :func:`codegen_files` and the package version (hashed once per
+    process: about 2 MB)."""
+    from spyreccl_torch import __version__
+
+    return get_hash_for_files(codegen_files(), extra=f"spyreccl-torch {__version__}")
+
+
+class CodegenIdentity(CustomGraphModulePass):
+    """Spyre's device pass: it leaves the graph as it is, and identifies spyre's code
+    generation in inductor's cache keys.
+
+    Inductor's FX graph cache (on by default) keys a compiled graph on torch's sources, its
+    configuration and the ``uuid()`` of every device's custom pass, but not on the wrapper
+    code generators a device registers. Without this, a graph compiled by an earlier
+    spyreccl-torch was served from the cache after an upgrade: its wrapper code, generated
+    by the old classes, calling what the old package offered (seen: a graph kept the
+    generic collective calls after spyre's wrapper had learnt to mark the collectives it
+    waits for at once). A pass is the only registration hook whose identity reaches the key
+    (``register_backend_for_device(device_custom_pass=...)``); its ``__call__`` does
+    nothing."""
+
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
+        return None
+
+    def uuid(self) -> bytes:
+        return codegen_uuid()
+
+
 def register() -> None:
     """Registers spyre with inductor and dynamo (idempotent)."""
     global _registered
@@ -483,6 +530,7 @@ def register() -> None:
             SpyrePythonWrapperCodegen,
             SpyreCppWrapperCodegen,
             WrapperFxCodegen,
+            device_custom_pass=CodegenIdentity(),
         )
         register_device_name()
         register_interface_for_device(_DEVICE, SpyreInterface)

@@ -63,15 +63,33 @@ _initialized = True
 
 # Default generators (see _random); _install_integrations() runs once the device is named.
 from . import _attention, _random  # noqa: E402
+from ._import_hooks import after_import  # noqa: E402
 from ._random import _get_generator, default_generators  # noqa: E402, F401
 
 
 def _install_integrations() -> None:
     """Hooks into torch modules that ``import torch`` does not load (or loads before the
     device is named): DTensor's handlers for tensor-parallel attention, compile's graph-safe
-    RNG. Called by :func:`spyreccl_torch.device.register` after the rename."""
+    RNG, inductor's backend for spyre. Called by :func:`spyreccl_torch.device.register`
+    after the rename."""
     _attention.install()
     _random.install()
+    after_import(
+        "torch._inductor.compile_fx",
+        _register_inductor,
+        "spyre's identity in inductor's compile caches",
+    )
+
+
+def _register_inductor() -> None:
+    # Registered before inductor's first init_backend_registration(): that function
+    # registers a PrivateUse1 device it does not know yet from the device module's classes
+    # (__getattr__ below) with no device pass, which would replace spyre's own
+    # registration and its cache identity (_inductor.CodegenIdentity). compile_fx is
+    # imported before any compile; every call of init_backend_registration is inside one.
+    from . import _inductor
+
+    _inductor.register()
 
 
 def _ops() -> Any:
