@@ -160,9 +160,10 @@ def _graph_samples(env: Any, backend: str, t: Any, budget_s: float) -> dict[str,
     reset_dynamo()
     stock = backend.endswith(STOCK_CALLS_SUFFIX)
     try:
-        # The FX graph cache would hand a stock row the module compiled with direct calls.
+        # The compile caches tell the stock calls from the direct ones (spyre's cache
+        # identity, spyreccl_torch.device._inductor.CodegenIdentity).
         with (
-            inductor_config.patch(cpp_wrapper=cpp, fx_graph_cache=not stock),
+            inductor_config.patch(cpp_wrapper=cpp),
             _direct_collective_calls(not stock),
         ):
             coll, plain = _compiled_pair(env, backend)

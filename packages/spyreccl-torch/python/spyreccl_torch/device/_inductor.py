@@ -63,8 +63,8 @@ _DIRECT_OP_IMPORT = f"from spyreccl_torch._C import _direct_op as {_DIRECT_OP}"
 _FUNCTIONAL_NAMESPACE = "_c10d_functional"
 # Whether spyre's Python wrappers call the functional collectives through _direct_op (the
 # default) or as torch.ops..._c10d_functional.<op>.default like the stock wrapper; read when
-# a graph is compiled. Inductor's FX graph cache does not know it: a cached module keeps the
-# calls it was compiled with (both call the same operators).
+# a graph is compiled. Part of inductor's cache keys (CodegenIdentity), so a cached module is
+# only served to the setting it was compiled with.
 DIRECT_COLLECTIVE_CALLS = os.environ.get("SPYRECCL_INDUCTOR_DIRECT_CALLS", "1") != "0"
 
 
@@ -509,13 +509,16 @@ class CodegenIdentity(CustomGraphModulePass):
     generic collective calls after spyre's wrapper had learnt to mark the collectives it
     waits for at once). A pass is the only registration hook whose identity reaches the key
     (``register_backend_for_device(device_custom_pass=...)``); its ``__call__`` does
-    nothing."""
+    nothing. The key also tells :data:`DIRECT_COLLECTIVE_CALLS` apart."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         return None
 
     def uuid(self) -> bytes:
-        return codegen_uuid()
+        # The settings that change the generated code are part of it too: a graph compiled
+        # with the stock collective calls must not be served to one that wants the direct
+        # calls, or the other way round.
+        return codegen_uuid() + (b"direct" if DIRECT_COLLECTIVE_CALLS else b"stock")
 
 
 def register() -> None:
