@@ -268,7 +268,10 @@ def test_set_thread_yield_changes_how_this_thread_waits(rank_pool):
     results = rank_pool.run(rank_waits_with_thread_yield, seed)
     for rank, (sleeping, yielding) in enumerate(results[:-1]):
         assert sleeping < 0.25 * LATE_S, (rank, sleeping, yielding)
-        assert yielding > 0.5 * LATE_S, (rank, sleeping, yielding)
+        # A yielding thread keeps its CPU only while nothing else wants it: with 3 ranks on
+        # 2 CPUs and another process busy it got 25 % of the wait (0.099 s of 0.4 s), so the
+        # bound is a share that a sleeping wait (about 0.01 s) never reaches, and a ratio.
+        assert yielding > 0.15 * LATE_S and yielding > 4 * sleeping, (rank, sleeping, yielding)
 
 
 # ---------------------------------------------------------------------------------------
