@@ -1059,6 +1059,26 @@ def node_check_check(ctx: Ctx, base_seed: int) -> list[str]:
         lambda: dist.broadcast(payload, src=src, group=group), pattern, "broadcast roots", r
     )
     dist.destroy_process_group(group)
+    # A small broadcast whose root's node disagrees within itself: rank 0's node-mate
+    # all-reduces instead. The node's check stops that node's stages at once, the root's
+    # exchange carries the disagreement to the other node, and every rank fails naming both
+    # calls, the receivers' outputs untouched.
+    group = dist.new_group(list(range(world)))
+    root_node_ranks = [q for q in range(world) if topo.node_of[q] == topo.node_of[0]]
+    odd = root_node_ranks[1] if len(root_node_ranks) > 1 else None
+    poison = torch.full((7,), float("nan"), device=_dev(ctx))
+    data = poison if r != 0 else torch.arange(7, dtype=torch.float32, device=_dev(ctx))
+    pattern = r"mismatched collectives .* at seq 1 .*rank 0: broadcast\(numel=7, torch.float32, "
+    pattern += rf"root=0\).*rank {odd}: all_reduce\(numel=7, "
+    if odd is not None:
+        if r == odd:
+            call = lambda: dist.all_reduce(data, group=group)  # noqa: E731
+        else:
+            call = lambda: dist.broadcast(data, src=0, group=group)  # noqa: E731
+        failures += _rejected_within(call, pattern, "the root's node differs", r)
+        if r != 0 and not bool(data.isnan().all()):
+            failures.append(f"rank {r}: the mismatched broadcast wrote its output")
+    dist.destroy_process_group(group)
     # A small all_to_all_single travels in the check as well: here node 1's ranks send
     # blocks of 3 elements where node 0's send 2.
     group = dist.new_group(list(range(world)))
