@@ -570,6 +570,44 @@ def group_checks(ctx: Ctx, base_seed: int) -> list[str]:
     return failures
 
 
+def _gloo_loops() -> int:
+    """gloo's TCP event loop threads in this process (one per gloo transport device)."""
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                count += comm.read().strip() == "gloo_tcp_loop"
+        except OSError:
+            pass
+    return count
+
+
+def gloo_device_check(ctx: Ctx, base_seed: int) -> list[str]:
+    """The multi-node groups' gloo groups share one gloo device per process (gloo_groups.py):
+    three more groups add no TCP event loop thread (each of their three or four gloo groups
+    used to add one), and each computes its all_reduce exactly."""
+    failures: list[str] = []
+    r, world = ctx.rank, ctx.world_size
+    before = _gloo_loops()
+    groups = [dist.new_group(list(range(world))) for _ in range(3)]
+    gen = torch.Generator().manual_seed(base_seed + 91)
+    for i, group in enumerate(groups):
+        values = torch.randint(-1000, 1000, (world, 6), generator=gen, dtype=torch.int64)
+        t = values[r].to(torch.float32).to(_dev(ctx))
+        dist.all_reduce(t, group=group)
+        if not torch.equal(t.cpu().double(), values.sum(0).double()):
+            failures.append(f"rank {r}: group {i}: all_reduce gave {t.cpu().tolist()}")
+    after = _gloo_loops()
+    if after != before:
+        failures.append(
+            f"rank {r}: {before} gloo event loops before three more multi-node groups and "
+            f"{after} after; expected no new one"
+        )
+    for group in groups:
+        dist.destroy_process_group(group)
+    return failures
+
+
 def async_check(ctx: Ctx, base_seed: int) -> list[str]:
     """async_op=True across nodes: a large all_reduce returns while it is still in flight,
     this rank computes meanwhile (polling is_completed()), and wait() gives the right sum;
@@ -1462,7 +1500,8 @@ def mode_ops(full: bool) -> None:
     start = time.monotonic()
     cases = op_cases(ctx.world_size, full)
     extras = (
-        [group_checks, ddp_check, hsdp_check, funcol_check, async_check, mismatch_check]
+        [group_checks, gloo_device_check, ddp_check, hsdp_check, funcol_check, async_check]
+        + [mismatch_check]
         + [staging_check, pipeline_check, node_check_check, timeout_check, failure_check]
         if full
         else [split_check]

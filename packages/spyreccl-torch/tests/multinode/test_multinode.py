@@ -119,6 +119,7 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
         seed,
         [
             "group_checks",
+            "gloo_device_check",
             "ddp_check",
             "hsdp_check",
             "funcol_check",

@@ -72,6 +72,7 @@ from .executor import OrderedExecutor
 from .failures import ABORT_OP, FailureBoard, PeerFailure, wait_sliced
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
+from .gloo_groups import gloo_group
 from .node_check import CARRY_MAX_BYTES, EXCHANGE_MAX_LEADERS, NodeChecker
 from .pipeline import agree_chunk_bytes, chunk_bounds, proposed_chunk_bytes
 from .reduction import Plan as _Plan
@@ -432,23 +433,29 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self._cross_ranks = cross_ranks
         self._cross = None
         if len(cross_ranks) > 1:
-            self._cross = dist.ProcessGroupGloo(
+            self._cross = gloo_group(
                 dist.PrefixStore(f"spyreccl/cross{topology.local_rank}/", store),
                 cross_ranks.index(topology.rank),
                 len(cross_ranks),
                 self._timeout,
+                self,
             )
-        self._flat = dist.ProcessGroupGloo(
-            dist.PrefixStore("spyreccl/flat/", store), topology.rank, topology.size, self._timeout
+        self._flat = gloo_group(
+            dist.PrefixStore("spyreccl/flat/", store),
+            topology.rank,
+            topology.size,
+            self._timeout,
+            self,
         )
         # The control group: barriers without checking, and gathering the calls of a
         # mismatch (see fingerprint.py); a gloo group of its own, so that the data groups'
         # operation order does not depend on whether checking is on.
-        self._check_group = dist.ProcessGroupGloo(
+        self._check_group = gloo_group(
             dist.PrefixStore("spyreccl/control/", store),
             topology.rank,
             topology.size,
             self._timeout,
+            self,
         )
         self._checker: CallChecker | NodeChecker = CallChecker(
             self._check_group,
@@ -476,11 +483,12 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
                 )
             leaders = topology.cross_ranks(0)
             if topology.local_rank == 0:
-                self._check_leaders = dist.ProcessGroupGloo(
+                self._check_leaders = gloo_group(
                     dist.PrefixStore("spyreccl/control-leaders/", store),
                     leaders.index(topology.rank),
                     len(leaders),
                     self._timeout,
+                    self,
                 )
             self._checker = NodeChecker(
                 self._checker,
