@@ -290,6 +290,10 @@ void allReduce(const c10::OperatorHandle&, Stack* stack) {
   const at::Tensor& input = a[0].toTensor();
   if (!input.is_complex()) {
     if (const auto r = leanReduction(a[1].toStringRef(), a[2])) {
+      // A copy at the call, as torch's implementation makes, rather than the core's
+      // out-of-place reduction: the result must be that of the input as it is now, and a
+      // collective above the inline bound runs later on the progress thread, after the
+      // caller may have written to its input (it only waits for the output).
       at::Tensor output = input.clone(at::MemoryFormat::Contiguous);
       leanAllReduceInplace(*r, output);
       torch::jit::push(*stack, std::move(output));
