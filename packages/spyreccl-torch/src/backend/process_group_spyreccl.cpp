@@ -662,10 +662,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
   if (WorkOptionalScope::flag() && runWaited(op)) {
     return ranWithoutWork();
   }
-  const uint64_t seq = ++seq_;
-  for (Step& step : op.steps) {
-    step.seq = seq;
-  }
+  const uint64_t seq = numberOp(op);
   recordParamComms(op, seq);
   // The Work's constructor opens the asynchronous range named op.profilingTitle, which ends
   // when the operation completes. Without callbacks there is nobody to record it.
@@ -738,13 +735,18 @@ bool ProcessGroupSpyreccl::runWaited(OpRecord& op) {
   if (!runsInline(op)) {
     return false;
   }
+  const uint64_t seq = numberOp(op);
+  runOp(op.steps, effectiveTimeout(op.timeout), *comm_,
+        [&] { return describeOperation("", op.name, seq, label()); });
+  return true;
+}
+
+uint64_t ProcessGroupSpyreccl::numberOp(OpRecord& op) {
   const uint64_t seq = ++seq_;
   for (Step& step : op.steps) {
     step.seq = seq;
   }
-  runOp(op.steps, effectiveTimeout(op.timeout), *comm_,
-        [&] { return describeOperation("", op.name, seq, label()); });
-  return true;
+  return seq;
 }
 
 void ProcessGroupSpyreccl::post(const c10::intrusive_ptr<WorkSpyreccl>& work,

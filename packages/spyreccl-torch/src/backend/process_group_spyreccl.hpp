@@ -259,6 +259,10 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   // param-comms event live with the Work). Errors are thrown as the Work's wait() would
   // throw them. Returns false, touching nothing, otherwise.
   bool runWaited(OpRecord& op);
+  // Gives `op` the group's next sequence number (and its steps, for their messages) and
+  // returns it: every operation takes one, with or without a Work, so that the numbers
+  // stay the same on every rank.
+  uint64_t numberOp(OpRecord& op);
   // Queues a job on the progress thread; `work`'s waiter may run it itself while the
   // thread has not started it (WorkSpyreccl::setRunner): a collective through
   // ProgressThread::runIfNext, a lone send or receive (whose run() leaves it in flight)
