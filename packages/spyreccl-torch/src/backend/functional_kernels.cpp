@@ -216,20 +216,18 @@ void registerWork(const std::vector<at::Tensor>& outputs,
 template <typename Call>
 void leanRun(const Lean& lean, const std::vector<at::Tensor>& outputs, Call&& call) {
   ProcessGroupSpyreccl& backend = lean.use();
+  c10::intrusive_ptr<c10d::Work> work;
   if (waitFollows() && waitedEnabled.load(std::memory_order_relaxed)) {
-    c10::intrusive_ptr<c10d::Work> work;
-    {
-      WorkOptionalScope optional;
-      work = call(backend);
-    }
-    if (work == ranWithoutWork()) {
-      waitedCalls.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
-    registerWork(outputs, work);
+    WorkOptionalScope optional;
+    work = call(backend);
+  } else {
+    work = call(backend);
+  }
+  if (work == ranWithoutWork()) {
+    waitedCalls.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  registerWork(outputs, call(backend));
+  registerWork(outputs, work);
 }
 
 // The lean calls of the backend, each registering its Work for the outputs. torch's
