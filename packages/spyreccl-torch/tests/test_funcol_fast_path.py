@@ -526,7 +526,7 @@ def run_waited_without_work(seed, numel, ctx):
     mine = inputs[ctx.rank].to(ctx.device)
 
     def check(out, what):
-        assert_close_dtype(out.cpu(), expected, torch.float32, ctx.world_size, seed=seed)
+        assert_close_dtype(out.cpu(), expected, torch.float32, ctx.world_size, seed=seed, what=what)
 
     before = _C._waited_functional_calls()
     tensor = mine.clone()
