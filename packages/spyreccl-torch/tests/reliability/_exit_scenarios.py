@@ -148,6 +148,31 @@ else:
     gloo_ok.allreduce([t0]).wait()
 
 
+# -- 3. a multi-node group's gloo stage abandoned, then ended by the peer's exit ------------------
+# The ranks call themselves nodes of their own, so the group is hierarchical (gloo between
+# them). Rank 0's all_reduce waits in the leaders' gloo exchange for rank 1, which never calls;
+# its wait(timeout) gives up and the group is destroyed with the exchange still pending in
+# gloo. Rank 1 closes its end only once rank 0 is finalizing: gloo's thread then ends the
+# exchange with an error there. Were it to hold the Work's last reference, it would release the
+# stage's tensors then and abort the process (multinode/hierarchical.py, shutdown).
+os.environ["SPYRECCL_NODE_ID"] = f"exit-node{RANK}"
+spyreccl_torch.multinode.topology.forget()  # the nodes learnt at init: one
+nodes = dist.new_group(backend="spyreccl", timeout=timeout)
+del os.environ["SPYRECCL_NODE_ID"]
+spyreccl_torch.multinode.topology.forget()
+(DIR / f"nodes_type{RANK}").write_text(type(nodes).__name__)
+if RANK == 0:
+    abandoned = dist.all_reduce(torch.ones(3, device="spyre"), group=nodes, async_op=True)
+    try:
+        abandoned.wait(datetime.timedelta(seconds=1))
+        (DIR / "abandoned").write_text("returned")
+    except Exception as error:
+        (DIR / "abandoned").write_text(str(error))
+    del abandoned
+    dist.destroy_process_group(nodes)
+    del nodes
+    gc.collect()
+
 # -- 1. an async operation still pending when the script ends ---------------------------------
 gloo = dist.new_group(backend="gloo", timeout=timeout)
 t2 = mine.to("spyre")
@@ -183,10 +208,11 @@ else:
     _wait_for("finalizing")
     gloo.allreduce([t3]).wait()
     (DIR / "peer_late_result").write_text(repr(t3.double().sum().item()))
-    # The peer is not under test: free its gloo groups now, so that their destructors join
+    # The peer is not under test: free its gloo groups now (the multi-node group's among
+    # them, which ends rank 0's abandoned exchange), so that their destructors join
     # gloo's worker threads before this interpreter finalizes (a worker releasing a finished
     # operation's tensors during finalization aborts the process: torch's own race, see the
     # user guide's "At interpreter exit").
     dist.destroy_process_group()
-    del gloo, lonely, gloo_ok
+    del gloo, lonely, gloo_ok, nodes
     gc.collect()

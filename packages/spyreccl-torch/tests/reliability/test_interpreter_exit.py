@@ -80,3 +80,13 @@ def test_guarded_callback_skipped_during_finalization(exit_run: ExitRun) -> None
     got = float((directory / "peer_late_result").read_text())
     assert got == pytest.approx(_sum_of_inputs(directory), rel=1e-5, abs=1e-4)
     assert not (directory / "late_callback_ran").exists()
+
+
+def test_abandoned_multinode_stage_ended_during_finalization(exit_run: ExitRun) -> None:
+    directory, _ = exit_run
+    # Both ranks made a hierarchical group, rank 0's operation was abandoned by its wait;
+    # the peer ended it while rank 0 finalized, and rank 0 still exited with status 0
+    # (test_both_ranks_exit_with_status_zero).
+    for rank in range(2):
+        assert (directory / f"nodes_type{rank}").read_text() == "HierarchicalProcessGroup"
+    assert "did not complete within 1 s" in (directory / "abandoned").read_text()

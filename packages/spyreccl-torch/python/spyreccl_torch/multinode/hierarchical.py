@@ -160,8 +160,9 @@ def shut_down_live_groups() -> None:
 
 
 def _release_later(groups: list[Any], seconds: float) -> None:
-    """Drops the last references to gloo groups once their abandoned operations have timed
-    out (see HierarchicalProcessGroup.shutdown); a daemon thread, so exit does not wait."""
+    """Drops the last references to gloo groups and their abandoned Works once those have
+    timed out (see HierarchicalProcessGroup.shutdown); a daemon thread, so exit does not
+    wait."""
     time.sleep(seconds)
     groups.clear()
 
@@ -2156,17 +2157,30 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             for g in (self._cross, self._flat, self._check_group, self._check_leaders)
             if g is not None
         ]
-        abandoned = any(not w.is_completed() for w in self._abandoned)
+        abandoned = [w for w in self._abandoned if not w.is_completed()]
         self._abandoned = []
         if self._stopped is not None or abandoned:
             # An abandoned gloo operation stays pending until gloo's timeout, and a gloo
             # group's destructor waits for it: a thread of its own keeps the groups until
-            # then, so that destroy_process_group does not wait.
+            # then, so that destroy_process_group does not wait. It keeps the abandoned Works
+            # too. Such a Work ends when its peer's process exits (the connection closes),
+            # which may be while this interpreter finalizes (tests/reliability,
+            # _exit_scenarios.py, scenario 3). Were gloo's worker to hold the last reference
+            # then, it would release the stage's tensors on its own thread, and a tensor with
+            # a Python object needs the GIL to be released, which Python refuses a thread
+            # during finalization by ending it (an abort from C++ frames). With a reference
+            # here, the Work is released by that thread while the interpreter is whole, or
+            # never (a daemon thread's frame outlives the interpreter). A precaution: the
+            # scenario exits cleanly with and without it, and the abort at exit the 2 x 2
+            # test job still shows once in a while is not explained by it.
             self._cross = self._flat = self._check_group = self._check_leaders = None
             self._checker = None
             linger = self._timeout.total_seconds() + 5.0
             threading.Thread(
-                target=_release_later, args=(gloo, linger), name="spyreccl release", daemon=True
+                target=_release_later,
+                args=(gloo + abandoned, linger),
+                name="spyreccl release",
+                daemon=True,
             ).start()
             return
         for child in gloo:
