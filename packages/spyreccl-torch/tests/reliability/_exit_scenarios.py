@@ -2,7 +2,7 @@
 have work that ends in Python code. Run as ``python _exit_scenarios.py DIR`` with RANK and
 WORLD_SIZE=2 in the environment; rank 0 is the one under test, rank 1 its peer.
 
-Rank 0 sets up two hazards, then returns from the script normally:
+Rank 0 sets up three hazards, then returns from the script normally:
 
 1. An async spyreccl all_reduce with a Python callback, not waited for; rank 1 joins it
    only after rank 0's script has ended (it completes while the exit hook drains the group).
@@ -11,6 +11,9 @@ Rank 0 sets up two hazards, then returns from the script normally:
    signals it and then sleeps), so gloo's thread completes it during finalization. With
    torch's own ``future.add_done_callback`` instead, rank 0 aborts there ("terminate called
    without an active exception", exit code -6).
+3. A multi-node group (the two ranks as nodes of their own) whose gloo stage rank 0
+   abandoned (a wait with a timeout) before destroying the group; rank 1 closes its end
+   only once rank 0 is finalizing, so gloo's thread ends the stage then.
 
 Files in DIR record what happened; the test checks them and both exit codes.
 """
