@@ -156,8 +156,8 @@ else:
 # them). Rank 0's all_reduce waits in the leaders' gloo exchange for rank 1, which never calls;
 # its wait(timeout) gives up and the group is destroyed with the exchange still pending in
 # gloo. Rank 1 closes its end only once rank 0 is finalizing: gloo's thread then ends the
-# exchange with an error there. Were it to hold the Work's last reference, it would release the
-# stage's tensors then and abort the process (multinode/hierarchical.py, shutdown).
+# exchange with an error there (the group keeps the Work referenced meanwhile, so that thread
+# does not release it: multinode/hierarchical.py, shutdown).
 os.environ["SPYRECCL_NODE_ID"] = f"exit-node{RANK}"
 spyreccl_torch.multinode.topology.forget()  # the nodes learnt at init: one
 nodes = dist.new_group(backend="spyreccl", timeout=timeout)
