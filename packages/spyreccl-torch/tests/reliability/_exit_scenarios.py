@@ -12,8 +12,9 @@ Rank 0 sets up three hazards, then returns from the script normally:
    torch's own ``future.add_done_callback`` instead, rank 0 aborts there ("terminate called
    without an active exception", exit code -6).
 3. A multi-node group (the two ranks as nodes of their own) whose gloo stage rank 0
-   abandoned (a wait with a timeout) before destroying the group; rank 1 closes its end
-   only once rank 0 is finalizing, so gloo's thread ends the stage then.
+   abandoned (rank 1 failed before its own) before destroying the group; rank 1's end
+   closes only when it exits, once rank 0 is finalizing, so gloo's thread ends the stage
+   then.
 
 Files in DIR record what happened; the test checks them and both exit codes.
 """
@@ -153,25 +154,33 @@ else:
 
 # -- 3. a multi-node group's gloo stage abandoned, then ended by the peer's exit ------------------
 # The ranks call themselves nodes of their own, so the group is hierarchical (gloo between
-# them). Rank 0's all_reduce waits in the leaders' gloo exchange for rank 1, which never calls;
-# its wait(timeout) gives up and the group is destroyed with the exchange still pending in
-# gloo. Rank 1 closes its end only once rank 0 is finalizing: gloo's thread then ends the
-# exchange with an error there (the group keeps the Work referenced meanwhile, so that thread
-# does not release it: multinode/hierarchical.py, shutdown).
+# them), and its all_reduce takes the flat route (one gloo all_reduce over every rank, on a
+# host view of the spyre tensor). Rank 1 fails just before its gloo stage; rank 0, waiting in
+# its own stage for rank 1, gives up on rank 1's published failure, leaving the stage pending
+# in gloo, and destroys the group. Rank 1's end closes only when it exits, after rank 0 began
+# finalizing: gloo's thread then ends the stage with an error there. The group keeps the
+# stage's Work referenced meanwhile, so that thread does not release it
+# (multinode/hierarchical.py, shutdown). This scenario exited cleanly without that too; the
+# 2 x 2 test job under load did not (see there).
 os.environ["SPYRECCL_NODE_ID"] = f"exit-node{RANK}"
+os.environ["SPYRECCL_MULTINODE_FLAT_MAX_BYTES"] = str(1 << 20)
 spyreccl_torch.multinode.topology.forget()  # the nodes learnt at init: one
 nodes = dist.new_group(backend="spyreccl", timeout=timeout)
-del os.environ["SPYRECCL_NODE_ID"]
+del os.environ["SPYRECCL_NODE_ID"], os.environ["SPYRECCL_MULTINODE_FLAT_MAX_BYTES"]
 spyreccl_torch.multinode.topology.forget()
 (DIR / f"nodes_type{RANK}").write_text(type(nodes).__name__)
+if RANK == 1:
+
+    def _fail_before_stage(post):
+        raise RuntimeError("injected: rank 1 fails before its gloo stage")
+
+    nodes._post_gloo = _fail_before_stage
+try:
+    dist.all_reduce(torch.full((3,), 1.0 + RANK, device="spyre"), group=nodes)
+    (DIR / f"abandoned{RANK}").write_text("returned")
+except Exception as error:
+    (DIR / f"abandoned{RANK}").write_text(str(error))
 if RANK == 0:
-    abandoned = dist.all_reduce(torch.ones(3, device="spyre"), group=nodes, async_op=True)
-    try:
-        abandoned.wait(datetime.timedelta(seconds=1))
-        (DIR / "abandoned").write_text("returned")
-    except Exception as error:
-        (DIR / "abandoned").write_text(str(error))
-    del abandoned
     dist.destroy_process_group(nodes)
     del nodes
     gc.collect()

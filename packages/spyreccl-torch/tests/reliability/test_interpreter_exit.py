@@ -84,9 +84,11 @@ def test_guarded_callback_skipped_during_finalization(exit_run: ExitRun) -> None
 
 def test_abandoned_multinode_stage_ended_during_finalization(exit_run: ExitRun) -> None:
     directory, _ = exit_run
-    # Both ranks made a hierarchical group, rank 0's operation was abandoned by its wait;
-    # the peer ended it while rank 0 finalized, and rank 0 still exited with status 0
-    # (test_both_ranks_exit_with_status_zero).
+    # Both ranks made a hierarchical group; rank 1 failed before its gloo stage, rank 0
+    # abandoned its own on that failure. The peer's exit ended the stage while rank 0
+    # finalized, and rank 0 still exited with status 0 (test_both_ranks_exit_with_status_zero).
     for rank in range(2):
         assert (directory / f"nodes_type{rank}").read_text() == "HierarchicalProcessGroup"
-    assert "did not complete within 1 s" in (directory / "abandoned").read_text()
+    assert "injected: rank 1 fails" in (directory / "abandoned1").read_text()
+    rank0 = (directory / "abandoned0").read_text()
+    assert "all_reduce seq 1 failed on rank 1" in rank0, rank0
