@@ -108,9 +108,10 @@ def test_two_nodes_two_ranks_every_operation(tmp_path):
         # 2026-11-26, seed 1154898863679576560, not yet understood), or when, after every
         # rank wrote a clean report, a process aborted at interpreter exit ("terminate called
         # without an active exception"). Four causes of that abort were found and fixed
-        # (tests/reliability/test_interpreter_exit.py); the last, gloo's worker releasing an
+        # (tests/reliability/test_interpreter_exit.py); the last, gloo's worker destroying an
         # abandoned stage's Work while Python finalizes (seen in CI on a non-leader rank:
-        # seed 7425886771883613736, and twice in a row with seed 4678332475074059141), in
+        # seed 7425886771883613736, and twice in a row with seed 4678332475074059141;
+        # reproduced with a busy loop beside the job, and traced in a core dump), in
         # HierarchicalProcessGroup.shutdown. A second fault fails the test.
         print(f"2x2: a rank never reported or aborted at exit; rerunning\n{result.describe()}")
         result = run_job([2, 2], "ops", tmp_path / "rerun", timeout=JOB_TIMEOUT, env=env)

@@ -2172,8 +2172,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             # here, the Work is released by that thread while the interpreter is whole, or
             # never (a daemon thread's frame outlives the interpreter). The 2 x 2 test job
             # with a busy loop beside it aborted at exit after clean reports in 6 of 12 runs
-            # without this, in none of 12 with it (2026-11-27). Which release asks for the
-            # GIL is not pinned down: scenario 3 alone exits cleanly either way.
+            # without this, in none of 12 with it (2026-11-27). A core dump of one showed
+            # the path: ProcessGroupGloo::runLoop destroying an AsyncAlltoallWork, whose
+            # tensor's Python object (dead, kept by C++) went with it and took the GIL in
+            # TensorImpl::decref_pyobject; Python ended the thread there.
             self._cross = self._flat = self._check_group = self._check_leaders = None
             self._checker = None
             linger = self._timeout.total_seconds() + 5.0
