@@ -220,12 +220,11 @@ else:
     _wait_for("finalizing")
     gloo.allreduce([t3]).wait()
     (DIR / "peer_late_result").write_text(repr(t3.double().sum().item()))
-    # The peer is not under test: free its gloo groups now (not the failed multi-node
-    # group's, which a thread of its own keeps until this process exits: that exit ends rank
-    # 0's abandoned stage), so that their destructors join
+    # The peer is not under test: free its gloo groups now, so that their destructors join
     # gloo's worker threads before this interpreter finalizes (a worker releasing a finished
     # operation's tensors during finalization aborts the process: torch's own race, see the
-    # user guide's "At interpreter exit").
+    # user guide's "At interpreter exit"). Not the failed multi-node group's: a thread of its
+    # own keeps them until this process exits, and that exit ends rank 0's abandoned stage.
     dist.destroy_process_group()
     del gloo, lonely, gloo_ok, nodes
     gc.collect()

@@ -159,12 +159,12 @@ def shut_down_live_groups() -> None:
             pass  # exit goes on; the operations have reported their errors
 
 
-def _release_later(groups: list[Any], seconds: float) -> None:
+def _release_later(held: list[Any], seconds: float) -> None:
     """Drops the last references to gloo groups and their abandoned Works once those have
     timed out (see HierarchicalProcessGroup.shutdown); a daemon thread, so exit does not
     wait."""
     time.sleep(seconds)
-    groups.clear()
+    held.clear()
 
 
 class _BackendView:
