@@ -160,8 +160,11 @@ else:
 # in gloo, and destroys the group. Rank 1's end closes only when it exits, after rank 0 began
 # finalizing: gloo's thread then ends the stage with an error there. The group keeps the
 # stage's Work referenced meanwhile, so that thread does not release it
-# (multinode/hierarchical.py, shutdown). This scenario exited cleanly without that too; the
-# 2 x 2 test job under load did not (see there).
+# (multinode/hierarchical.py, shutdown). This scenario exits cleanly without that too: once
+# finalization has begun, torch leaks the Python object of a tensor it releases rather than
+# take the GIL (it checks Py_IsInitialized first). The abort needs a thread that asked for the
+# GIL just before that moment and waits across it: _exit_abandoned_stage.py makes that happen
+# every time.
 os.environ["SPYRECCL_NODE_ID"] = f"exit-node{RANK}"
 os.environ["SPYRECCL_MULTINODE_FLAT_MAX_BYTES"] = str(1 << 20)
 spyreccl_torch.multinode.topology.forget()  # the nodes learnt at init: one

@@ -92,3 +92,31 @@ def test_abandoned_multinode_stage_ended_during_finalization(exit_run: ExitRun) 
     assert "injected: rank 1 fails" in (directory / "abandoned1").read_text()
     rank0 = (directory / "abandoned0").read_text()
     assert "all_reduce seq 1 failed on rank 1" in rank0, rank0
+
+
+ABANDONED_SCRIPT = Path(__file__).with_name("_exit_abandoned_stage.py")
+
+
+def test_abandoned_multinode_stage_released_across_finalization(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # torch's race at exit made deterministic (see _exit_abandoned_stage.py): gloo's thread
+    # ends rank 0's abandoned stage while rank 0's last exit function holds the GIL, and
+    # would release the stage's Work only once finalization began. The multi-node group
+    # keeps the Work referenced, so rank 0 exits cleanly; without that it aborted in every
+    # run (exit code -6).
+    directory = tmp_path_factory.mktemp("abandoned")
+    exits = run_rank_scripts(
+        [str(ABANDONED_SCRIPT), str(directory)], 2, env={"OMP_NUM_THREADS": "1"}, timeout=120
+    )
+    for e in exits:
+        assert e.returncode == 0, f"rank {e.rank} exited with {e.returncode}:\n{e.output[-4000:]}"
+        assert "terminate called" not in e.output, f"rank {e.rank}:\n{e.output[-4000:]}"
+    for rank in range(2):
+        assert (directory / f"nodes_type{rank}").read_text() == "HierarchicalProcessGroup"
+    assert "injected: rank 1 fails" in (directory / "failed1").read_text()
+    rank0 = (directory / "failed0").read_text()
+    assert "all_reduce seq 1 failed on rank 1" in rank0, rank0
+    # The hazard was there: a gloo stage still pending when rank 0 destroyed the group.
+    assert ast.literal_eval((directory / "abandoned").read_text()) == [False]
+    assert (directory / "script_done").exists() and (directory / "last_exit_function").exists()

@@ -2175,7 +2175,10 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             # without this, in none of 12 with it (2026-11-27). A core dump of one showed
             # the path: ProcessGroupGloo::runLoop destroying an AsyncAlltoallWork, whose
             # tensor's Python object (dead, kept by C++) went with it and took the GIL in
-            # TensorImpl::decref_pyobject; Python ended the thread there.
+            # TensorImpl::decref_pyobject; Python ended the thread there. The window is a
+            # release that starts just before the runtime flags itself as finalizing and
+            # waits for the GIL across that moment (later ones leak the object instead);
+            # tests/reliability/_exit_abandoned_stage.py opens it every time.
             self._cross = self._flat = self._check_group = self._check_leaders = None
             self._checker = None
             linger = self._timeout.total_seconds() + 5.0
