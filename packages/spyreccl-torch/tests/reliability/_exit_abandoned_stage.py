@@ -47,36 +47,14 @@ class _Sleeper:
         time.sleep(0.5)
 
 
-import torch  # noqa: E402  (after the exit functions: they must run last)
 import torch.distributed as dist  # noqa: E402
-
-import spyreccl_torch  # noqa: E402
+from _abandoned_stage import abandon_a_stage  # noqa: E402  (this script's directory)
 
 store = dist.FileStore(str(DIR / "store"), 2)
 dist.init_process_group("spyreccl", store=store, rank=RANK, world_size=2)
 
-# The ranks call themselves nodes of their own, so the group is hierarchical (gloo between
-# them); its all_reduce takes the flat route: one gloo all_reduce over every rank on a host
-# view of the spyre tensor, a tensor with a Python object.
-os.environ["SPYRECCL_NODE_ID"] = f"abandon-node{RANK}"
-os.environ["SPYRECCL_MULTINODE_FLAT_MAX_BYTES"] = str(1 << 20)
-spyreccl_torch.multinode.topology.forget()  # the nodes learnt at init: one
-nodes = dist.new_group(backend="spyreccl")
-del os.environ["SPYRECCL_NODE_ID"], os.environ["SPYRECCL_MULTINODE_FLAT_MAX_BYTES"]
-spyreccl_torch.multinode.topology.forget()
-(DIR / f"nodes_type{RANK}").write_text(type(nodes).__name__)
-if RANK == 1:
-
-    def _fail_before_stage(post):
-        raise RuntimeError("injected: rank 1 fails before its gloo stage")
-
-    nodes._post_gloo = _fail_before_stage
-try:
-    gen = torch.Generator().manual_seed(4321 + RANK)
-    dist.all_reduce(torch.randn(257, generator=gen).to("spyre"), group=nodes)
-    (DIR / f"failed{RANK}").write_text("returned")
-except Exception as error:
-    (DIR / f"failed{RANK}").write_text(str(error))
+# Rank 1 fails before its gloo stage; rank 0 abandons its own (_abandoned_stage.py).
+nodes = abandon_a_stage(DIR, RANK, "failed")
 
 if RANK == 0:
     # The stage rank 0 gave up on: still pending in gloo, which holds its Work.

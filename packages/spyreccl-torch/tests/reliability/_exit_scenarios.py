@@ -53,6 +53,7 @@ class _Sleeper:
 
 import torch  # noqa: E402  (after _Sleeper: nothing above needs torch)
 import torch.distributed as dist  # noqa: E402
+from _abandoned_stage import abandon_a_stage  # noqa: E402  (this script's directory)
 
 import spyreccl_torch  # noqa: E402
 
@@ -153,36 +154,16 @@ else:
 
 
 # -- 3. a multi-node group's gloo stage abandoned, then ended by the peer's exit ------------------
-# The ranks call themselves nodes of their own, so the group is hierarchical (gloo between
-# them), and its all_reduce takes the flat route (one gloo all_reduce over every rank, on a
-# host view of the spyre tensor). Rank 1 fails just before its gloo stage; rank 0, waiting in
-# its own stage for rank 1, gives up on rank 1's published failure, leaving the stage pending
-# in gloo, and destroys the group. Rank 1's end closes only when it exits, after rank 0 began
-# finalizing: gloo's thread then ends the stage with an error there. The group keeps the
-# stage's Work referenced meanwhile, so that thread does not release it
-# (multinode/hierarchical.py, shutdown). This scenario exits cleanly without that too: once
-# finalization has begun, torch leaks the Python object of a tensor it releases rather than
-# take the GIL (it checks Py_IsInitialized first). The abort needs a thread that asked for the
-# GIL just before that moment and waits across it: _exit_abandoned_stage.py makes that happen
-# every time.
-os.environ["SPYRECCL_NODE_ID"] = f"exit-node{RANK}"
-os.environ["SPYRECCL_MULTINODE_FLAT_MAX_BYTES"] = str(1 << 20)
-spyreccl_torch.multinode.topology.forget()  # the nodes learnt at init: one
-nodes = dist.new_group(backend="spyreccl", timeout=timeout)
-del os.environ["SPYRECCL_NODE_ID"], os.environ["SPYRECCL_MULTINODE_FLAT_MAX_BYTES"]
-spyreccl_torch.multinode.topology.forget()
-(DIR / f"nodes_type{RANK}").write_text(type(nodes).__name__)
-if RANK == 1:
-
-    def _fail_before_stage(post):
-        raise RuntimeError("injected: rank 1 fails before its gloo stage")
-
-    nodes._post_gloo = _fail_before_stage
-try:
-    dist.all_reduce(torch.full((3,), 1.0 + RANK, device="spyre"), group=nodes)
-    (DIR / f"abandoned{RANK}").write_text("returned")
-except Exception as error:
-    (DIR / f"abandoned{RANK}").write_text(str(error))
+# Rank 1 fails just before its gloo stage, rank 0 gives up on its own on rank 1's published
+# failure, leaving it pending in gloo (_abandoned_stage.py), and destroys the group. Rank 1's
+# end closes only when it exits, after rank 0 began finalizing: gloo's thread then ends the
+# stage with an error there. The group keeps the stage's Work referenced meanwhile, so that
+# thread does not release it (multinode/hierarchical.py, shutdown). This scenario exits
+# cleanly without that too: once finalization has begun, torch leaks the Python object of a
+# tensor it releases rather than take the GIL (it checks Py_IsInitialized first). The abort
+# needs a thread that asked for the GIL just before that moment and waits across it:
+# _exit_abandoned_stage.py makes that happen every time.
+nodes = abandon_a_stage(DIR, RANK, "abandoned", timeout)
 if RANK == 0:
     dist.destroy_process_group(nodes)
     del nodes
