@@ -881,7 +881,16 @@ def pipeline_check(ctx: Ctx, base_seed: int) -> list[str]:
             f"rank {r}: the group that agreed on no chunks: {mixed.pipeline_counts}, "
             f"{mixed.route_counts}"
         )
-    failures += _gather_layouts(ctx, chunked, case_seed(base_seed, 97_000))
+    # The sharded route (30 011 elements per rank), and the leader route: 7 elements carried
+    # in the check's exchange, 3001 (on a group without the sharded route) a gloo all_gather.
+    failures += _gather_layouts(ctx, chunked, case_seed(base_seed, 97_000), (7, 30_011))
+    leader = _group_with_env(ctx, {"SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": str(1 << 30)})
+    failures += _gather_layouts(ctx, leader, case_seed(base_seed, 97_100), (3_001,))
+    if leader.route_counts["leader"] != 12 or leader.cross_counts["carried"]:
+        failures.append(
+            f"rank {r}: the 3001-element gathers: {leader.route_counts}, {leader.cross_counts}"
+        )
+    dist.destroy_process_group(leader)
     dist.destroy_process_group(chunked)
     dist.destroy_process_group(regrouped)
     dist.destroy_process_group(mixed)
@@ -895,21 +904,26 @@ def _poisoned(numel: int, dtype: torch.dtype, dev: torch.device) -> torch.Tensor
     return poison_(torch.empty(numel, dtype=dtype, device=dev))
 
 
-def _gather_layouts(ctx: Ctx, group: Any, seed: int) -> list[str]:
-    """all_gather_into_tensor on the sharded route with the input already in its place in
-    the output (FSDP's layout), the input in another rank's place (must be read before it
-    is overwritten), and a non-contiguous output."""
+def _gather_layouts(ctx: Ctx, group: Any, seed: int, sizes: tuple[int, ...]) -> list[str]:
+    """all_gather_into_tensor of `sizes` elements per rank with the input already in its
+    place in the output (FSDP's layout), the input in another rank's place (must be read
+    before it is overwritten), and a non-contiguous output. The sharded route gathers in
+    place; the leader route straight into a contiguous output too."""
     r, w = ctx.rank, ctx.world_size
     dev = _dev(ctx)
-    n = 30_011
     failures: list[str] = []
-    for i, dtype in enumerate((torch.float32, torch.complex64, torch.uint8, torch.bfloat16)):
+    cases = [
+        (n, i, dtype)
+        for n in sizes
+        for i, dtype in enumerate((torch.float32, torch.complex64, torch.uint8, torch.bfloat16))
+    ]
+    for n, i, dtype in cases:
         if dtype.is_complex:  # (real, imaginary) float32 pairs
             inputs = [x.view(dtype) for x in rank_inputs(seed + i, 2 * n, torch.float32, w)]
         else:
             inputs = rank_inputs(seed + i, n, dtype, w)
         want = torch.cat(inputs)
-        what = f"all_gather_into_tensor {dtype_id(dtype)}"
+        what = f"all_gather_into_tensor {dtype_id(dtype)} x {n}"
         try:
             out = _poisoned(w * n, dtype, dev)
             out[r * n : (r + 1) * n].copy_(inputs[r])

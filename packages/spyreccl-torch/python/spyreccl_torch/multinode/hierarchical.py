@@ -1255,9 +1255,13 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         if buf is not t:
             t.copy_(buf)
 
-    def _all_gather_blocks(self, inp: torch.Tensor) -> Callable[[int], torch.Tensor]:
+    def _all_gather_blocks(
+        self, inp: torch.Tensor, into: torch.Tensor | None = None
+    ) -> Callable[[int], torch.Tensor]:
         """All-gathers `inp` (same numel and dtype on every rank); returns block(r), rank r's
-        elements as a flat tensor on `inp`'s device."""
+        elements as a flat tensor on `inp`'s device. `into` (flat, contiguous, world size
+        times `inp`'s elements on its device, or None): where the leader route gathers, so
+        that its blocks need no copy; it may hold `inp` (read before `into` is written)."""
         topo = self._topo
         n = inp.numel()
         flat_in = inp.detach().contiguous().reshape(-1)
@@ -1267,7 +1271,11 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
         self.route_counts["leader"] += 1
         node_buf = torch.empty(local_size * n, dtype=inp.dtype, device=inp.device)
         self._wait(self._local._allgather_base(node_buf, flat_in, self._ag_opts(blocking=True)))
-        full = torch.empty(topo.size * n, dtype=inp.dtype, device=inp.device)
+        full = (
+            into
+            if into is not None
+            else torch.empty(topo.size * n, dtype=inp.dtype, device=inp.device)
+        )
         if topo.local_rank == 0:
             # Leaders exchange whole nodes, padded to the largest node (gloo gathers equal
             # sizes), then place every rank's block at its position. Nodes of equal size
@@ -1326,11 +1334,16 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             self._topo.size * block
         )
 
-    def _all_gather_into(self, inp: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
-        """All-gathers `inp` into one output per rank."""
-        block = self._all_gather_blocks(inp)
+    def _all_gather_into(
+        self, inp: torch.Tensor, outs: Sequence[torch.Tensor], into: torch.Tensor | None = None
+    ) -> None:
+        """All-gathers `inp` into one output per rank (`into`: see _all_gather_blocks; the
+        outputs that are already its blocks are not copied)."""
+        block = self._all_gather_blocks(inp, into)
         for r, out in enumerate(outs):
-            out.copy_(block(r).reshape(out.shape))
+            got = block(r)
+            if got.data_ptr() != out.data_ptr() or got.numel() != out.numel():
+                out.copy_(got.reshape(out.shape))
 
     def _all_gather_into_tensor(self, inp: torch.Tensor, output: torch.Tensor) -> None:
         """All-gathers `inp` into `output` (world size times its elements, rank order)."""
@@ -1343,7 +1356,14 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             if direct
             else torch.empty(output.numel(), dtype=output.dtype, device=output.device)
         )
-        self._all_gather_into(inp, [flat[r * n : (r + 1) * n] for r in range(self._topo.size)])
+        # The leader route gathers straight into `flat` (the output itself when contiguous,
+        # as the sharded route does): no gathered buffer of its own, no copy of each block.
+        same = output.dtype == inp.dtype and output.device == inp.device
+        self._all_gather_into(
+            inp,
+            [flat[r * n : (r + 1) * n] for r in range(self._topo.size)],
+            into=flat if same else None,
+        )
         if not direct:
             output.copy_(flat.reshape(output.shape))
 
