@@ -886,6 +886,7 @@ def pipeline_check(ctx: Ctx, base_seed: int) -> list[str]:
     failures += _gather_layouts(ctx, chunked, case_seed(base_seed, 97_000), (7, 30_011))
     leader = _group_with_env(ctx, {"SPYRECCL_MULTINODE_SHARDED_MIN_BYTES": str(1 << 30)})
     failures += _gather_layouts(ctx, leader, case_seed(base_seed, 97_100), (3_001,))
+    # 4 dtypes x 3 layouts, every one a gloo all_gather on the leader route.
     if leader.route_counts["leader"] != 12 or leader.cross_counts["carried"]:
         failures.append(
             f"rank {r}: the 3001-element gathers: {leader.route_counts}, {leader.cross_counts}"

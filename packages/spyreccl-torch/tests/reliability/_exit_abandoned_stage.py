@@ -26,7 +26,6 @@ import gc
 import os
 import sys
 import time
-import types
 from pathlib import Path
 
 DIR = Path(sys.argv[1])
@@ -48,12 +47,12 @@ class _Sleeper:
 
 
 import torch.distributed as dist  # noqa: E402
-from _abandoned_stage import abandon_a_stage  # noqa: E402  (this script's directory)
+from _exit_helpers import abandon_a_stage, delete_during_finalization  # noqa: E402
 
 store = dist.FileStore(str(DIR / "store"), 2)
 dist.init_process_group("spyreccl", store=store, rank=RANK, world_size=2)
 
-# Rank 1 fails before its gloo stage; rank 0 abandons its own (_abandoned_stage.py).
+# Rank 1 fails before its gloo stage; rank 0 abandons its own (_exit_helpers.py).
 nodes = abandon_a_stage(DIR, RANK, "failed")
 
 if RANK == 0:
@@ -62,10 +61,7 @@ if RANK == 0:
     dist.destroy_process_group(nodes)
     del nodes
     gc.collect()
-    holder = types.ModuleType("_spyreccl_abandon_sleeper")
-    holder.sleeper = _Sleeper()  # type: ignore[attr-defined]
-    sys.modules[holder.__name__] = holder
-    del holder
+    delete_during_finalization("_spyreccl_abandon_sleeper", _Sleeper())
     (DIR / "script_done").touch()
 else:
     deadline = time.monotonic() + 60

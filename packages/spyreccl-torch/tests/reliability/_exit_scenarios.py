@@ -26,7 +26,6 @@ import gc
 import os
 import sys
 import time
-import types
 from pathlib import Path
 
 DIR = Path(sys.argv[1])
@@ -53,7 +52,7 @@ class _Sleeper:
 
 import torch  # noqa: E402  (after _Sleeper: nothing above needs torch)
 import torch.distributed as dist  # noqa: E402
-from _abandoned_stage import abandon_a_stage  # noqa: E402  (this script's directory)
+from _exit_helpers import abandon_a_stage, delete_during_finalization  # noqa: E402
 
 import spyreccl_torch  # noqa: E402
 
@@ -155,7 +154,7 @@ else:
 
 # -- 3. a multi-node group's gloo stage abandoned, then ended by the peer's exit ------------------
 # Rank 1 fails just before its gloo stage, rank 0 gives up on its own on rank 1's published
-# failure, leaving it pending in gloo (_abandoned_stage.py), and destroys the group. Rank 1's
+# failure, leaving it pending in gloo (_exit_helpers.py), and destroys the group. Rank 1's
 # end closes only when it exits, after rank 0 began finalizing: gloo's thread then ends the
 # stage with an error there. The group keeps the stage's Work referenced meanwhile, so that
 # thread does not release it (multinode/hierarchical.py, shutdown). This scenario exits
@@ -189,13 +188,9 @@ if RANK == 0:
         (DIR / "late_callback_ran").write_text(repr(error))
 
     spyreccl_torch._C._add_guarded_callback(late, late_callback)
-    # In a module of its own that nothing else refers to: it is deleted when finalization
-    # empties sys.modules. (Not a global of this script: the callbacks above refer to this
-    # module's globals, so they outlive finalization.)
-    holder_module = types.ModuleType("_spyreccl_exit_sleeper")
-    holder_module.sleeper = _Sleeper()  # type: ignore[attr-defined]
-    sys.modules[holder_module.__name__] = holder_module
-    del holder_module
+    # Deleted once finalization has begun (not a global of this script: the callbacks above
+    # refer to its globals, so they outlive finalization).
+    delete_during_finalization("_spyreccl_exit_sleeper", _Sleeper())
     (DIR / "script_done").touch()
 else:
     _wait_for("script_done")

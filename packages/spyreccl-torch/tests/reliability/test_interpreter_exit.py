@@ -37,11 +37,24 @@ def exit_run(tmp_path_factory: pytest.TempPathFactory) -> ExitRun:
     return directory, exits
 
 
-def test_both_ranks_exit_with_status_zero(exit_run: ExitRun) -> None:
-    _, exits = exit_run
+def _assert_exited_cleanly(exits: list[RankExit]) -> None:
     for e in exits:
         assert e.returncode == 0, f"rank {e.rank} exited with {e.returncode}:\n{e.output[-4000:]}"
         assert "terminate called" not in e.output, f"rank {e.rank}:\n{e.output[-4000:]}"
+
+
+def _assert_stage_abandoned(directory: Path, name: str) -> None:
+    """Both ranks made a hierarchical group; rank 1 failed before its gloo stage, rank 0
+    abandoned its own on that failure (_exit_helpers.abandon_a_stage, files `<name><rank>`)."""
+    for rank in range(2):
+        assert (directory / f"nodes_type{rank}").read_text() == "HierarchicalProcessGroup"
+    assert "injected: rank 1 fails" in (directory / f"{name}1").read_text()
+    rank0 = (directory / f"{name}0").read_text()
+    assert "all_reduce seq 1 failed on rank 1" in rank0, rank0
+
+
+def test_both_ranks_exit_with_status_zero(exit_run: ExitRun) -> None:
+    _assert_exited_cleanly(exit_run[1])
 
 
 def test_guarded_callbacks_run_while_alive(exit_run: ExitRun) -> None:
@@ -83,15 +96,9 @@ def test_guarded_callback_skipped_during_finalization(exit_run: ExitRun) -> None
 
 
 def test_abandoned_multinode_stage_ended_during_finalization(exit_run: ExitRun) -> None:
-    directory, _ = exit_run
-    # Both ranks made a hierarchical group; rank 1 failed before its gloo stage, rank 0
-    # abandoned its own on that failure. The peer's exit ended the stage while rank 0
-    # finalized, and rank 0 still exited with status 0 (test_both_ranks_exit_with_status_zero).
-    for rank in range(2):
-        assert (directory / f"nodes_type{rank}").read_text() == "HierarchicalProcessGroup"
-    assert "injected: rank 1 fails" in (directory / "abandoned1").read_text()
-    rank0 = (directory / "abandoned0").read_text()
-    assert "all_reduce seq 1 failed on rank 1" in rank0, rank0
+    # The peer's exit ended the abandoned stage while rank 0 finalized, and rank 0 still
+    # exited with status 0 (test_both_ranks_exit_with_status_zero).
+    _assert_stage_abandoned(exit_run[0], "abandoned")
 
 
 ABANDONED_SCRIPT = Path(__file__).with_name("_exit_abandoned_stage.py")
@@ -109,14 +116,8 @@ def test_abandoned_multinode_stage_released_across_finalization(
     exits = run_rank_scripts(
         [str(ABANDONED_SCRIPT), str(directory)], 2, env={"OMP_NUM_THREADS": "1"}, timeout=120
     )
-    for e in exits:
-        assert e.returncode == 0, f"rank {e.rank} exited with {e.returncode}:\n{e.output[-4000:]}"
-        assert "terminate called" not in e.output, f"rank {e.rank}:\n{e.output[-4000:]}"
-    for rank in range(2):
-        assert (directory / f"nodes_type{rank}").read_text() == "HierarchicalProcessGroup"
-    assert "injected: rank 1 fails" in (directory / "failed1").read_text()
-    rank0 = (directory / "failed0").read_text()
-    assert "all_reduce seq 1 failed on rank 1" in rank0, rank0
+    _assert_exited_cleanly(exits)
+    _assert_stage_abandoned(directory, "failed")
     # The hazard was there: a gloo stage still pending when rank 0 destroyed the group.
     assert ast.literal_eval((directory / "abandoned").read_text()) == [False]
     assert (directory / "script_done").exists() and (directory / "last_exit_function").exists()

@@ -1,16 +1,20 @@
-"""The abandoned multi-node stage that both exit scripts set up (_exit_scenarios.py,
-scenario 3, and _exit_abandoned_stage.py); imported by them from this directory.
+"""What both exit scripts (_exit_scenarios.py and _exit_abandoned_stage.py) set up; imported
+by them from this directory.
 
-The two ranks call themselves nodes of their own, so the group is hierarchical (gloo between
-them), and its all_reduce takes the flat route: one gloo all_reduce over every rank on a
-host view of the spyre tensor, a tensor with a Python object. Rank 1 fails just before its
-gloo stage; rank 0, waiting in its own stage for rank 1, gives up on rank 1's published
-failure and leaves the stage pending in gloo (gloo cannot cancel it).
+- abandon_a_stage: a multi-node group whose gloo stage rank 0 abandoned. The two ranks call
+  themselves nodes of their own, so the group is hierarchical (gloo between them), and its
+  all_reduce takes the flat route: one gloo all_reduce over every rank on a host view of the
+  spyre tensor, a tensor with a Python object. Rank 1 fails just before its gloo stage; rank
+  0, waiting in its own stage for rank 1, gives up on rank 1's published failure and leaves
+  the stage pending in gloo (gloo cannot cancel it).
+- delete_during_finalization: an object whose deletion happens once finalization has begun.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +49,12 @@ def abandon_a_stage(directory: Path, rank: int, name: str, timeout: Any = None) 
     except Exception as error:
         (directory / f"{name}{rank}").write_text(str(error))
     return nodes
+
+
+def delete_during_finalization(name: str, obj: object) -> None:
+    """Keeps `obj` in a module of its own (`name`) that nothing else refers to: it is deleted
+    when finalization empties sys.modules, after every exit function. (Not a global of the
+    calling script: callbacks that refer to the script's globals outlive finalization.)"""
+    holder = types.ModuleType(name)
+    holder.obj = obj  # type: ignore[attr-defined]
+    sys.modules[name] = holder
