@@ -6,7 +6,10 @@ fall back to the math path where the fused kernel does not apply (grouped-query 
 3-D inputs, sdpa_kernel(MATH)). Under tensor parallelism, q/k/v DTensors sharded on the head
 dimension (Megatron-style ColwiseParallel projections whose outputs stay DTensors) go through
 DTensor's sharding rule for that op, with or without a plain attention mask; forward and
-backward are compared with a single-process float64 reference.
+backward are compared with a single-process float64 reference. Under context parallelism
+(ring attention), each rank's backward runs once per block of keys and values with the
+log-sum-exp and output merged over every block: the kernel must differentiate through what
+it is given (checked alone, block by block, and in context_parallel on 2 and 3 ranks).
 """
 
 from __future__ import annotations
@@ -259,6 +262,94 @@ def _tp_attention_case(seed: int, variant: str) -> None:
 @pytest.mark.parametrize("variant", ["causal", "mask", "bool_mask", "plain"])
 def test_tensor_parallel_attention_matches_reference(rank_pool, variant):
     rank_pool.run(_tp_attention_case, fresh_seed(), variant)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_backward_of_a_block_of_keys_uses_the_merged_log_sum_exp(dtype, is_causal):
+    # Ring attention's backward: keys and values in two blocks, each block's backward given
+    # the output and log-sum-exp of attention over both. The blocks' shares must add up to
+    # the whole gradient (dq), and give each block's slice of dk and dv.
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q = torch.randn(B, H, 40, E, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, H, 40, E, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, H, 40, E + 2, generator=gen, dtype=torch.float64)
+    dout = torch.randn(B, H, 40, E + 2, generator=gen, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    F.scaled_dot_product_attention(*leaves, is_causal=is_causal).backward(dout)
+    want = [t.grad for t in leaves]
+
+    sq, sk, sv, sd = (t.to(SPYRE, dtype) for t in (q, k, v, dout))
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention
+    out, lse, seed, offset = efficient(sq, sk, sv, None, True, 0.0, is_causal)
+    grads = []
+    for block in (slice(0, 24), slice(24, 40)):
+        # With a causal mask, the second block's keys are masked for the first 24 queries:
+        # its scores come from a bias (what ring attention's steps amount to).
+        bias = None
+        if is_causal:
+            keep = torch.ones(40, 40, dtype=torch.bool).tril()[:, block]
+            bias = torch.zeros(40, keep.shape[1], dtype=dtype).masked_fill(~keep, -math.inf)
+            bias = bias.expand(B, H, 40, keep.shape[1]).to(SPYRE)
+        grads.append(
+            torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+                sd,
+                sq,
+                sk[:, :, block],
+                sv[:, :, block],
+                bias,
+                out,
+                lse,
+                seed,
+                offset,
+                0.0,
+                [True, True, True, False],
+                False,
+            )
+        )
+    # The op's log-sum-exp is float32 whatever the inputs: a merged one costs float64 inputs
+    # their precision (the forward's own does not, see attention.cc).
+    tol = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
+    dq = grads[0][0].cpu().double() + grads[1][0].cpu().double()
+    torch.testing.assert_close(dq, want[0], **tol, msg="dq: the blocks' shares")
+    for i, block in enumerate((slice(0, 24), slice(24, 40))):
+        torch.testing.assert_close(grads[i][1].cpu().double(), want[1][:, :, block], **tol)
+        torch.testing.assert_close(grads[i][2].cpu().double(), want[2][:, :, block], **tol)
+
+
+def _context_parallel_case(seed: int, ctx) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+
+    world = ctx.world_size
+    torch.accelerator.set_device_index(ctx.rank)
+    mesh = init_device_mesh(SPYRE, (world,))
+    gen = torch.Generator().manual_seed(seed)
+    # Each rank holds two chunks of the sequence (load balancing); a chunk's log-sum-exp is
+    # padded to 32 queries, so each chunk must be a multiple of 32 queries (as on CUDA).
+    seq = 64 * world
+    q, k, v, dout = (torch.randn(B, H, seq, E, generator=gen, dtype=torch.float64) for _ in "qkvd")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want_out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    want_out.backward(dout)
+
+    buffers = [t.float().to(f"{SPYRE}:{ctx.rank}") for t in (q, k, v, dout)]
+    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2, 2]):
+        local = [t.detach().requires_grad_() for t in buffers[:3]]
+        out = F.scaled_dot_product_attention(*local, is_causal=True)
+        out.backward(buffers[3])
+        got = context_parallel_unshard(mesh, [out.detach()] + [t.grad for t in local], [2] * 4)
+    what = f"seed {seed}, rank {ctx.rank} of {world}"
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, [want_out] + [t.grad for t in leaves]):
+        torch.testing.assert_close(
+            g.cpu().double(), w.detach(), rtol=1e-4, atol=2e-5, msg=f"{name}: {what}"
+        )
+
+
+@pytest.mark.world_sizes(2, 3)
+def test_context_parallel_attention_matches_reference(rank_pool):
+    rank_pool.run(_context_parallel_case, fresh_seed(), timeout=120)
 
 
 def _checkpointed_attention(q, k, v, dropout_p=0.0):

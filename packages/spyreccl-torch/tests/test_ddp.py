@@ -4,7 +4,11 @@ Each rank trains on its own slice of a global batch; DDP averages the gradients,
 step the replicas must equal one float64 model trained on the whole batch (mean loss), run on
 the CPU without any collective. Cases cover the default bucketing, many tiny buckets (several
 all_reduces per backward, buckets of mixed sizes), gradient accumulation under ``no_sync``, and
-the initial parameter broadcast from rank 0.
+the initial parameter broadcast from rank 0, and the constructor options that track which
+parameters were used (find_unused_parameters, static_graph: their map of used parameters is
+copied through pinned memory, which the emulated device once could not report as pinned).
+DDP's communication hooks (PowerSGD, fp16 compression) are compared with the same hook on
+gloo: PowerSGD issues its all_reduces from Future callbacks.
 """
 
 from __future__ import annotations
@@ -83,9 +87,11 @@ def _train(
     bucket_cap_mb: float | None,
     accumulate: int,
     group_kind: str = "default",
+    ddp_options: dict | None = None,
 ) -> float:
     """`steps` optimizer steps; each step accumulates `accumulate` micro-batches, all but the
-    last under no_sync (so only the last backward communicates)."""
+    last under no_sync (so only the last backward communicates). `ddp_options`: more keyword
+    arguments for DDP's constructor."""
     dev = _device(device_type)
     group = _group(device_type, group_kind)
     ws, rank = dist.get_world_size(), dist.get_rank()
@@ -98,6 +104,7 @@ def _train(
             for p in model.parameters():
                 p.add_(1.0)
     kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    kwargs.update(ddp_options or {})
     ddp = DDP(model.to(dev), process_group=group, **kwargs)
     _compare(ddp, reference, "after the constructor's broadcast", seed, grads=False)
     if device_type != "cpu":
@@ -167,6 +174,87 @@ def test_ddp_matches_single_process(rank_pool, seed, bucket_cap_mb, accumulate, 
     # "explicit": a group made with new_group(backend="spyreccl").
     losses = rank_pool.run(_train, DEVICE, seed, 3, bucket_cap_mb, accumulate, group_kind)
     assert all(torch.isfinite(torch.tensor(losses))), losses
+
+
+@pytest.mark.parametrize(
+    ("ddp_options", "accumulate"),
+    [
+        ({"find_unused_parameters": True}, 2),
+        # DDP's static_graph cannot start under no_sync (torch asserts, on gloo too).
+        ({"static_graph": True}, 1),
+        ({"gradient_as_bucket_view": True}, 2),
+    ],
+    ids=["find_unused_parameters", "static_graph", "gradient_as_bucket_view"],
+)
+def test_ddp_options_match_single_process(rank_pool, seed, ddp_options, accumulate):
+    # Tiny buckets (several all_reduces per backward), with gradient accumulation under
+    # no_sync where DDP allows it.
+    losses = rank_pool.run(_train, DEVICE, seed, 3, 0.002, accumulate, "default", ddp_options)
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+
+
+def _train_with_hook(device_type: str, seed: int, hook: str, steps: int) -> list[torch.Tensor]:
+    """`steps` steps of DDP with communication hook `hook` (spyre: the default group; cpu: a
+    gloo group); returns the gradients DDP left after each step, flattened, on the CPU."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    dev = _device(device_type)
+    group = _group(device_type, "default" if device_type != "cpu" else "explicit")
+    ws, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(seed)
+    # One bucket: with several, PowerSGD's callbacks (on the thread that completed the previous
+    # all_reduce) issue their all_reduces while the autograd thread issues the next bucket's,
+    # in an order that differs between ranks (gloo hangs; spyreccl reports the mismatch).
+    ddp = DDP(_model().to(dev), process_group=group)
+    if hook == "powerSGD":
+        # Rank 1 compresses the 33 x 33 and 33 x 10 gradients from the third step on; with
+        # error feedback and warm start (the defaults), so later steps depend on earlier ones.
+        state = powersgd.PowerSGDState(
+            process_group=group,
+            matrix_approximation_rank=1,
+            start_powerSGD_iter=2,
+            min_compression_rate=1.5,
+            random_seed=seed,
+        )
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    elif hook == "fp16_compress":
+        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    else:
+        raise AssertionError(hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    grads = []
+    for x, y in _global_batches(seed, steps, ws):
+        mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+        opt.zero_grad()
+        F.mse_loss(ddp(x[mine].float().to(dev)), y[mine].float().to(dev)).backward()
+        grads.append(torch.cat([p.grad.detach().cpu().reshape(-1) for p in ddp.parameters()]))
+        opt.step()
+    if group is not None:
+        dist.destroy_process_group(group)
+    return grads
+
+
+# float16 sums of 3 ranks may round differently in another order: a few float16 ulps.
+_HOOK_TOLERANCES = {"powerSGD": (1e-4, 1e-5), "fp16_compress": (5e-3, 5e-4)}
+
+
+@pytest.mark.parametrize("hook", ["powerSGD", "fp16_compress"])
+def test_ddp_comm_hook_matches_gloo(rank_pool, seed, hook):
+    steps = 5
+    on_spyre = rank_pool.run(_train_with_hook, DEVICE, seed, hook, steps, timeout=120)
+    on_gloo = rank_pool.run(_train_with_hook, "cpu", seed, hook, steps, timeout=120)
+    for rank, (got, want) in enumerate(zip(on_spyre, on_gloo, strict=True)):
+        for step in range(steps):
+            assert not torch.equal(got[step], torch.zeros_like(got[step]))
+            rtol, atol = _HOOK_TOLERANCES[hook]
+            torch.testing.assert_close(
+                got[step],
+                want[step],
+                rtol=rtol,
+                atol=atol,
+                msg=f"{hook}: step {step}, rank {rank}, seed {seed}",
+            )
 
 
 def test_bucket_size_controls_all_reduce_count(rank_pool):

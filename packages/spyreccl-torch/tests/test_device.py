@@ -166,6 +166,42 @@ def test_deterministic_mode_fills_uninitialized_memory():
         torch.use_deterministic_algorithms(False)
 
 
+def test_pinned_host_memory_reports_pinned():
+    # Spyre memory is host memory, so "pinned" buffers are ordinary CPU memory; torch still
+    # checks that what it pinned is pinned (DDP's reducer asserts it for its map of used
+    # parameters), so the pinned allocator's blocks report pinned, and nothing else does.
+    data = torch.randn(1000, dtype=torch.float64)
+    pinned = data.pin_memory()
+    assert pinned.is_pinned() and not data.is_pinned()
+    assert torch.equal(pinned, data) and pinned.data_ptr() != data.data_ptr()
+    assert pinned[10:20].is_pinned()  # an interior pointer of the block
+    empty = torch.empty(7, 3, dtype=torch.int16, pin_memory=True)
+    assert empty.is_pinned() and empty.device.type == "cpu"
+    assert not torch.empty(0, pin_memory=True).is_pinned()  # no memory, as with CUDA
+    assert not torch.randn(1000, dtype=torch.float64).is_pinned()
+    assert not torch.empty(4, device=SPYRE).is_pinned()
+    # A freed block is forgotten: a CPU tensor that reuses its address is not pinned.
+    address = pinned.data_ptr()
+    del pinned
+    reused = [torch.empty(1000, dtype=torch.float64) for _ in range(8)]
+    assert not any(t.is_pinned() for t in reused), address
+    # Copies to and from pinned memory.
+    staged = torch.empty(1000, dtype=torch.float64, pin_memory=True).copy_(data)
+    on_spyre = staged.to(SPYRE, non_blocking=True)
+    back = torch.empty_like(staged, pin_memory=True).copy_(on_spyre, non_blocking=True)
+    assert torch.equal(back, data) and back.is_pinned()
+
+
+def test_data_loader_pins_batches_for_spyre():
+    dataset = torch.utils.data.TensorDataset(torch.randn(10, 3), torch.arange(10))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, pin_memory=True)
+    seen = []
+    for x, y in loader:
+        assert x.is_pinned() and y.is_pinned()
+        seen.append(y)
+    assert torch.equal(torch.cat(seen), torch.arange(10))
+
+
 def test_pin_memory_is_rejected_for_spyre_tensors():
     with pytest.raises(RuntimeError, match="pin_memory"):
         torch.empty(3, device=SPYRE, pin_memory=True)

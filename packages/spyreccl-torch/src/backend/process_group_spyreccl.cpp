@@ -308,6 +308,8 @@ class OpJob : public ProgressThread::Job {
     return true;
   }
 
+  bool finishesInRun() const noexcept override { return !postedInline_ && !lonePeerCall(steps_); }
+
   bool poll() noexcept override {
     try {
       int done = 0;
@@ -695,7 +697,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
   auto work = c10::make_intrusive<WorkSpyreccl>(rank_, op.type, seq, profilingTitle, op.inputs,
                                                 std::move(op.devices), comm_, op.name, label_);
   work->addOutputs(op.outputs);
-  std::lock_guard<std::mutex> submitting(submitMutex_);
+  std::unique_lock<std::mutex> submitting(submitMutex_);
   if (runsInline(op)) {
     // The fast path of small synchronous collectives: no hand-off to the progress thread
     // (two thread wake-ups, tens of microseconds on a loaded machine).
@@ -719,7 +721,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::submit(OpRecord op) {
     });
     return work;
   }
-  post(work, std::move(job), lone);
+  const uint64_t ticket = post(work, std::move(job), lone);
+  submitting.unlock();
+  if (progress_->runningHere()) {
+    // Issued by a completion callback of this group's own operation, on the thread that
+    // runs them (see ProgressThread::runningHere): run it now, after everything issued
+    // before it, so that a callback that waits for it (Work.wait(), its Future's wait())
+    // does not wait forever. Not under submitMutex_: its own callbacks may issue more.
+    (void)progress_->runNested(ticket);
+  }
   return work;
 }
 
@@ -749,8 +759,8 @@ uint64_t ProcessGroupSpyreccl::numberOp(OpRecord& op) {
   return seq;
 }
 
-void ProcessGroupSpyreccl::post(const c10::intrusive_ptr<WorkSpyreccl>& work,
-                                std::unique_ptr<ProgressThread::Job> job, bool lonePeerCall) {
+uint64_t ProcessGroupSpyreccl::post(const c10::intrusive_ptr<WorkSpyreccl>& work,
+                                    std::unique_ptr<ProgressThread::Job> job, bool lonePeerCall) {
   const uint64_t ticket = progress_->post(std::move(job));
   // A collective's waiter may run it; a lone send or receive's waiter may start it and
   // drive it to completion; either only while the progress thread has not started it.
@@ -758,6 +768,7 @@ void ProcessGroupSpyreccl::post(const c10::intrusive_ptr<WorkSpyreccl>& work,
     const auto alive = thread.lock();
     return alive && (lonePeerCall ? alive->drive(ticket) : alive->runIfNext(ticket));
   });
+  return ticket;
 }
 
 void ProcessGroupSpyreccl::runSynchronously(const char* opName, std::chrono::milliseconds timeout,
@@ -802,15 +813,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::endCoalescing() {
         std::vector<c10::Device>{}, comm_, "coalesced batch", label_, "empty ");
   }
   work->markSubmitted();
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> submitting(submitMutex_);
     const bool lone = lonePeerCall(batch_.steps);
-    post(work,
-         std::make_unique<OpJob>(work, std::move(batch_.steps), effectiveTimeout(batch_.timeout),
-                                 comm_),
-         lone);
+    ticket = post(work,
+                  std::make_unique<OpJob>(work, std::move(batch_.steps),
+                                          effectiveTimeout(batch_.timeout), comm_),
+                  lone);
   }
   batch_ = OpRecord{};
+  if (progress_->runningHere()) {
+    (void)progress_->runNested(ticket);  // issued by a completion callback: see submit()
+  }
   return work;
 }
 

@@ -266,9 +266,9 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   // Queues a job on the progress thread; `work`'s waiter may run it itself while the
   // thread has not started it (WorkSpyreccl::setRunner): a collective through
   // ProgressThread::runIfNext, a lone send or receive (whose run() leaves it in flight)
-  // through ProgressThread::drive.
-  void post(const c10::intrusive_ptr<WorkSpyreccl>& work, std::unique_ptr<ProgressThread::Job> job,
-            bool lonePeerCall);
+  // through ProgressThread::drive. Returns the job's ticket.
+  uint64_t post(const c10::intrusive_ptr<WorkSpyreccl>& work,
+                std::unique_ptr<ProgressThread::Job> job, bool lonePeerCall);
   // Runs `fn(comm)` on the progress thread after everything queued before it and waits.
   void runSynchronously(const char* opName, std::chrono::milliseconds timeout,
                         std::function<void(spyrecclComm_t)> fn);

@@ -7,6 +7,26 @@
 #include <utility>
 
 namespace spyreccl_torch {
+namespace {
+
+// The ProgressThread whose job's run() the calling thread is inside (see runningHere).
+thread_local const ProgressThread* tlsRunning = nullptr;
+
+// Marks the calling thread as running a job of `thread` for the guard's scope; nests.
+class RunningGuard {
+ public:
+  explicit RunningGuard(const ProgressThread* thread) noexcept : previous_(tlsRunning) {
+    tlsRunning = thread;
+  }
+  ~RunningGuard() { tlsRunning = previous_; }
+  RunningGuard(const RunningGuard&) = delete;
+  RunningGuard& operator=(const RunningGuard&) = delete;
+
+ private:
+  const ProgressThread* const previous_;
+};
+
+}  // namespace
 
 ProgressThread::ProgressThread(std::string name, InFlightWaiter waiter)
     : name_(std::move(name)), waiter_(std::move(waiter)) {
@@ -172,10 +192,42 @@ bool ProgressThread::runIfNext(uint64_t ticket) {
     busy_ = true;
   }
   // The job runs to completion here (only jobs whose run() finishes them are run this way).
-  (void)job->run();
+  {
+    const RunningGuard running(this);
+    (void)job->run();
+  }
   job.reset();
   releaseFinished();
   return true;
+}
+
+bool ProgressThread::runningHere() const noexcept { return tlsRunning == this; }
+
+bool ProgressThread::runNested(uint64_t ticket) {
+  if (!runningHere()) {
+    return false;
+  }
+  for (;;) {
+    std::unique_ptr<Job> job;
+    uint64_t taken = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      // busy_ is held by the job this thread is inside: nobody else takes queued jobs.
+      if (queue_.empty() || queue_.front().ticket > ticket ||
+          !queue_.front().job->finishesInRun()) {
+        return false;
+      }
+      taken = queue_.front().ticket;
+      job = std::move(queue_.front().job);
+      queue_.pop_front();
+    }
+    (void)job->run();  // still runningHere(): its own callbacks may nest in turn
+    job.reset();
+    retire();
+    if (taken == ticket) {
+      return true;
+    }
+  }
 }
 
 void ProgressThread::stop(bool drain, std::exception_ptr reason) {
@@ -283,7 +335,11 @@ void ProgressThread::loop() {
       if (!inFlight_.empty()) {
         pollInFlight();
       }
-      const bool finished = job->run();
+      bool finished = false;
+      {
+        const RunningGuard running(this);
+        finished = job->run();
+      }
       if (!finished) {
         inFlight_.push_back(std::move(job));
       }

@@ -36,6 +36,9 @@ class ProgressThread : public std::enable_shared_from_this<ProgressThread> {
     virtual bool run() noexcept = 0;
     virtual bool poll() noexcept { return true; }
     virtual void cancel(std::exception_ptr reason) noexcept = 0;
+    // Whether run() always finishes the job (a collective), never leaving it in flight:
+    // only such jobs are run nested (runNested).
+    virtual bool finishesInRun() const noexcept { return true; }
   };
 
   // How the thread sleeps while jobs are in flight and nothing is queued: waitForPeers(max)
@@ -79,6 +82,23 @@ class ProgressThread : public std::enable_shared_from_this<ProgressThread> {
   // jobs. Only for jobs whose run() finishes them (collectives), never for a lone send or
   // receive that run() leaves in flight.
   bool runIfNext(uint64_t ticket);
+
+  // Whether the calling thread is inside the run() of one of this thread's jobs: the
+  // thread itself, or a caller in runIfNext. A job's completion runs its Future's
+  // callbacks there, and a callback may issue an operation of the same group and wait for
+  // it (DDP's PowerSGD hook does: an all_reduce inside the then() of the previous one);
+  // only this thread could run that operation, so waiting for it would never end.
+  bool runningHere() const noexcept;
+
+  // On a thread where runningHere(): runs, nested in the job that is running, the queued
+  // jobs up to and including the one with `ticket`, in issue order, and returns true once
+  // that one has finished. The running job's thread holds the right to run jobs (busy_),
+  // so issue order and "one thread at a time on the communicator" hold as for the
+  // thread's own jobs: everything issued before `ticket` runs before it. Returns false,
+  // running nothing more, where that cannot be done: another thread's job, `ticket`
+  // already taken, or a job that would stay in flight (a lone send or receive, whose peer
+  // may need jobs behind it to make progress).
+  bool runNested(uint64_t ticket);
 
   // Parks `job`, which the calling thread started itself and which left work in flight (a
   // send or receive posted inline, OpJob::startInline), for the thread that will wait on

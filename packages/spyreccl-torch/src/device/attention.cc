@@ -19,6 +19,7 @@
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/logsumexp.h>
 #include <ATen/ops/matmul.h>
@@ -190,9 +191,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   const at::ScalarType acc = compute_dtype(query.scalar_type());
   const double s = softmax_scale(query, scale);
   at::Tensor scores = scores_of(query, key, attn_bias, is_causal, s, acc);
-  // Recomputed rather than read from `logsumexp`, which is float32 (the op's
-  // declared dtype) and would cost float64 inputs their precision.
-  at::Tensor lse = at::logsumexp(scores, -1);
+  // The op differentiates through the `logsumexp` and `out` it is given, not
+  // through this block of keys alone: ring attention (context parallelism) runs
+  // the backward once per block of keys and values, with the log-sum-exp and
+  // output merged over every block, so each call must give that block's share of
+  // the gradient (as CUDA's kernels do). When they are this call's own forward
+  // results (the given float32 log-sum-exp equals the recomputed one, rounded),
+  // the recomputed values serve instead: they keep float64 inputs' precision.
+  const at::Tensor own_lse = at::logsumexp(scores, -1);
+  at::Tensor lse = own_lse;
+  bool own = true;
+  if (logsumexp.defined() && logsumexp.dim() == 3 && logsumexp.size(-1) >= query.size(2)) {
+    const at::Tensor given = logsumexp.narrow(-1, 0, query.size(2));
+    own = at::equal(given, own_lse.to(given.scalar_type()));
+    if (!own) {
+      TORCH_CHECK(out.defined() && out.sizes() == grad_out.sizes(),
+                  "_scaled_dot_product_efficient_attention_backward: a log-sum-exp other than "
+                  "the forward's own needs the matching output, of the shape of grad_out");
+      lse = given.to(acc);
+    }
+  }
   at::Tensor probs = probabilities(scores, lse);
   at::Tensor dropped = probs;
   std::optional<at::Tensor> keep;
@@ -212,9 +230,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   if (keep.has_value()) {
     dprobs.mul_(*keep).div_(1.0 - dropout_p);
   }
-  // rowsum(dO * O) in `acc` precision: from the probabilities rather than from
-  // `out`, which half/bfloat16 inputs have rounded.
-  const at::Tensor row = (dprobs * probs).sum(-1, /*keepdim=*/true);
+  // rowsum(dO * O). For the forward's own results in `acc` precision, from the
+  // probabilities rather than from `out`, which half/bfloat16 inputs have rounded;
+  // otherwise from the given output (the one merged over every block of keys).
+  const at::Tensor row = own ? (dprobs * probs).sum(-1, /*keepdim=*/true)
+                             : (dout * out.to(acc)).sum(-1, /*keepdim=*/true);
   const at::Tensor dscores = probs * (dprobs - row);
   at::Tensor grad_q = transposed_heads_like(query);
   grad_q.copy_(at::matmul(dscores, key.to(acc)).mul_(s));

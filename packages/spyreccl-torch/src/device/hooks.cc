@@ -3,7 +3,6 @@
 // torch.utils.rename_privateuse1_backend("spyre"), makes spyre the current
 // accelerator.
 #include <ATen/detail/PrivateUse1HooksInterface.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
 #include <cstdio>
@@ -12,6 +11,7 @@
 #include "allocator.h"
 #include "device_state.h"
 #include "generator.h"
+#include "pinned_allocator.h"
 
 namespace spyreccl::device {
 namespace {
@@ -37,9 +37,11 @@ class SpyreHooks final : public at::PrivateUse1HooksInterface {
     return spyre_device(device_of_allocation(data).value_or(current_device()));
   }
 
-  // Host memory needs no pinning; "pinned" buffers are ordinary CPU memory.
-  bool isPinnedPtr(const void* /*data*/) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  // Host memory needs no pinning: "pinned" buffers are ordinary CPU memory
+  // that the pinned allocator registers, so that is_pinned() holds for what
+  // pin_memory() returned (pinned_allocator.h).
+  bool isPinnedPtr(const void* data) const override { return is_pinned_pointer(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return pinned_allocator(); }
 
   bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
     check_device_index(device_index, "spyre hasPrimaryContext");
