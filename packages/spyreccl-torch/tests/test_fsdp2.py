@@ -4,7 +4,10 @@ steps must follow the loss curve of one float64 model trained on the whole globa
 FSDP2 all-gathers the parameters before each block's forward/backward and reduce-scatters
 (averages) the gradients, so with equal per-rank batch slices the sharded run computes exactly
 the full-batch gradient. Parameter sizes are chosen so that world size 3 shards unevenly (FSDP2
-pads dim 0), and the final parameters are gathered back and compared too.
+pads dim 0), and the final parameters are gathered back and compared too. The model is moved to
+spyre before ``fully_shard``, or left on the CPU for ``fully_shard`` to move (torch refuses the
+``param.data = ...`` it does for PrivateUse1 tensors: spyreccl_torch/device/_fsdp.py), or kept
+on the CPU between steps (``CPUOffloadPolicy``).
 """
 
 from __future__ import annotations
@@ -72,9 +75,13 @@ def _loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torc
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
-def _fsdp_loss_curve(device_type: str, seed: int, steps: int, reshard: bool) -> list[float]:
+def _fsdp_loss_curve(
+    device_type: str, seed: int, steps: int, reshard: bool, placement: str = "moved"
+) -> list[float]:
+    """`placement`: "moved" (the model on the device before fully_shard), "cpu_built" (on
+    the CPU: fully_shard moves it) or "offload" (on the CPU, CPUOffloadPolicy)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
     from torch.distributed.tensor import DTensor
 
     ws, rank = dist.get_world_size(), dist.get_rank()
@@ -85,13 +92,18 @@ def _fsdp_loss_curve(device_type: str, seed: int, steps: int, reshard: bool) -> 
     reference = copy.deepcopy(model).double()
 
     mesh = init_device_mesh(device_type, (ws,))
-    model.to(device_type)
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard}
+    if placement == "moved":
+        model.to(device_type)
+    elif placement == "offload":
+        kwargs["offload_policy"] = CPUOffloadPolicy()
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
-    # Parameters are now dim-0 shards on this rank's device.
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    # Parameters are now dim-0 shards on this rank's device (the CPU when offloaded).
     emb = model.embed.weight
-    assert isinstance(emb, DTensor) and emb.to_local().device.type == device_type
+    stored = "cpu" if placement == "offload" else device_type
+    assert isinstance(emb, DTensor) and emb.to_local().device.type == stored
     assert emb.to_local().shape[0] == -(-VOCAB // ws) or rank == ws - 1
 
     # Adam divides by sqrt(v) + eps: with the default eps (1e-8) a gradient that is float32
@@ -129,6 +141,10 @@ def _fsdp_loss_curve(device_type: str, seed: int, steps: int, reshard: bool) -> 
         )
     ref_params = dict(reference.named_parameters())
     for name, p in model.named_parameters():
+        if placement == "offload":  # CPU shards: gathered over the spyre mesh from spyre
+            p = DTensor.from_local(
+                p.to_local().to(device_type), mesh, p.placements, shape=p.shape, stride=p.stride()
+            )
         full = p.full_tensor() if isinstance(p, DTensor) else p
         torch.testing.assert_close(
             full.detach().cpu().double(),
@@ -149,6 +165,7 @@ def seed() -> int:
 
 
 @pytest.mark.parametrize("reshard", [True, False], ids=["reshard", "no-reshard"])
-def test_fsdp2_loss_curve_matches_reference(rank_pool, seed, reshard):
-    curves = rank_pool.run(_fsdp_loss_curve, DEVICE, seed, 4, reshard, timeout=120)
+@pytest.mark.parametrize("placement", ["moved", "cpu_built", "offload"])
+def test_fsdp2_loss_curve_matches_reference(rank_pool, seed, reshard, placement):
+    curves = rank_pool.run(_fsdp_loss_curve, DEVICE, seed, 4, reshard, placement, timeout=120)
     assert all(c == curves[0] for c in curves), f"ranks disagree on the global loss: {curves}"

@@ -42,6 +42,12 @@ def _inputs(seed: int, salt: int, numel: int, world: int, dtype=torch.float32):
     ]
 
 
+def _assert_summed(got: torch.Tensor, inputs: list[torch.Tensor], seed: int, what: str) -> None:
+    """`got` is the float32 sum of every rank's `inputs` (float64 reference)."""
+    expected = reference_reduce(inputs, "sum", torch.float32)
+    assert_close_dtype(got, expected, torch.float32, len(inputs), seed=seed, what=what)
+
+
 def _first_collective(seed: int, numel: int, ctx):
     """The all_reduce whose Future the callbacks chain to (rank 0 first, the others later)."""
     inputs = _inputs(seed, 0, numel, ctx.world_size)
@@ -86,22 +92,8 @@ def run_collectives_inside_a_callback(seed: int, numel: int, ctx) -> None:
     if rank == 0:
         assert got["thread"] != main, "the callback ran on the main thread: the case tests nothing"
     what = f"seed={seed} numel={numel} rank={rank}"
-    assert_close_dtype(
-        got["first"],
-        reference_reduce(first, "sum", torch.float32),
-        torch.float32,
-        world,
-        seed=seed,
-        what=f"first {what}",
-    )
-    assert_close_dtype(
-        got["future_wait"],
-        reference_reduce(second, "sum", torch.float32),
-        torch.float32,
-        world,
-        seed=seed,
-        what=f"waited through its Future {what}",
-    )
+    _assert_summed(got["first"], first, seed, f"first {what}")
+    _assert_summed(got["future_wait"], second, seed, f"waited through its Future {what}")
     assert torch.equal(got["sync"], torch.stack(third).max(0).values), f"MAX {what}"
     assert torch.equal(got["broadcast"], root_data), f"broadcast {what}"
     assert torch.equal(got["all_gather"], torch.cat(gathered)), f"all_gather {what}"

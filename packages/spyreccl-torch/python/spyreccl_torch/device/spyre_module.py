@@ -62,7 +62,7 @@ __all__ += _memory_all
 _initialized = True
 
 # Default generators (see _random); _install_integrations() runs once the device is named.
-from . import _attention, _random  # noqa: E402
+from . import _attention, _fsdp, _random  # noqa: E402
 from ._import_hooks import after_import  # noqa: E402
 from ._random import _get_generator, default_generators  # noqa: E402, F401
 
@@ -70,9 +70,10 @@ from ._random import _get_generator, default_generators  # noqa: E402, F401
 def _install_integrations() -> None:
     """Hooks into torch modules that ``import torch`` does not load (or loads before the
     device is named): DTensor's handlers for tensor-parallel attention, compile's graph-safe
-    RNG, inductor's backend for spyre. Called by :func:`spyreccl_torch.device.register`
-    after the rename."""
+    RNG, inductor's backend for spyre, FSDP2's move of CPU-built modules. Called by
+    :func:`spyreccl_torch.device.register` after the rename."""
     _attention.install()
+    _fsdp.install()
     _random.install()
     after_import(
         "torch._inductor.compile_fx",

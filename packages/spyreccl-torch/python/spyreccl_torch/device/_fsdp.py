@@ -1,0 +1,69 @@
+"""FSDP2 on modules built on the CPU: moving their states to spyre.
+
+``fully_shard`` moves a module's parameters and buffers to the mesh's device with
+``tensor.data = tensor.to(device)``. torch allows that assignment only between tensor types
+it lists as compatible (``TensorImpl::has_compatible_shallow_copy_type``: CPU, CUDA, MPS,
+HIP, XPU, HPU and MTIA), which leaves out every PrivateUse1 device: ``fully_shard`` of a
+module still on the CPU failed on spyre with "Attempted to call ``variable.set_data(tensor)``,
+but ``variable`` and ``tensor`` have incompatible tensor type", where CUDA moves it.
+``nn.Module.to`` has the same restriction and swaps in new tensors instead; this does what
+FSDP2 does for tensor subclasses: ``torch.utils.swap_tensors`` with the moved tensor, so that
+the objects the module (and the caller) hold stay the same, on spyre.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ._import_hooks import after_import
+
+__all__ = ["install"]
+
+_FSDP_INIT = "torch.distributed.fsdp._fully_shard._fsdp_init"
+
+
+def _swap_onto(device: torch.device, tensors: Any) -> None:
+    """Moves each plain tensor or Parameter of `tensors` that lies on another device type
+    than `device` (meta excepted) onto `device`, in place (swap_tensors)."""
+    for tensor in tensors:
+        if type(tensor) not in (torch.Tensor, nn.Parameter):
+            continue  # DTensor and other subclasses: FSDP2's own handling
+        if tensor.device.type in (device.type, "meta"):
+            continue
+        with torch.no_grad():
+            moved = tensor.to(device)
+        if isinstance(tensor, nn.Parameter):
+            moved = nn.Parameter(moved, requires_grad=tensor.requires_grad)
+        torch.utils.swap_tensors(tensor, moved)
+
+
+def _wrap(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def move_states_to_device(params: Any, buffers: Any, device: torch.device) -> None:
+        if device.type == torch._C._get_privateuse1_backend_name():
+            params, buffers = list(params), list(buffers)
+            _swap_onto(device, itertools.chain(params, buffers))
+        original(params, buffers, device)
+
+    move_states_to_device.__spyreccl_wrapped__ = True  # type: ignore[attr-defined]
+    return move_states_to_device
+
+
+def _patch() -> None:
+    import importlib
+
+    module = importlib.import_module(_FSDP_INIT)
+    original = module._move_states_to_device
+    if not getattr(original, "__spyreccl_wrapped__", False):
+        module._move_states_to_device = _wrap(original)
+
+
+def install() -> None:
+    """Wraps FSDP2's state move once its module is loaded (now, if it is)."""
+    after_import(_FSDP_INIT, _patch, "fully_shard of a module built on the CPU")
