@@ -7,7 +7,8 @@ the full-batch gradient. Parameter sizes are chosen so that world size 3 shards 
 pads dim 0), and the final parameters are gathered back and compared too. The model is moved to
 spyre before ``fully_shard``, or left on the CPU for ``fully_shard`` to move (torch refuses the
 ``param.data = ...`` it does for PrivateUse1 tensors: spyreccl_torch/device/_fsdp.py), or kept
-on the CPU between steps (``CPUOffloadPolicy``).
+on the CPU between steps (``CPUOffloadPolicy``). FSDP1 (``FullyShardedDataParallel`` with
+``device_id``) of a CPU-built model is checked against the same reference.
 """
 
 from __future__ import annotations
@@ -168,4 +169,54 @@ def seed() -> int:
 @pytest.mark.parametrize("placement", ["moved", "cpu_built", "offload"])
 def test_fsdp2_loss_curve_matches_reference(rank_pool, seed, reshard, placement):
     curves = rank_pool.run(_fsdp_loss_curve, DEVICE, seed, 4, reshard, placement, timeout=120)
+    assert all(c == curves[0] for c in curves), f"ranks disagree on the global loss: {curves}"
+
+
+def _fsdp1_curve(seed: int, steps: int) -> list[float]:
+    """FSDP1 of the model built on the CPU (the constructor moves it to ``device_id``),
+    against the float64 reference: losses and final parameters."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    ws, rank = dist.get_world_size(), dist.get_rank()
+    torch.accelerator.set_device_index(rank)
+    dev = torch.device(DEVICE, rank)
+    torch.manual_seed(seed)
+    model = TinyLM()
+    reference = copy.deepcopy(model).double()
+    sharded = FSDP(model, device_id=dev, use_orig_params=True)
+    assert next(sharded.parameters()).device == dev
+    opt = torch.optim.SGD(sharded.parameters(), lr=0.5)
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.5)
+    curve = []
+    mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    for step, (tokens, targets) in enumerate(_batches(seed, steps, ws)):
+        opt.zero_grad()
+        loss = _loss(sharded, tokens[mine].to(dev), targets[mine].to(dev))
+        loss.backward()
+        opt.step()
+        opt_ref.zero_grad()
+        ref_loss = _loss(reference, tokens, targets)
+        ref_loss.backward()
+        opt_ref.step()
+        global_loss = loss.detach().clone()
+        dist.all_reduce(global_loss, op=dist.ReduceOp.AVG)
+        curve.append(global_loss.item())
+        assert abs(curve[-1] - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item())), (
+            f"step {step}: FSDP1 loss {curve[-1]} vs reference {ref_loss.item()} (seed {seed})"
+        )
+    ref_params = dict(reference.named_parameters())
+    with FSDP.summon_full_params(sharded):
+        for name, p in sharded.module.named_parameters():
+            torch.testing.assert_close(
+                p.detach().cpu().double(),
+                ref_params[name].detach(),
+                rtol=1e-4,
+                atol=1e-5,
+                msg=f"FSDP1 {name} after {steps} steps (rank {rank}, seed {seed})",
+            )
+    return curve
+
+
+def test_fsdp1_of_a_cpu_built_model_matches_reference(rank_pool, seed):
+    curves = rank_pool.run(_fsdp1_curve, seed, 3, timeout=120)
     assert all(c == curves[0] for c in curves), f"ranks disagree on the global loss: {curves}"
