@@ -76,6 +76,18 @@ def _loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torc
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
+def _assert_param_close(
+    got: torch.Tensor, want: torch.Tensor, what: str, rank: int, seed: int
+) -> None:
+    torch.testing.assert_close(
+        got.detach().cpu().double(),
+        want.detach(),
+        rtol=1e-4,
+        atol=1e-5,
+        msg=f"{what} (rank {rank}, seed {seed})",
+    )
+
+
 def _fsdp_loss_curve(
     device_type: str, seed: int, steps: int, reshard: bool, placement: str = "moved"
 ) -> list[float]:
@@ -147,13 +159,7 @@ def _fsdp_loss_curve(
                 p.to_local().to(device_type), mesh, p.placements, shape=p.shape, stride=p.stride()
             )
         full = p.full_tensor() if isinstance(p, DTensor) else p
-        torch.testing.assert_close(
-            full.detach().cpu().double(),
-            ref_params[name].detach(),
-            rtol=1e-4,
-            atol=1e-5,
-            msg=f"{name} after {steps} steps (rank {rank}, seed {seed})",
-        )
+        _assert_param_close(full, ref_params[name], f"{name} after {steps} steps", rank, seed)
     return curve
 
 
@@ -207,12 +213,8 @@ def _fsdp1_curve(seed: int, steps: int) -> list[float]:
     ref_params = dict(reference.named_parameters())
     with FSDP.summon_full_params(sharded):
         for name, p in sharded.module.named_parameters():
-            torch.testing.assert_close(
-                p.detach().cpu().double(),
-                ref_params[name].detach(),
-                rtol=1e-4,
-                atol=1e-5,
-                msg=f"FSDP1 {name} after {steps} steps (rank {rank}, seed {seed})",
+            _assert_param_close(
+                p, ref_params[name], f"FSDP1 {name} after {steps} steps", rank, seed
             )
     return curve
 
