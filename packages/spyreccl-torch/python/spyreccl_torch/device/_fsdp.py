@@ -4,13 +4,15 @@
 ``FullyShardedDataParallel(module, device_id=...)`` (FSDP1) to ``device_id``, with
 ``tensor.data = tensor.to(device)``. torch allows that assignment only between tensor types
 it lists as compatible (``TensorImpl::has_compatible_shallow_copy_type``: CPU, CUDA, MPS,
-HIP, XPU, HPU and MTIA), which leaves out every PrivateUse1 device: ``fully_shard`` of a
-module still on the CPU failed on spyre with "Attempted to call ``variable.set_data(tensor)``,
-but ``variable`` and ``tensor`` have incompatible tensor type", where CUDA moves it; so did
-FSDP1's constructor.
-``nn.Module.to`` has the same restriction and swaps in new tensors instead; this does what
-FSDP2 does for tensor subclasses: ``torch.utils.swap_tensors`` with the moved tensor, so that
-the objects the module (and the caller) hold stay the same, on spyre.
+HIP, XPU, HPU and MTIA), which leaves out every PrivateUse1 device: both failed on spyre for
+a module still on the CPU with "Attempted to call ``variable.set_data(tensor)``, but
+``variable`` and ``tensor`` have incompatible tensor type", where CUDA moves it.
+
+``nn.Module.to`` meets the same restriction by swapping in new tensors; this does what FSDP2
+does for tensor subclasses: ``torch.utils.swap_tensors`` with the moved tensor (and its
+gradient), so that the objects the module and the caller hold stay the same, now on spyre.
+FSDP1's ``CPUOffload`` moves its flat parameters between the CPU and the device later with
+``.data =`` too, and stays unsupported.
 """
 
 from __future__ import annotations
