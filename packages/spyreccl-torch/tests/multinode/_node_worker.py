@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -648,6 +649,29 @@ def async_check(ctx: Ctx, base_seed: int) -> list[str]:
     try:
         want = reference_reduce([x[:1001] for x in inputs], "sum", torch.float32) * 2
         check_result(doubled.wait(), want, torch.float32, w, seed, "get_future().then")
+    except AssertionError as exc:
+        failures.append(f"rank {r}: {exc}")
+
+    # A callback that issues a collective of the group and waits for it (DDP's PowerSGD hook
+    # does): it runs on the group's thread, which runs the new collective nested instead of
+    # waiting for itself. The other ranks join late, so that rank 0's callback runs there.
+    seed3 = case_seed(base_seed, 70_002)
+    zs = rank_inputs(seed3, 33, torch.float32, w)
+    if r != 0:
+        time.sleep(0.3)
+    main = threading.get_ident()
+
+    def issue_and_wait(done: torch.futures.Future) -> tuple[int, torch.Tensor]:
+        again = dist.all_reduce(done.value()[0].clone(), async_op=True)
+        return threading.get_ident(), again.get_future().wait()[0]
+
+    first = dist.all_reduce(zs[r].to(_dev(ctx)), async_op=True)
+    thread, twice = first.get_future().then(issue_and_wait).wait()
+    if r == 0 and thread == main:
+        failures.append("rank 0: the callback ran on the main thread: nothing nested")
+    try:
+        want = reference_reduce(zs, "sum", torch.float32) * w
+        check_result(twice, want, torch.float32, w, seed3, "collective waited in a callback")
     except AssertionError as exc:
         failures.append(f"rank {r}: {exc}")
 

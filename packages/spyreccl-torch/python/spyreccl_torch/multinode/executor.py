@@ -13,6 +13,11 @@ anyway (``async_op=False``): the order is still the issue order, and the hand-of
 thread (a wake-up and a GIL transfer, tens of microseconds) is not paid where it buys
 nothing.
 
+An operation's Work completes inside its job, so the callbacks chained to its Future run
+there, on the thread that runs the group's jobs. A callback that issues an operation of the
+same group and waits for it (DDP's PowerSGD hook does) would wait forever for the thread it
+runs on; such an operation runs at once instead, nested, after the jobs queued before it.
+
 The thread exits after a while without work (and starts again on the next job), so idle
 or forgotten groups keep no thread alive.
 """
@@ -37,20 +42,27 @@ class OrderedExecutor:
         self._busy = False  # a job is running (on the thread or inline on a caller)
         self._thread: threading.Thread | None = None
         self._closed = False
+        # How deep the calling thread is inside this executor's jobs (see _running_here).
+        self._local = threading.local()
 
     def submit(self, job: Callable[[], None], inline_ok: bool) -> None:
         """Runs `job` after every job submitted before it. With `inline_ok` and nothing
-        queued or running, it runs now on this thread. `job` must not raise (the caller's
-        Work carries its errors)."""
+        queued or running, it runs now on this thread. Submitted from inside one of this
+        executor's jobs (a completion callback), it runs now too, after the jobs queued
+        before it (_run_through). `job` must not raise (the caller's Work carries its
+        errors)."""
+        nested = self._running_here()
         with self._cv:
             if self._closed:
                 raise RuntimeError(f"spyreccl: {self._name} is shut down")
-            inline = inline_ok and not self._busy and not self._queue
+            inline = not nested and inline_ok and not self._busy and not self._queue
             if inline:
                 self._busy = True
             else:
                 self._queue.append(job)
-                if self._thread is None:
+                if nested:
+                    pass  # this thread runs it (below); _busy is held by its outer job
+                elif self._thread is None:
                     self._thread = threading.Thread(
                         target=self._loop, name=f"spyreccl {self._name}", daemon=True
                     )
@@ -58,6 +70,8 @@ class OrderedExecutor:
                 self._cv.notify_all()
         if inline:
             self._run(job)
+        elif nested:
+            self._run_through(job)
 
     def pending(self) -> int:
         """Jobs queued or running."""
@@ -87,11 +101,35 @@ class OrderedExecutor:
                 self._busy = True
             self._run(job)
 
+    def _running_here(self) -> bool:
+        """Whether the calling thread is inside one of this executor's jobs."""
+        return getattr(self._local, "depth", 0) > 0
+
+    def _call(self, job: Callable[[], None]) -> None:
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            job()
+        finally:
+            self._local.depth -= 1
+
     def _run(self, job: Callable[[], None]) -> None:
         """Runs `job` (marked busy by the caller) and lets the next one start."""
         try:
-            job()
+            self._call(job)
         finally:
             with self._cv:
                 self._busy = False
                 self._cv.notify_all()
+
+    def _run_through(self, job: Callable[[], None]) -> None:
+        """On a thread inside one of this executor's jobs, which holds _busy: runs the
+        queued jobs up to and including `job`, nested, in submission order (the thread that
+        would run them is this one)."""
+        while True:
+            with self._cv:
+                if not self._queue:
+                    return
+                next_job = self._queue.popleft()
+            self._call(next_job)
+            if next_job is job:
+                return
