@@ -200,7 +200,7 @@ def _train_with_hook(device_type: str, seed: int, hook: str, steps: int) -> list
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
     dev = _device(device_type)
-    group = _group(device_type, "default" if device_type != "cpu" else "explicit")
+    group = None if device_type != "cpu" else _gloo_group()
     ws, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(seed)
     # One bucket: with several, PowerSGD's callbacks (on the thread that completed the previous
@@ -230,9 +230,20 @@ def _train_with_hook(device_type: str, seed: int, hook: str, steps: int) -> list
         F.mse_loss(ddp(x[mine].float().to(dev)), y[mine].float().to(dev)).backward()
         grads.append(torch.cat([p.grad.detach().cpu().reshape(-1) for p in ddp.parameters()]))
         opt.step()
-    if group is not None:
-        dist.destroy_process_group(group)
     return grads
+
+
+_GLOO: list = []
+
+
+def _gloo_group():
+    """One gloo group per rank process, kept for the process's life: the hooks' callbacks
+    hold their group, and when such a callback, run by one of gloo's worker threads, drops
+    the last reference, ProcessGroupGloo's destructor joins that very thread and aborts the
+    process (torch's gloo, not spyreccl: a core dump of exactly that ended a CI run)."""
+    if not _GLOO:
+        _GLOO.append(dist.new_group(backend="gloo"))
+    return _GLOO[0]
 
 
 # float16 sums of 3 ranks may round differently in another order: a few float16 ulps.

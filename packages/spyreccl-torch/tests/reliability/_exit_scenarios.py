@@ -117,6 +117,11 @@ if RANK == 0:
         holder.clear()  # the last reference
         dropped.set()
 
+    # A 1-rank operation completes within microseconds of reaching the thread: a copy of
+    # 64 MiB queued first keeps it busy, so that the callback is chained to a Future that
+    # has not completed yet and runs on the progress thread (not inline on this one).
+    big = torch.empty(16 << 20, device="spyre")
+    holder[0]._allgather_base(torch.empty_like(big), big)
     work = holder[0].allreduce([mine.to("spyre")])
     work.get_future().then(drop_group)
     del work
