@@ -7,12 +7,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "block_map.h"
 #include "device_state.h"
 #include "spyreccl/spyreccl.h"
 
@@ -167,15 +167,11 @@ class AllocationRegistry {
   std::optional<c10::DeviceIndex> find(const void* ptr) const {
     const auto address = reinterpret_cast<std::uintptr_t>(ptr);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.upper_bound(address);
-    if (it == live_.begin()) {
+    const auto it = find_block(live_, address, [](const Entry& e) { return e.nbytes; });
+    if (it == live_.end()) {
       return std::nullopt;
     }
-    it = std::prev(it);
-    if (address - it->first < it->second.nbytes) {
-      return it->second.device;
-    }
-    return std::nullopt;
+    return it->second.device;
   }
 
   DeviceStats stats(c10::DeviceIndex device) {

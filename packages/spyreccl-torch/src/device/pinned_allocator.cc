@@ -15,10 +15,10 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <cstdint>
-#include <iterator>
 #include <map>
 #include <mutex>
 
+#include "block_map.h"
 #include "device_state.h"
 
 namespace spyreccl::device {
@@ -41,12 +41,7 @@ class PinnedRegistry {
   bool contains(const void* ptr) const {
     const auto address = reinterpret_cast<std::uintptr_t>(ptr);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.upper_bound(address);
-    if (it == live_.begin()) {
-      return false;
-    }
-    it = std::prev(it);
-    return address - it->first < it->second;
+    return find_block(live_, address, [](std::size_t nbytes) { return nbytes; }) != live_.end();
   }
 
  private:

@@ -13,7 +13,6 @@
 // spyre tensors. The collectives between them stay SyncBatchNorm's own.
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/var_mean.h>
@@ -62,6 +61,11 @@ at::Tensor like_input(const at::Tensor& value, const at::Tensor& input) {
   at::Tensor out = at::empty_like(input);
   out.copy_(value);
   return out;
+}
+
+// input - mean, per channel, in `acc`.
+at::Tensor centered(const at::Tensor& input, const at::Tensor& mean, at::ScalarType acc) {
+  return input.to(acc) - per_channel(mean.to(acc), input);
 }
 
 bool defined(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
@@ -122,8 +126,7 @@ at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Ten
                             const at::Tensor& invstd, double /*eps*/) {
   check_input("batch_norm_elemt", input);
   const at::ScalarType acc = accumulate_type(input);
-  at::Tensor y =
-      (input.to(acc) - per_channel(mean.to(acc), input)).mul_(per_channel(invstd.to(acc), input));
+  at::Tensor y = centered(input, mean, acc).mul_(per_channel(invstd.to(acc), input));
   if (defined(weight)) {
     y.mul_(per_channel(weight->to(acc), input));
   }
@@ -144,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_reduce(
   const std::vector<int64_t> dims = reduced_dims(input);
   const at::Tensor dy = grad_out.to(acc);
   const at::Tensor sum_dy = dy.sum(dims);
-  const at::Tensor sum_dy_xmu = (dy * (input.to(acc) - per_channel(mean.to(acc), input))).sum(dims);
+  const at::Tensor sum_dy_xmu = (dy * centered(input, mean, acc)).sum(dims);
   const at::TensorOptions grad_options = defined(weight) ? weight->options() : mean.options();
   at::Tensor grad_weight;
   at::Tensor grad_bias;
@@ -170,7 +173,7 @@ at::Tensor backward_elemt(const at::Tensor& grad_out, const at::Tensor& input,
   const at::Tensor inv = invstd.to(acc);
   const at::Tensor mean_dy = sum_dy.to(acc) / total;
   const at::Tensor mean_dy_xmu = sum_dy_xmu.to(acc) / total;
-  const at::Tensor xmu = input.to(acc) - per_channel(mean.to(acc), input);
+  const at::Tensor xmu = centered(input, mean, acc);
   at::Tensor scale = inv;
   if (defined(weight)) {
     scale = inv * weight->to(acc);

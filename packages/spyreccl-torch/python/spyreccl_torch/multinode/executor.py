@@ -60,14 +60,13 @@ class OrderedExecutor:
                 self._busy = True
             else:
                 self._queue.append(job)
-                if nested:
-                    pass  # this thread runs it (below); _busy is held by its outer job
-                elif self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._loop, name=f"spyreccl {self._name}", daemon=True
-                    )
-                    self._thread.start()
-                self._cv.notify_all()
+                if not nested:  # a nested job runs below, on this thread (its outer job is busy)
+                    if self._thread is None:
+                        self._thread = threading.Thread(
+                            target=self._loop, name=f"spyreccl {self._name}", daemon=True
+                        )
+                        self._thread.start()
+                    self._cv.notify_all()
         if inline:
             self._run(job)
         elif nested:
