@@ -3,8 +3,8 @@
 The flat check (fingerprint.CallChecker) is one gloo all_reduce over every rank per
 operation. Its round trip is the largest part of a small operation's time: an 8-byte
 all_reduce on 2 simulated nodes x 2 ranks took 711 us with it and 388 us without on an idle
-16-core machine, and 2.6-3.2 ms against 1.1 ms on the 2-CPU development VM
-(docs/performance.md). Most of those ranks share a node, where agreeing costs microseconds.
+16-core machine, and 2.6-3.2 ms against 1.1 ms on a 2-vCPU machine
+(docs/notes/multinode-small-messages.md). Most of those ranks share a node, where agreeing costs microseconds.
 So, per operation:
 
 1. The ranks of each node all_reduce (MAX) [d, -d], d the digest of their fingerprint, over a
@@ -64,7 +64,7 @@ EXCHANGE_MAX_LEADERS = 8
 # exchange sends a whole frame, whatever it carries, so that the leaders' exchanges have one
 # size whatever each leader's operation is (gloo terminates a process that receives a
 # message of another size than it expects: fingerprint.py). gloo's all_to_all of 16 or of
-# 1024 float64 per rank between 2 ranks took the same time (docs/performance.md).
+# 1024 float64 per rank between 2 ranks took the same time (docs/notes/multinode-small-messages.md).
 CARRY_MAX_BYTES = 4096
 _HEADER = 3
 _FRAME = _HEADER + CARRY_MAX_BYTES // 8
@@ -81,7 +81,7 @@ class _Words:
     """Two int64 on the device (the node's pair, an outcome), read and written through a
     numpy view of their memory where there is one (the emulated device): a torch operation
     per word (a few microseconds each) was a large part of the check's cost
-    (docs/performance.md, "The small path's Python cost"). Without a host view (a real Spyre
+    (docs/notes/multinode-small-messages.md, "The small path's Python cost"). Without a host view (a real Spyre
     runtime) through torch."""
 
     def __init__(self, device: torch.device) -> None:
@@ -236,7 +236,7 @@ class NodeChecker:
         host, at most CARRY_MAX_BYTES, see carry). Up to EXCHANGE_MAX_LEADERS leaders:
         one gloo all_to_all of frames gives every leader every frame (gloo's all_to_all is a
         direct exchange, its all_reduce a ring of 2 (n - 1) steps: between 2 ranks 90-118 us
-        against 191-327 us on the 2-CPU VM, docs/performance.md, "Multiple nodes:
+        against 191-327 us on a 2-vCPU machine, docs/notes/multinode-small-messages.md, "Multiple nodes:
         small-message routes and the check"); more leaders: gloo's all_reduce of the pairs."""
         n = self._nleaders
         if n > EXCHANGE_MAX_LEADERS:
