@@ -97,9 +97,10 @@ size_t cmaBusyThreshold(const Communicator& c, Kind kind);
 
 // The quiet threshold of kind `kind` (kNone: a send/recv message; bytes as passed to
 // beginDirect): SPYRECCL_CMA_MIN_BYTES when set (then the single copy is fixed from there),
-// else the per-operation crossover measured once on a 2-vCPU AMD EPYC machine (docs/notes/core-single-copy.md),
-// which is now only the vote of a rank whose path advisor is off: with it on, the ranks
-// vote by measured speed at every size from cmaBusyThreshold (path_advisor.h).
+// else the per-operation crossover measured once on a 2-vCPU AMD EPYC machine
+// (docs/notes/core-single-copy.md), which is now only the vote of a rank whose path advisor is off:
+// with it on, the ranks vote by measured speed at every size from cmaBusyThreshold
+// (path_advisor.h).
 size_t cmaThreshold(const Communicator& c, Kind kind);
 
 // Whether SPYRECCL_CMA_MIN_BYTES is set and `bytes` reach it: the single copy without a vote.

@@ -63,8 +63,8 @@ def code(text: str) -> int:
     return value
 
 
-# Every operation's fingerprint is computed on the critical path of a small collective
-# (tens of microseconds of Python per call add up: docs/notes/multinode-small-messages.md, "The small path's
+# Every operation's fingerprint is computed on the critical path of a small collective (tens of
+# microseconds of Python per call add up: docs/notes/multinode-small-messages.md, "The small path's
 # Python cost"), so the codes of names, dtypes and reduce ops are looked up, not recomputed.
 _CODES: dict[str, int] = {}
 _OBJECT_CODES: dict[Any, int] = {}
@@ -186,10 +186,10 @@ class CallChecker:
     then, on every rank alike, are the fingerprints themselves all-gathered, to name each
     rank's call.
 
-    Two elements, an all_reduce: measured here, gloo's all_reduce of fewer elements than
-    ranks takes about a third of the time of its all-gather of the whole fingerprints
-    (docs/notes/multinode-small-messages.md). Every exchange has the same shape whatever the operation, so
-    gloo matches the exchanges of ranks that called different operations.
+    Two elements, an all_reduce: measured here, gloo's all_reduce of fewer elements than ranks takes
+    about a third of the time of its all-gather of the whole fingerprints
+    (docs/notes/multinode-small-messages.md). Every exchange has the same shape whatever the
+    operation, so gloo matches the exchanges of ranks that called different operations.
 
     Why a small reduction's data does not ride in the exchange (which would save its own
     gloo stage): the exchange must have one shape for every call (above), so the data would
