@@ -104,9 +104,11 @@ def prose_lines(path: Path) -> list[tuple[int, str]]:
         if m and fence is not None and m.group(2).startswith(fence) and not m.group(3).strip():
             fence = None
             continue
-        if fence is not None or ALLOW_MARKER in line:
+        if fence is not None:
             continue
-        lines.append((number, _blank_code(line)))
+        text = _blank_code(line)
+        if ALLOW_MARKER not in text:  # the marker itself, not a mention of it in code
+            lines.append((number, text))
     return lines
 
 
