@@ -15,8 +15,8 @@ Measured on an idle 16-core machine, 2 simulated nodes x 2 ranks, float32, `spyr
 8.5-9.2 ms), 64 MiB 46 against 59-61 ms, 4 MiB 2.3-2.4 against 2.3-2.6 ms; at 1 MiB, two
 chunks of 512 KiB were 7-9 % slower than one, and 1 MiB chunks slower than 2 MiB ones from
 4 MiB up; hence no chunk below the target size. Overlap needs cores: with fewer than two
-usable CPUs per rank of a node (the project's 2-CPU VM runs 4 ranks) the chunks only add
-hand-offs, so chunking is off by default there. The chunk size is agreed between all ranks
+usable CPUs per rank of a node (2 simulated nodes x 2 ranks on a 2-vCPU machine) the chunks
+only add hand-offs, so chunking is off by default there. The chunk size is agreed between all ranks
 when a group is created: the smallest any rank proposes, 0 (off) if any rank lacks the cores.
 """
 
