@@ -69,7 +69,8 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from .executor import OrderedExecutor
-from .failures import ABORT_OP, FailureBoard, PeerFailure, wait_sliced
+from .failure_handling import FailureHandling
+from .failures import ABORT_OP, FailureBoard
 from .fingerprint import CallChecker, MismatchError, PendingCheck
 from .fingerprint import signature as _sig
 from .gloo_groups import gloo_group
@@ -79,6 +80,7 @@ from .reduction import Plan as _Plan
 from .reduction import combine_in_order as _combine_in_order
 from .reduction import exchange_ok as _exchange_ok
 from .reduction import op_kind as _op_kind
+from .stages import _SIGN_BIT, _SPYRE, Stages, _gloo_view, _RedOp, _Stage
 from .staging import HostStaging, same_memory, zero_copy_available
 from .topology import Topology
 from .works import AsyncWork, ThenWork
@@ -135,10 +137,6 @@ FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
 # docs/performance.md, "Ranks that wait for the outcome". Read when a group is created.
 YIELD_NS_ENV = "SPYRECCL_MULTINODE_YIELD_NS"
 DEFAULT_YIELD_NS = -1
-
-_SPYRE = "spyre"
-_RedOp = dist.ReduceOp.RedOpType
-_SIGN_BIT = -(2**63)  # int64 with only the sign bit set
 
 
 # The groups of this process that are still alive, for shut_down_live_groups.
@@ -236,17 +234,6 @@ class _A2ALayout:
         self.received_blocks = offset
 
 
-class _Stage:
-    """A posted gloo stage: its Work (None: nothing was posted) and what completes its
-    result once the Work is done."""
-
-    __slots__ = ("after", "work")
-
-    def __init__(self, work: Any, after: Callable[[], None]) -> None:
-        self.work = work
-        self.after = after
-
-
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the memory of contiguous `a` and `b` overlaps."""
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
@@ -315,24 +302,7 @@ def _timeout_of(timeout: Any) -> datetime.timedelta:
     return datetime.timedelta(seconds=float(timeout))
 
 
-def _gloo_view(host: torch.Tensor, op: Any) -> tuple[torch.Tensor, bool]:
-    """A view of `host` that gloo can reduce with `op`, and whether its sign bits were
-    flipped (flip them back in the result). gloo reduces neither complex nor uint64
-    tensors: complex sums are sums of (real, imaginary) pairs; uint64 wraps like int64 for
-    SUM/PRODUCT/bitwise ops, and keeps its order for MIN/MAX once the sign bit is flipped."""
-    kind = _op_kind(op)
-    if host.is_complex():
-        return torch.view_as_real(host), False
-    if host.dtype == torch.uint64:
-        view = host.view(torch.int64)
-        flip = kind in (_RedOp.MIN, _RedOp.MAX)
-        if flip:
-            view.bitwise_xor_(_SIGN_BIT)
-        return view, flip
-    return host, False
-
-
-class HierarchicalProcessGroup(dist.ProcessGroup):
+class HierarchicalProcessGroup(Stages, FailureHandling, dist.ProcessGroup):
     """See the module docstring. Built by spyreccl_torch's backend creator when a group's
     ranks are on more than one node."""
 
@@ -639,351 +609,8 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             work.wait()  # rejected arguments: raised on the calling thread
         return work
 
-    def _mismatch_behind(
-        self, pending: PendingCheck | None, error: Exception, wait_s: float | None
-    ) -> Exception:
-        """The MismatchError behind `error` when this operation's fingerprints disagreed
-        (waiting up to `wait_s` for them, None: the failure window), else `error`."""
-        if pending is None or not pending.compare or isinstance(error, MismatchError):
-            return error
-        if wait_s is None:
-            wait_s = min(self._failure_window_s, self._timeout.total_seconds())
-        checker = self._checker
-        if checker is None or not checker.settle(pending, wait_s):
-            return error
-        try:
-            checker.verify(pending)
-        except MismatchError as mismatch:
-            return mismatch
-        except Exception:
-            pass
-        return error
-
-    def _on_mismatch(self, pending: PendingCheck) -> None:
-        """The checker saw the ranks disagree (on gloo's thread): stop this operation's data
-        stages now, which may be waiting for peers busy with something else."""
-        self._mismatch = pending
-        try:
-            self._local.abort()  # its waiters on this node stop too
-        except Exception:
-            pass
-
-    def _timed_out(self, work: AsyncWork, limit: float) -> BaseException:
-        """A wait() on `work` ran out of time: the group fails (its sub-groups are aborted, so
-        the executor's stage stops too)."""
-        what = f"{work.op_name} seq {work.seq}"
-        error = dist.DistBackendError(
-            f"spyreccl: {what} did not complete within {limit:g} s on {self._label()} "
-            f"(the group timeout, or the wait's); the group is aborted"
-        )
-        # The Work carries the timeout before the aborts below make its running stage fail
-        # with an error of its own.
-        work.fail(error)
-        if self._failed is None:
-            self._failed = f"{what} timed out"
-        self._stop(f"{what} timed out")
-        self._abort_children()
-        # The other ranks may wait for this one in a stage it will not finish: they stop on
-        # the published failure instead of waiting for their own timeout.
-        self._board.publish(
-            work.op_name, work.seq, f"a wait() ran out after {limit:g} s; the group was aborted"
-        )
-        self._board.report()  # not silent: the others need not wait for this rank's report
-        return error
-
-    def _fail(self, op_name: str, seq: int, error: BaseException) -> RuntimeError:
-        first = self._failed is None
-        self._failed = self._failed or f"{op_name} seq {seq}"
-        mismatch = self._mismatch
-        mismatched = isinstance(error, MismatchError) or (
-            mismatch is not None and mismatch.message is not None
-        )
-        if first and not mismatched and not isinstance(error, PeerFailure):
-            # Published before the aborts below, so that a rank of this node that they stop
-            # finds this failure as the cause (see _published_cause).
-            self._board.publish(op_name, seq, error)
-        # This node's ranks that wait for this one in an on-node stage fail at once (the
-        # core reports the abort to them), the other nodes' through the published failure.
-        self._abort_children()
-        if isinstance(error, MismatchError):
-            return error  # every rank sees a mismatch in the exchange: nothing to publish
-        if mismatch is not None and mismatch.message is not None:
-            # A stage stopped because the checker aborted it: the mismatch is the cause.
-            return MismatchError(mismatch.message)
-        if not first:
-            return dist.DistBackendError(
-                f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}"
-            )
-        silent = self._who_failed()
-        # The failure that started it all, when this rank's error is a consequence of it (a
-        # stage aborted by a peer, a gloo error because a peer gave up, or what this rank's
-        # exchange saw on gloo's thread): a store lookup, on the failure path only.
-        record = self._board.published()
-        origin = ""
-        if (
-            record is not None
-            and not isinstance(error, PeerFailure)  # that one names it already
-            and record["error"].removesuffix("...") not in " ".join(str(error).split())
-        ):
-            origin = f"; first failure reported: {FailureBoard.describe(record)}"
-        return dist.DistBackendError(
-            f"spyreccl: {op_name} seq {seq} failed on {self._label()}: {error}{silent}{origin}"
-        )
-
-    def _who_failed(self) -> str:
-        """Which ranks did not fail along: every rank that sees the group fail says so in
-        the store and waits a moment for the others. The aborts and the published failure
-        (failures.py) make the failure reach every live rank within a fraction of a second,
-        so the ranks that stay silent are the dead (or stuck) ones. gloo's errors name a
-        socket address and the node's spyreccl names local ranks; this names group ranks.
-        Best effort: the store may be gone with the failed process."""
-        topo = self._topo
-        window = min(self._failure_window_s, self._timeout.total_seconds())
-        silent = self._board.silent_ranks(window)
-        if not silent:
-            return ""
-        names = ", ".join(f"rank {r} (node {topo.node_of[r]})" for r in silent)
-        return (
-            f"; ranks that did not report this failure within {window:g} s (failed, or "
-            f"stuck elsewhere): {names}"
-        )
-
-    def _children(self) -> tuple[Any, ...]:
-        """The sub-groups (None where this rank has none)."""
-        return (
-            self._local,
-            self._check_local,
-            self._cross,
-            self._flat,
-            self._check_group,
-            self._check_leaders,
-        )
-
-    def _abort_children(self) -> None:
-        for child in self._children():
-            if child is None:
-                continue
-            try:
-                child.abort()
-            except Exception:
-                pass
-
-    @staticmethod
-    def _wait(work: Any) -> None:
-        """Waits for an on-node (spyreccl) stage: aborting the node's group stops it."""
-        if work is not None:
-            work.wait()
-
-    def _gloo(self, post: Callable[[], Any]) -> None:
-        """Posts a gloo stage (`post` returns its Work, see _post_gloo) and waits for it."""
-        self._wait_gloo_work(self._post_gloo(post))
-
-    def _post_gloo(self, post: Callable[[], Any]) -> Any:
-        """Posts a gloo stage and returns its Work. The first gloo stage of an operation
-        waits for the operation's fingerprints first: a rank posts gloo operations only once
-        every rank was seen to call the same collective, so a mismatch never leaves a gloo
-        operation that no peer will match (gloo cannot cancel one: it would stay pending
-        until gloo's timeout). The on-node stages before it overlap the exchange. A stage
-        is never started once the group was stopped (an expired wait() on this group's
-        Work, abort()): the check comes before post(), since the peers would complete a
-        posted stage with this rank's data (the check exchange may complete after the group
-        stopped, within one slice of its wait)."""
-        if self._gate is not None:
-            pending, self._gate = self._gate, None
-            self._checker.verify(pending, before_stage=True)
-        if self._stopped is not None:
-            raise RuntimeError(f"stopped before a stage: {self._stopped}")
-        return post()
-
-    def _wait_gloo_work(self, work: Any) -> None:
-        """Waits for a gloo Work in gloo's own blocking wait (the GIL is released; gloo's
-        timeout, the group's, bounds it), in slices (failures.wait_sliced): between slices
-        it stops when another rank published a failure of the group or this group was
-        stopped, instead of waiting for gloo's timeout. The Work stays pending (gloo cannot
-        cancel it; see shutdown). Waking through the Work's future instead cost two GIL
-        hand-offs and a condition wake-up per stage: an 8-byte flat all_reduce took 618 us
-        against gloo's 304 on an idle 16-core machine; a sliced wait is gloo's wait."""
-
-        def between() -> None:
-            why = None
-            if self._stopped is not None:
-                why = RuntimeError(f"stopped while waiting for a gloo stage: {self._stopped}")
-            else:
-                why = self._published_cause(None)
-            if why is not None:
-                self._abandon(work)
-                raise why
-
-        wait_sliced(work, between)
-
-    def _published_cause(self, error: BaseException | None) -> BaseException | None:
-        """The failure another rank published, as the reason this rank stopped waiting
-        (PeerFailure); `error` when none was published."""
-        record = self._board.published()
-        if record is None:
-            return error
-        return PeerFailure(f"stopped waiting for the other ranks: {FailureBoard.describe(record)}")
-
-    def _abandon_stages(self, stages: Sequence[_Stage]) -> None:
-        """Notes the posted gloo stages of an operation that failed on this rank (_abandon)."""
-        for stage in stages:
-            if stage.work is not None:
-                self._abandon(stage.work)
-
-    def _abandon(self, work: Any) -> None:
-        """Notes a gloo Work that this rank no longer waits for (see shutdown)."""
-        if work is None:
-            return  # a check that posted no gloo operation on this rank (node_check.py)
-        self._abandoned = [w for w in self._abandoned if not w.is_completed()]
-        if not work.is_completed():
-            self._abandoned.append(work)
-
-    def _on_exchange_error(self, pending: PendingCheck, error: BaseException) -> None:
-        """The control exchange of an operation failed on this rank (on gloo's thread): a
-        peer died, or gave up on the exchange. This rank may be waiting in an on-node stage
-        for a rank of its node that waits in a gloo stage for this rank's exchange data:
-        publish the failure (the gloo stage's waiter stops on it) and stop this rank's
-        on-node stage."""
-        if self._failed is not None or self._stopped is not None:
-            return
-        self._board.publish(pending.op_name, pending.mine[1], error)
-        try:
-            self._local.abort()
-        except Exception:
-            pass
-
-    def _stop(self, why: str) -> None:
-        """Marks the group stopped: no further gloo stage starts (see _post_gloo)."""
-        self._stopped = self._stopped or why
-
     def _is_local(self, peer: int) -> bool:
         return self._topo.node_of[peer] == self._topo.node
-
-    @staticmethod
-    def _on_spyre(tensors: Sequence[torch.Tensor]) -> bool:
-        return all(t.device.type == _SPYRE for t in tensors)
-
-    # -- building blocks -------------------------------------------------------------------
-
-    # The on-node stages that this thread waits for at once are posted as blocking calls
-    # (asyncOp False): spyreccl then runs them on this thread when its progress thread is
-    # idle, instead of handing each to that thread and being woken when it is done.
-
-    @staticmethod
-    def _rs_opts(op: Any, blocking: bool) -> Any:
-        opts = c10d.ReduceScatterOptions()
-        opts.reduceOp = op
-        opts.asyncOp = not blocking
-        return opts
-
-    @staticmethod
-    def _ag_opts(blocking: bool) -> Any:
-        opts = c10d.AllgatherOptions()
-        opts.asyncOp = not blocking
-        return opts
-
-    def _local_reduce_to_leader(self, t: torch.Tensor, op: Any, leader: int = 0) -> None:
-        if self._alone and _op_kind(op) != _RedOp.PREMUL_SUM:
-            # The node's only rank holds its node's part already (PREMUL_SUM's reduce still
-            # applies the factor).
-            return
-        opts = c10d.ReduceOptions()
-        opts.reduceOp = op
-        opts.rootRank = leader
-        opts.rootTensor = 0
-        opts.asyncOp = False
-        self._wait(self._local.reduce([t], opts))
-
-    def _local_broadcast(self, t: torch.Tensor, root: int) -> None:
-        if self._alone:
-            return  # nobody else on the node to receive it
-        opts = self._broadcast_opts.get(root)
-        if opts is None:  # made once per root: options cost microseconds to build
-            opts = self._broadcast_opts[root] = c10d.BroadcastOptions()
-            opts.rootRank = root
-            opts.rootTensor = 0
-            opts.asyncOp = False
-        self._wait(self._local.broadcast([t], opts))
-
-    def _cross_all_reduce(self, t: torch.Tensor, op: Any) -> None:
-        """All-reduces `t` (spyre or host) among this rank's cross group, through the host."""
-        self._finish_stage(self._start_cross_all_reduce(t, op))
-
-    def _start_cross_all_reduce(self, t: torch.Tensor, op: Any) -> _Stage:
-        """Posts the all_reduce of `t` among this rank's cross group (see _cross_all_reduce);
-        `t` holds the result once the returned stage is finished (_finish_stage)."""
-        if self._cross is None:
-            return _Stage(None, lambda: None)
-        nbytes = t.numel() * t.element_size()
-        size = self._cross.size()
-        if _exchange_ok(t.dtype, op) and size <= 8 and nbytes <= self._exchange_max_bytes:
-            self.cross_counts["exchange"] += 1
-            return self._start_exchange_reduce(self._cross, t, op)
-        self.cross_counts["ring"] += 1
-        return self._start_host_reduce(self._cross, t, op)
-
-    def _finish_stage(self, stage: _Stage) -> None:
-        """Waits for a posted gloo stage (see _wait_gloo_work) and completes its result."""
-        if stage.work is not None:
-            self._wait_gloo_work(stage.work)
-        stage.after()
-
-    def _start_exchange_reduce(self, group: Any, t: torch.Tensor, op: Any) -> _Stage:
-        """Posts the all_reduce of `t` over the gloo `group` by exchanging contributions:
-        one gloo all_to_all gives every rank every rank's host copy, which each combines in
-        group-rank order (the same bits everywhere). gloo's all_to_all is a direct exchange,
-        its all_reduce a ring of 2 (n - 1) steps: measured here with torch 2.13's gloo, 16
-        float64 took 90-118 us against 191-327 us between 2 ranks, 0.6-0.7 ms against
-        4.6-5.1 ms between 4 (docs/performance.md). Between 2 nodes it moves the same bytes
-        as the ring."""
-        host = self._staging.host(t)
-        n = group.size()
-        flat = host.reshape(-1)
-        sent = flat.unsqueeze(0).expand(n, -1).contiguous().reshape(-1)
-        got = torch.empty_like(sent)
-        splits = [flat.numel()] * n
-
-        def after() -> None:
-            # Combined straight into `host` (t's memory where it is a view): `sent` holds
-            # the contribution, so t may be overwritten.
-            _combine_in_order(list(got.view(n, -1).unbind(0)), op, out=flat)
-            self._staging.commit(t, host)
-
-        post = lambda: group.alltoall_base(got, sent, splits, splits, c10d.AllToAllOptions())  # noqa: E731
-        return _Stage(self._post_gloo(post), after)
-
-    def _host_reduce(self, group: Any, t: torch.Tensor, op: Any, root: int | None = None) -> None:
-        """All-reduces `t` (spyre or host, contiguous) over the gloo `group` in place, or
-        reduces it to `root`: then only the root's `t` holds the result, and the other
-        ranks' `t` is scratch (gloo's reduce may write partial results into its buffer;
-        callers reduce buffers of their own)."""
-        self._finish_stage(self._start_host_reduce(group, t, op, root))
-
-    def _start_host_reduce(
-        self, group: Any, t: torch.Tensor, op: Any, root: int | None = None
-    ) -> _Stage:
-        """Posts _host_reduce's gloo stage; `t` holds the result once it is finished."""
-        host = self._staging.host(t)
-        view, flip = _gloo_view(host, op)
-        if root is None:
-            opts = c10d.AllreduceOptions()
-            opts.reduceOp = op
-            post = lambda: group.allreduce([view], opts)  # noqa: E731
-        else:
-            ropts = c10d.ReduceOptions()
-            ropts.reduceOp = op
-            ropts.rootRank = root
-            ropts.rootTensor = 0
-            post = lambda: group.reduce([view], ropts)  # noqa: E731
-
-        def after() -> None:
-            if root is not None and group.rank() != root:
-                return
-            if flip:
-                view.bitwise_xor_(_SIGN_BIT)
-            self._staging.commit(t, host)
-
-        return _Stage(self._post_gloo(post), after)
 
     def _plan(self, op: Any, dtype: torch.dtype) -> _Plan:
         """The reduction plan of `op` on `dtype` (reduction.Plan; raises ValueError for what
@@ -1071,38 +698,6 @@ class HierarchicalProcessGroup(dist.ProcessGroup):
             if len(self._carried_calls) < 256:  # a training loop repeats a few shapes
                 self._carried_calls[key] = carried
         return carried
-
-    def _carry_capable(self, tensors: Sequence[torch.Tensor]) -> bool:
-        """Whether this rank's stage between the nodes for one tensor could travel in the
-        check's exchange at all (a leader of up to EXCHANGE_MAX_LEADERS, checking on)."""
-        checker = self._checker
-        return isinstance(checker, NodeChecker) and checker.carries and len(tensors) == 1
-
-    def _carrying(self) -> bool:
-        """Whether the running operation's check exchange waits for data to carry (it was
-        deferred for it: _carries, _carries_gather)."""
-        return NodeChecker.waiting_to_carry(self._gate)
-
-    def _carry(
-        self, payload: torch.Tensor | None, what: str, expected: Sequence[int] | None = None
-    ) -> list[torch.Tensor]:
-        """Sends `payload` (flat uint8 on the host, None: nothing) in this operation's check
-        exchange among the leaders and returns every leader's, in node order (only while
-        _carrying()). `expected`: the bytes each node's leader must have carried for the
-        operation `what`, the same calls on every rank (the check said so); other sizes mean
-        the group's settings differ between ranks (they must not: user guide)."""
-        if self._stopped is not None:
-            raise RuntimeError(f"stopped before a stage: {self._stopped}")  # as _post_gloo
-        pending, self._gate = self._gate, None
-        parts = self._checker.carry(pending, payload)
-        self.cross_counts["carried"] += 1
-        sizes = [part.numel() for part in parts]
-        if expected is not None and sizes != list(expected):
-            raise RuntimeError(
-                f"the leaders carried {sizes} bytes of the same {what}, expected "
-                f"{list(expected)}; SPYRECCL_MULTINODE_* settings must be the same on every rank"
-            )
-        return parts
 
     def _carry_cross(self, work: torch.Tensor, op: Any) -> bool:
         """The leaders' reduction of `work` in this operation's check exchange (_carry),
