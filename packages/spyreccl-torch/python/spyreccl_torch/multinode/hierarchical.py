@@ -50,12 +50,19 @@ torch lets a Python class act as a whole process group
 (``ProcessGroup`` subclasses, see torch's PyProcessGroup), not as a backend, so this class is
 what the backend creator returns for multi-node groups; single-node groups keep the plain C++
 ``ProcessGroupSpyreccl``.
+
+This module holds the group's construction, its dispatch of operations to the executor
+(_run), coalescing and its lifecycle (abort, shutdown); the class is assembled from one mixin
+per concern: the routes of the reductions (reduction_routes.py), of broadcast, all_gather,
+gather and scatter (gather_routes.py) and of all_to_all (all_to_all.py), send and recv
+(point_to_point.py), split_group (splitting.py), the stages they are built from (stages.py)
+and the failure handling (failure_handling.py). The settings read from the environment are
+in settings.py.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import os
 import threading
 import time
@@ -75,66 +82,29 @@ from .gather_routes import GatherRoutes
 from .gloo_groups import gloo_group
 from .node_check import NodeChecker
 from .pipeline import agree_chunk_bytes, proposed_chunk_bytes
+from .point_to_point import PointToPoint
 from .reduction import Plan as _Plan
 from .reduction_routes import ReductionRoutes
+from .settings import (
+    CHECK_ENV,
+    DEFAULT_EXCHANGE_MAX_BYTES,
+    DEFAULT_FLAT_MAX_BYTES,
+    DEFAULT_SHARDED_MIN_BYTES,
+    EXCHANGE_MAX_BYTES_ENV,
+    FAILURE_WINDOW_ENV,
+    FLAT_MAX_BYTES_ENV,
+    SHARDED_MIN_BYTES_ENV,
+    _timeout_of,
+    _yield_ns_from_env,
+)
+
+# Read from here by importers of this module (the tests among them).
+from .settings import YIELD_NS_ENV as YIELD_NS_ENV
+from .splitting import Splitting
 from .stages import _SPYRE, Stages
 from .staging import HostStaging, zero_copy_available
 from .topology import Topology
 from .works import AsyncWork, ThenWork
-
-# Operations of at least this many bytes (a reduction's buffer after widening, a gather's
-# output) take the sharded route when the nodes hold the same number of ranks; smaller ones
-# the leader route.
-SHARDED_MIN_BYTES_ENV = "SPYRECCL_MULTINODE_SHARDED_MIN_BYTES"
-DEFAULT_SHARDED_MIN_BYTES = 256 * 1024
-
-# Reductions of at most this many bytes (after widening) skip the hierarchy: one gloo
-# all_reduce (or reduce, reduce_scatter) over every rank on host copies (the "flat" route).
-# 0, the default, turns it off: reductions below the sharded bound take the leader route.
-# Measured (docs/performance.md, "Multiple nodes: small-message routes and the check"): on
-# an idle 16-core machine (a core per rank) the leader route took less time than the flat
-# one at every size from 8 B to 64 KiB, with the mismatch check and without it (8 B: 711
-# vs 830 us with it); with 4 ranks on this project's 2-CPU VM, spyreccl-bench --nodes 2
-# --nproc 2 gave the leader route 1.4-1.7 ms (once 3.8) against the flat one's 2.3-9.2 ms
-# from 8 B to 32 KiB (two interleaved runs each, load 4), and the interleaved latency
-# harness gave mixed results within its noise. On real servers the leader route sends one
-# message per node between nodes, the flat route one per rank. The flat route used to be
-# the default up to 64 KiB (from the 2-CPU latency runs, and) because the leader route
-# failed slowly: a leader that failed in an on-node stage left the other node's leader
-# waiting in the cross-node stage until gloo's timeout. Failures now reach every stage
-# within moments (failures.py), on every route.
-FLAT_MAX_BYTES_ENV = "SPYRECCL_MULTINODE_FLAT_MAX_BYTES"
-DEFAULT_FLAT_MAX_BYTES = 0
-
-# Reductions between nodes of at most this many bytes (each rank's part; 0 turns it off)
-# are done by an exchange: one gloo all_to_all gives every rank every part, which it
-# combines in order (a direct exchange instead of gloo's ring all_reduce), between at most 8
-# nodes. Read when a group is created.
-EXCHANGE_MAX_BYTES_ENV = "SPYRECCL_MULTINODE_EXCHANGE_MAX_BYTES"
-DEFAULT_EXCHANGE_MAX_BYTES = 64 * 1024
-
-# "0" turns off the check that all ranks called the same collective (fingerprint.py); on by
-# default. Read when a group is created.
-CHECK_ENV = "SPYRECCL_MULTINODE_CHECK"
-
-# How long a rank that saw an operation fail waits for the other ranks to say they saw it
-# too, to name the ones that did not (see _who_failed).
-FAILURE_WINDOW_ENV = "SPYRECCL_MULTINODE_FAILURE_WINDOW_S"
-
-# How long a rank other than the leader yields the CPU before it sleeps (ns, the core's
-# yield phase) while it waits for the outcome of the leaders' exchange before its own gloo
-# stage (node_check.py): the leader may not have it before the leaders' whole round trip
-# over gloo and the network, and yielding all that time keeps CPUs busy that gloo's threads
-# and the leaders need when ranks share CPUs. Only that wait: the node's other waits are
-# short rendezvous, where yielding hands a shared CPU to the peer about to arrive (a short
-# phase for the whole control group made small leader-route operations up to 1.6x slower).
-# With 2 x 2 ranks on 2 CPUs, 50000 made all_to_all with split sizes 1.3-1.5x faster and
-# the sharded all_gather of 512 KiB 1.7x slower (the woken rank's gloo stage is on the
-# critical path), so the default stays the group's own (the core's 2 ms): -1.
-# docs/performance.md, "Ranks that wait for the outcome". Read when a group is created.
-YIELD_NS_ENV = "SPYRECCL_MULTINODE_YIELD_NS"
-DEFAULT_YIELD_NS = -1
-
 
 # The groups of this process that are still alive, for shut_down_live_groups.
 _LIVE: weakref.WeakSet[HierarchicalProcessGroup] = weakref.WeakSet()
@@ -162,45 +132,6 @@ def _release_later(held: list[Any], seconds: float) -> None:
     held.clear()
 
 
-class _BackendView:
-    """What ``pg._get_backend(device)`` returns for a hierarchical group. torch's Python code
-    asks a group's backend whether it can split (init_process_group(device_id=...) then
-    connects eagerly, and split_group is allowed), for its options and sequence numbers.
-    Everything is connected when the group is built, so eager connection is a no-op."""
-
-    supports_splitting = True
-    supports_coalescing = False
-    supports_time_estimate = False
-
-    def __init__(self, pg: HierarchicalProcessGroup) -> None:
-        self._pg = pg
-
-    def name(self) -> str:
-        return "spyreccl"
-
-    @property
-    def options(self) -> Any:
-        return self._pg._options
-
-    def eager_connect_single_device(self, device: Any) -> None:
-        pass
-
-    def perform_nocolor_split(self, device: Any) -> None:
-        pass
-
-    def _set_sequence_number_for_group(self) -> None:
-        pass
-
-    def _get_sequence_number_for_group(self) -> int:
-        return self._pg._seq
-
-    def rank(self) -> int:
-        return self._pg.rank()
-
-    def size(self) -> int:
-        return self._pg.size()
-
-
 def _without_grad(body: Callable[[], Any]) -> Any:
     """body() with autograd off (grad mode is per thread: the caller's does not apply);
     torch.no_grad() as a context manager costs microseconds per small operation."""
@@ -213,32 +144,15 @@ def _without_grad(body: Callable[[], Any]) -> Any:
         torch._C._set_grad_enabled(True)
 
 
-def _yield_ns_from_env() -> int:
-    """SPYRECCL_MULTINODE_YIELD_NS as a number of ns (or -1), checked when a group is
-    created rather than at the first wait it applies to."""
-    text = os.environ.get(YIELD_NS_ENV, "").strip()
-    if not text:
-        return DEFAULT_YIELD_NS
-    try:
-        value = int(text)
-    except ValueError:
-        value = -2
-    if value < -1:
-        raise ValueError(
-            f"spyreccl: {YIELD_NS_ENV}={text!r}: expected a number of nanoseconds (>= 0), or "
-            "-1 for the core's default"
-        )
-    return value
-
-
-def _timeout_of(timeout: Any) -> datetime.timedelta:
-    if isinstance(timeout, datetime.timedelta):
-        return timeout
-    return datetime.timedelta(seconds=float(timeout))
-
-
 class HierarchicalProcessGroup(
-    ReductionRoutes, GatherRoutes, AllToAllRoutes, Stages, FailureHandling, dist.ProcessGroup
+    ReductionRoutes,
+    GatherRoutes,
+    AllToAllRoutes,
+    PointToPoint,
+    Splitting,
+    Stages,
+    FailureHandling,
+    dist.ProcessGroup,
 ):
     """See the module docstring. Built by spyreccl_torch's backend creator when a group's
     ranks are on more than one node."""
@@ -448,7 +362,7 @@ class HierarchicalProcessGroup(
             f"{self._topo.size}, {len(self._topo.nodes)} nodes)"
         )
 
-    # -- plumbing ------------------------------------------------------------------------
+    # -- dispatch ------------------------------------------------------------------------
 
     def _label(self) -> str:
         return (
@@ -546,9 +460,6 @@ class HierarchicalProcessGroup(
             work.wait()  # rejected arguments: raised on the calling thread
         return work
 
-    def _is_local(self, peer: int) -> bool:
-        return self._topo.node_of[peer] == self._topo.node
-
     def barrier(self, opts: Any = None) -> dist.Work:
         def body() -> list[torch.Tensor]:
             # The control exchange over every rank is the barrier: a rank's all_reduce
@@ -558,98 +469,6 @@ class HierarchicalProcessGroup(
             return []
 
         return self._run("barrier", body, (), opts, exchange=True)
-
-    # -- point to point --------------------------------------------------------------------
-
-    def _p2p_error(self, what: str) -> Callable[[BaseException], BaseException]:
-        def describe(error: BaseException) -> BaseException:
-            self._failed = what
-            return RuntimeError(f"spyreccl: {what} failed on {self._label()}: {error}")
-
-        return describe
-
-    def _post(self, what: str, post: Callable[[], Any]) -> tuple[AsyncWork, Callable[[], list]]:
-        """Posts a point-to-point transfer through the executor, so that it reaches its
-        sub-group after every collective issued before it (the peer issues them in the same
-        order); posting does not wait for the transfer. Returns the posting's Work and a
-        getter for the posted Work."""
-        posted: list[Any] = []
-        work = AsyncWork(what, self._p2p_seq, self._timeout, self._timed_out)
-
-        def job() -> None:
-            try:
-                posted.append(post())
-            except Exception as error:
-                work.fail(error)
-                return
-            work.complete(None)
-
-        self._executor.submit(job, inline_ok=True)
-        return work, lambda: posted
-
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
-        if not self._on_spyre(tensors):
-            return self._flat.send(tensors, dst, tag)
-        self._p2p_seq += 1
-        keep: list[torch.Tensor] = []
-        if self._is_local(dst):
-            where = "on the node"
-
-            def post() -> Any:
-                return self._local.send(tensors, self._topo.local_rank_of[dst], tag)
-        else:
-            where = "between nodes"
-
-            def post() -> Any:
-                # gloo reads it until the send completes (a view keeps the spyre memory).
-                keep.append(self._staging.host_bytes(tensors[0]))
-                return self._flat.send(keep[-1:], dst, tag)
-
-        what = f"send seq {self._p2p_seq} to rank {dst} (tag {tag}, {where})"
-        posting, posted = self._post(what, post)
-        work = ThenWork(
-            posted, None, tensors, keep=keep, describe=self._p2p_error(what), before=[posting]
-        )
-        if self._coalesced is not None:
-            self._coalesced.append(work)
-        return work
-
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
-        if not self._on_spyre(tensors):
-            return self._flat.recv(tensors, src, tag)
-        self._p2p_seq += 1
-        t = tensors[0]
-        after: Callable[[], None] | None = None
-        host: torch.Tensor | None = None
-        if self._is_local(src):
-            where = "on the node"
-
-            def post() -> Any:
-                return self._local.recv(tensors, self._topo.local_rank_of[src], tag)
-        else:
-            where = "between nodes"
-            host = self._staging.host_bytes(t, fill=False)
-
-            def post() -> Any:
-                return self._flat.recv([host], src, tag)
-
-            def after() -> None:
-                self._staging.commit(t, host)
-
-        what = f"recv seq {self._p2p_seq} from rank {src} (tag {tag}, {where})"
-        posting, posted = self._post(what, post)
-        work = ThenWork(
-            posted, after, tensors, keep=host, describe=self._p2p_error(what), before=[posting]
-        )
-        if self._coalesced is not None:
-            self._coalesced.append(work)
-        return work
-
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
-        raise RuntimeError(
-            f"spyreccl: recv from any source (dist.recv without src) is not supported on "
-            f"{self._label()}, whose ranks span several nodes; name the sender"
-        )
 
     # -- coalescing: every operation above is queued (or posted) when issued, so a batch only
     # has to collect the Works and wait for all of them at its end.
@@ -662,59 +481,6 @@ class HierarchicalProcessGroup(
     def _end_coalescing(self, device: torch.device) -> dist.Work:
         works, self._coalesced = self._coalesced or [], None
         return ThenWork(works)
-
-    # -- what torch's Python code asks of a group's backend, and split_group ---------------
-
-    def _get_backend(self, device: Any) -> _BackendView:
-        return _BackendView(self)
-
-    def split_group(
-        self,
-        ranks: Sequence[int],
-        timeout: Any = None,
-        opts: Any = None,
-        group_name: str | None = None,
-        group_desc: str | None = None,
-        device_types: Any = None,
-    ) -> dist.ProcessGroup | None:
-        """dist.split_group: collective over this group. Members get a plain spyreccl group
-        when their ranks are on one node, else a hierarchical one; both are built from this
-        group's topology (no exchange) in a store namespace of their own."""
-        from .. import _C
-
-        self._splits += 1
-        ranks = sorted(int(r) for r in ranks)
-        me = self._topo.rank
-        if me not in ranks:
-            return None
-        name = group_name or f"{self._name}/split{self._splits}"
-        # The split count and the members key the store: torch names splits after their
-        # ranks only, so a re-split of the same ranks would meet the previous one's keys,
-        # and the sibling groups of one split must not meet each other's.
-        members = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:16]
-        store = dist.PrefixStore(f"spyreccl/split{self._splits}/{members}/", self._store)
-        node_ids = [self._topo.node_ids[self._topo.node_of[r]] for r in ranks]
-        topo = Topology.from_node_ids(ranks.index(me), node_ids)
-        global_ranks = [self._global_ranks[r] for r in ranks]
-        options = (
-            opts.__copy__()
-            if isinstance(opts, _C.ProcessGroupSpyreccl.Options)
-            else self._options.__copy__()
-        )
-        options.timeout = _timeout_of(timeout) if timeout is not None else self._timeout
-        options.group_name = name
-        options.global_ranks_in_group = global_ranks
-        if not topo.single_node:
-            return HierarchicalProcessGroup(
-                store, topo, options, name, global_ranks, options.timeout
-            )
-        backend = _C.ProcessGroupSpyreccl(store, topo.rank, topo.size, options)
-        pg = dist.ProcessGroup(store, topo.rank, topo.size)
-        backend_type = dist.ProcessGroup.BackendType.CUSTOM
-        pg._register_backend(torch.device(_SPYRE), backend_type, backend)
-        pg._set_default_backend(backend_type)
-        pg._set_group_name(name)
-        return pg
 
     # -- lifecycle -------------------------------------------------------------------------
 
