@@ -130,7 +130,7 @@ class AllToAllRoutes:
         node), the leaders exchange what their node sends to the others in the check's frame
         (_carry), and each leader broadcasts what its node received. Otherwise the check's
         round trip among the leaders and the outcome come first, then one gloo all_to_all
-        over every rank (on the 2-CPU VM 2.8 ms against gloo's 1.2 ms for 8 bytes a pair:
+        over every rank (on a 2-core machine 2.8 ms against gloo's 1.2 ms for 8 bytes a pair:
         docs/performance.md, "Small all_to_all in the check")."""
         topo = self._topo
         world, me = topo.size, topo.rank

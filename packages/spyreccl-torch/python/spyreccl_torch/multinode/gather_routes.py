@@ -218,7 +218,7 @@ class GatherRoutes:
         ]
         # The on-node stages run on this thread (blocking calls) while gloo's thread moves
         # the blocks between the nodes: 5-22 % less time at 1-16 MiB than handing them to
-        # spyreccl's progress thread, on the 2-CPU VM (two alternated runs).
+        # spyreccl's progress thread, on a 2-core machine (two alternated runs).
         opts = self._ag_opts(blocking=True)
         try:
             self._wait(self._local._allgather_base(node_blocks[topo.node], own, opts))

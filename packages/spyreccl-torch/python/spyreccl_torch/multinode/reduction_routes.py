@@ -371,7 +371,7 @@ class ReductionRoutes:
         parts = [mine[k * n : (k + 1) * n] for k in range(nodes)]
         # Every region's on-node stage is queued at once (spyreccl's progress thread runs them
         # back to back) while gloo's thread reduces the regions done. Running them on this
-        # thread instead was 8 % slower at 16 MiB on the 2-CPU VM (two alternated runs).
+        # thread instead was 8 % slower at 16 MiB on a 2-core machine (two alternated runs).
         scatters = [
             self._local._reduce_scatter_base(
                 parts[k],
