@@ -303,7 +303,7 @@ class NodeChecker:
         """Receives the leader's outcome. `waits_long`: before this rank's own gloo stage,
         where the leader may not have it before the leaders' whole round trip; that wait
         sleeps after outcome_yield_ns of yielding instead of the group's (see
-        hierarchical.YIELD_NS_ENV)."""
+        settings.YIELD_NS_ENV)."""
         if pending.failure is not None:
             raise pending.failure
         if pending.received:

@@ -1,4 +1,4 @@
-"""Chunked, overlapped stages for the sharded routes of large reductions (hierarchical.py).
+"""Chunked, overlapped stages for the sharded routes of large reductions (reduction_routes.py).
 
 A sharded all_reduce is three stages: reduce-scatter on the node (spyreccl), all_reduce of
 each rank's shard between the nodes (gloo), all-gather on the node (spyreccl). Run one after
