@@ -48,6 +48,11 @@ uint64_t SpyreGeneratorImpl::seed() {
 // work under any active dispatch mode (FakeTensorMode, LocalTensorMode), where a
 // dispatched op would be intercepted and a dispatched empty() would come back fake.
 void SpyreGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
+  // A fake (or other Python subclass) tensor reports a CPU device but has no
+  // host data to read.
+  TORCH_CHECK(!new_state.key_set().has(c10::DispatchKey::Python),
+              "spyre set_rng_state: expected a real CPU torch.uint8 tensor, got a tensor "
+              "subclass (a FakeTensor or another Python tensor), which holds no host data");
   TORCH_CHECK(new_state.layout() == c10::kStrided && new_state.device().type() == c10::kCPU &&
                   new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>() &&
                   new_state.is_contiguous(),
