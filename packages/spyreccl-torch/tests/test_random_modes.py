@@ -320,5 +320,5 @@ def test_local_tensor_mode_dtensor_program_on_spyre_equals_cpu(rank_pool):
     # The row-sharded init is the unsharded tensor: each rank drew its part of the stream.
     assert spyre["init_local_rows"] == [3, 3, 1]
     assert torch.equal(spyre["init"], unsharded)
-    assert len(set(spyre["init"].flatten().tolist())) == 28
+    assert not torch.equal(spyre["init"][:3], spyre["init"][3:6])  # not one draw per shard
     assert _seed_offset(spyre["generator_after"]) == [seed, 28]

@@ -39,6 +39,8 @@ __all__ = [
 
 # Device count, current device and argument parsing, shared with _memory and _random.
 from ._devices import _device_index, _DeviceLike, current_device, device_count
+
+# torch calls torch.spyre._lazy_init() before the first spyre tensor (see _local_rank).
 from ._local_rank import _lazy_init
 
 # Memory statistics and device properties (torch.spyre.memory_allocated, ...).
