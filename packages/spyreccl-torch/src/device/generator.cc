@@ -1,9 +1,9 @@
 #include "generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Utils.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
@@ -43,8 +43,17 @@ uint64_t SpyreGeneratorImpl::seed() {
   return fresh;
 }
 
+// get_state and set_state run no torch operator on the state tensor (as CUDA's
+// generator): torch.spyre.get_rng_state / set_rng_state, which call them, must
+// work under any active dispatch mode (FakeTensorMode, LocalTensorMode), where a
+// dispatched op would be intercepted and a dispatched empty() would come back fake.
 void SpyreGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
-  TORCH_CHECK(new_state.device().type() == c10::kCPU &&
+  // A fake (or other Python subclass) tensor reports a CPU device but has no
+  // host data to read.
+  TORCH_CHECK(!new_state.key_set().has(c10::DispatchKey::Python),
+              "spyre set_rng_state: expected a real CPU torch.uint8 tensor, got a tensor "
+              "subclass (a FakeTensor or another Python tensor), which holds no host data");
+  TORCH_CHECK(new_state.layout() == c10::kStrided && new_state.device().type() == c10::kCPU &&
                   new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>() &&
                   new_state.is_contiguous(),
               "spyre set_rng_state: expected a contiguous CPU torch.uint8 tensor, got ",
@@ -59,7 +68,8 @@ void SpyreGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
 }
 
 c10::intrusive_ptr<c10::TensorImpl> SpyreGeneratorImpl::get_state() const {
-  at::Tensor state = at::empty({kRngStateBytes}, at::TensorOptions().dtype(at::kByte));
+  // The CPU allocator directly, not the dispatched at::empty.
+  at::TensorBase state = at::detail::empty_cpu({kRngStateBytes}, at::kByte);
   auto* bytes = state.data_ptr<uint8_t>();
   std::memcpy(bytes, &state_->seed, sizeof(uint64_t));
   std::memcpy(bytes + sizeof(uint64_t), &state_->offset, sizeof(uint64_t));

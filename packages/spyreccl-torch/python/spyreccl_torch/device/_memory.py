@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import spyre_module
+from ._devices import _device_index, _DeviceLike
 
 __all__ = [
     "SpyreDeviceProperties",
@@ -51,13 +51,9 @@ class SpyreDeviceProperties:
     type: str = "spyre"
 
 
-def _index(device: spyre_module._DeviceLike) -> int:
-    return spyre_module._device_index(device)
-
-
-def get_device_properties(device: spyre_module._DeviceLike = None) -> SpyreDeviceProperties:
+def get_device_properties(device: _DeviceLike = None) -> SpyreDeviceProperties:
     """Properties of ``device`` (default: the current spyre device)."""
-    index = _index(device)
+    index = _device_index(device)
     _free, total = torch._C._accelerator_getMemoryInfo(index)
     return SpyreDeviceProperties(
         name=DEVICE_NAME,
@@ -67,44 +63,44 @@ def get_device_properties(device: spyre_module._DeviceLike = None) -> SpyreDevic
     )
 
 
-def get_device_name(device: spyre_module._DeviceLike = None) -> str:
+def get_device_name(device: _DeviceLike = None) -> str:
     """Name of ``device`` (default: the current spyre device)."""
     return get_device_properties(device).name
 
 
-def memory_stats(device: spyre_module._DeviceLike = None) -> OrderedDict[str, Any]:
+def memory_stats(device: _DeviceLike = None) -> OrderedDict[str, Any]:
     """The allocator's statistics for ``device``, keyed as ``torch.cuda.memory_stats``."""
-    return torch.accelerator.memory_stats(_index(device))
+    return torch.accelerator.memory_stats(_device_index(device))
 
 
-def memory_allocated(device: spyre_module._DeviceLike = None) -> int:
+def memory_allocated(device: _DeviceLike = None) -> int:
     """Bytes of spyre memory held by live tensors on ``device``."""
     return int(memory_stats(device).get("allocated_bytes.all.current", 0))
 
 
-def max_memory_allocated(device: spyre_module._DeviceLike = None) -> int:
+def max_memory_allocated(device: _DeviceLike = None) -> int:
     """Peak of :func:`memory_allocated` since start or :func:`reset_peak_memory_stats`."""
     return int(memory_stats(device).get("allocated_bytes.all.peak", 0))
 
 
-def memory_reserved(device: spyre_module._DeviceLike = None) -> int:
+def memory_reserved(device: _DeviceLike = None) -> int:
     """Bytes the allocator holds from the system for ``device``."""
     return int(memory_stats(device).get("reserved_bytes.all.current", 0))
 
 
-def max_memory_reserved(device: spyre_module._DeviceLike = None) -> int:
+def max_memory_reserved(device: _DeviceLike = None) -> int:
     """Peak of :func:`memory_reserved` since start or :func:`reset_peak_memory_stats`."""
     return int(memory_stats(device).get("reserved_bytes.all.peak", 0))
 
 
-def reset_peak_memory_stats(device: spyre_module._DeviceLike = None) -> None:
+def reset_peak_memory_stats(device: _DeviceLike = None) -> None:
     """Makes every peak statistic of ``device`` equal to its current value."""
-    torch.accelerator.reset_peak_memory_stats(_index(device))
+    torch.accelerator.reset_peak_memory_stats(_device_index(device))
 
 
-def reset_accumulated_memory_stats(device: spyre_module._DeviceLike = None) -> None:
+def reset_accumulated_memory_stats(device: _DeviceLike = None) -> None:
     """Zeroes the cumulative (allocated/freed totals and event) statistics of ``device``."""
-    torch.accelerator.reset_accumulated_memory_stats(_index(device))
+    torch.accelerator.reset_accumulated_memory_stats(_device_index(device))
 
 
 def empty_cache() -> None:
@@ -112,7 +108,7 @@ def empty_cache() -> None:
     torch.accelerator.empty_cache()
 
 
-def mem_get_info(device: spyre_module._DeviceLike = None) -> tuple[int, int]:
+def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
     """(free, total) bytes of the host memory behind ``device``."""
-    free, total = torch.accelerator.get_memory_info(_index(device))
+    free, total = torch.accelerator.get_memory_info(_device_index(device))
     return int(free), int(total)

@@ -29,30 +29,23 @@ __all__ = [
     "device",
     "device_count",
     "device_of",
-    "get_rng_state",
-    "get_rng_state_all",
-    "initial_seed",
     "is_available",
     "is_initialized",
-    "manual_seed",
-    "manual_seed_all",
-    "seed",
-    "seed_all",
     "set_device",
-    "set_rng_state",
-    "set_rng_state_all",
     "set_stream",
     "stream",
     "synchronize",
 ]
 
-_DeviceLike = int | str | torch.device | None
+# Device count, current device and argument parsing, shared with _memory and _random.
+from ._devices import _device_index, _DeviceLike, current_device, device_count
 
-_U64 = 1 << 64
+# torch calls torch.spyre._lazy_init() before the first spyre tensor (see _local_rank).
+from ._local_rank import _lazy_init
 
 # Memory statistics and device properties (torch.spyre.memory_allocated, ...).
-from ._memory import *  # noqa: E402, F403
-from ._memory import __all__ as _memory_all  # noqa: E402
+from ._memory import *  # noqa: F403
+from ._memory import __all__ as _memory_all
 
 __all__ += _memory_all
 
@@ -61,10 +54,15 @@ __all__ += _memory_all
 # is. Without it, recomputed dropout would draw new masks from the spyre generator.
 _initialized = True
 
-# Default generators (see _random); _install_integrations() runs once the device is named.
+# Random state and default generators (see _random); _install_integrations() runs once the
+# device is named.
 from . import _attention, _fsdp, _random  # noqa: E402
 from ._import_hooks import after_import  # noqa: E402
-from ._random import _get_generator, default_generators  # noqa: E402, F401
+from ._random import *  # noqa: E402, F403
+from ._random import __all__ as _random_all  # noqa: E402
+from ._random import _get_generator  # noqa: E402, F401
+
+__all__ += _random_all
 
 
 def _install_integrations() -> None:
@@ -93,47 +91,6 @@ def _register_inductor() -> None:
     _inductor.register()
 
 
-def _ops() -> Any:
-    return torch.ops.spyreccl_device
-
-
-def _device_index(device: _DeviceLike, *, optional: bool = True) -> int:
-    """Index of ``device`` (int, "spyre[:i]", torch.device). ``None`` or an index-less
-    spyre device means the current device when ``optional`` is true."""
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != "spyre":
-            raise ValueError(f"expected a spyre device, got {device}")
-        device = device.index
-    if device is None:
-        if not optional:
-            raise ValueError("expected a spyre device index, got None")
-        return current_device()
-    if isinstance(device, bool) or not isinstance(device, int):
-        raise TypeError(f"expected a spyre device (int, str or torch.device), got {device!r}")
-    if device < 0:
-        if optional and device == -1:
-            return current_device()
-        raise ValueError(f"invalid spyre device index {device}")
-    if device >= device_count():
-        raise ValueError(
-            f"invalid spyre device index {device}: only {device_count()} emulated devices "
-            "(set SPYRECCL_SPYRE_DEVICE_COUNT to change)"
-        )
-    return device
-
-
-def _to_signed(seed: int) -> int:
-    """Maps a seed in [-2**63, 2**64) onto the int64 that the operator schema carries,
-    with the same wrap-around as torch.Generator.manual_seed."""
-    seed = int(seed)
-    if not -(1 << 63) <= seed < _U64:
-        raise RuntimeError(f"seed must be within [-2**63, 2**64), got {seed}")
-    seed %= _U64
-    return seed - _U64 if seed >= 1 << 63 else seed
-
-
 # --- device management --------------------------------------------------------------------
 
 
@@ -154,33 +111,16 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-# Validates LOCAL_RANK on first use (see _local_rank).
-from ._local_rank import _lazy_init  # noqa: E402
-
-_device_count: int | None = None
-
-
-def device_count() -> int:
-    """Number of emulated devices (``SPYRECCL_SPYRE_DEVICE_COUNT``, default 8)."""
-    # Fixed for the life of the process (the C++ side reads the variable once), so one
-    # operator call is enough; device validation runs on hot paths such as synchronize().
-    global _device_count
-    if _device_count is None:
-        _device_count = int(_ops().device_count())
-    return _device_count
-
-
-def current_device() -> int:
-    """Index of the calling thread's current spyre device (``LOCAL_RANK``'s until the
-    thread selects one)."""
-    _lazy_init()
-    return int(_ops().current_device())
-
-
 def set_device(device: _DeviceLike) -> None:
     """Sets the calling thread's current spyre device."""
     _lazy_init()
-    _ops().set_device(_device_index(device, optional=False))
+    _set_current(_device_index(device, optional=False))
+
+
+def _set_current(index: int) -> None:
+    # Through torch's accelerator API to the spyre device guard, as torch.cuda calls its
+    # runtime: no torch operator for a dispatch mode to intercept.
+    torch._C._accelerator_setDeviceIndex(index)
 
 
 def synchronize(device: _DeviceLike = None) -> None:
@@ -203,12 +143,12 @@ class device:
     def __enter__(self) -> device:
         self.prev_idx = current_device()
         if self.idx != -1 and self.idx != self.prev_idx:
-            _ops().set_device(self.idx)
+            _set_current(self.idx)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self.idx != -1 and self.idx != self.prev_idx:
-            _ops().set_device(self.prev_idx)
+            _set_current(self.prev_idx)
 
 
 class device_of(device):
@@ -297,57 +237,6 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 def _check_stream(stream: torch.Stream) -> None:
     if not isinstance(stream, torch.Stream) or stream.device.type != "spyre":
         raise ValueError(f"expected a spyre stream, got {stream!r}")
-
-
-# --- random state -------------------------------------------------------------------------
-
-
-def manual_seed(seed: int) -> None:
-    """Seeds the current device's default generator."""
-    _ops().manual_seed(current_device(), _to_signed(seed))
-
-
-def manual_seed_all(seed: int) -> None:
-    """Seeds the default generator of every spyre device."""
-    signed = _to_signed(seed)
-    for index in range(device_count()):
-        _ops().manual_seed(index, signed)
-
-
-def seed() -> None:
-    """Seeds the current device's default generator with a non-deterministic number."""
-    _ops().seed(current_device())
-
-
-def seed_all() -> None:
-    """Seeds every device's default generator with one non-deterministic number."""
-    value = int(_ops().seed(0))
-    for index in range(1, device_count()):
-        _ops().manual_seed(index, value)
-
-
-def initial_seed() -> int:
-    """The current device's default generator's seed."""
-    return int(_ops().initial_seed(current_device())) % _U64
-
-
-def get_rng_state(device: _DeviceLike = "spyre") -> torch.Tensor:
-    """State of ``device``'s default generator, as a CPU ``torch.uint8`` tensor."""
-    return _ops().get_rng_state(_device_index(device))
-
-
-def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "spyre") -> None:
-    """Restores ``device``'s default generator from :func:`get_rng_state` output."""
-    _ops().set_rng_state(_device_index(device), new_state.to("cpu", torch.uint8))
-
-
-def get_rng_state_all() -> list[torch.Tensor]:
-    return [get_rng_state(index) for index in range(device_count())]
-
-
-def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
-    for index, state in enumerate(new_states):
-        set_rng_state(state, index)
 
 
 # --- automatic mixed precision (see _amp) --------------------------------------------------
