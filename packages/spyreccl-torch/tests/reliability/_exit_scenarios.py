@@ -134,9 +134,11 @@ if RANK == 0:
 # -- 0. guarded callbacks while the interpreter is alive -------------------------------------
 # One on an operation that succeeds, one on an operation that times out (rank 1 never joins
 # the group `lonely`'s operation): each runs once, on gloo's thread, with None or the error.
-lonely = dist.ProcessGroupGloo(
-    dist.PrefixStore("lonely/", store), RANK, 2, datetime.timedelta(seconds=1)
-)
+# The group connects under the job's timeout (a loaded machine can take over a second to
+# connect); only the operation that rank 1 never joins has the short one.
+lonely = dist.ProcessGroupGloo(dist.PrefixStore("lonely/", store), RANK, 2, timeout)
+lonely_opts = dist.AllreduceOptions()
+lonely_opts.timeout = datetime.timedelta(seconds=1)
 gloo_ok = dist.ProcessGroupGloo(dist.PrefixStore("ok/", store), RANK, 2, timeout)
 t0 = mine.clone()
 if RANK == 0:
@@ -149,7 +151,7 @@ if RANK == 0:
 
         return record
 
-    spyreccl_torch._C._add_guarded_callback(lonely.allreduce([t0.clone()]), recorder("failed_cb"))
+    spyreccl_torch._C._add_guarded_callback(lonely.allreduce([t0.clone()], lonely_opts), recorder("failed_cb"))
     spyreccl_torch._C._add_guarded_callback(gloo_ok.allreduce([t0]), recorder("ok_cb"))
     _wait_for("ok_cb")
     _wait_for("failed_cb")
