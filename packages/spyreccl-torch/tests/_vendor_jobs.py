@@ -254,6 +254,19 @@ def job_routing() -> dict[str, Any]:
         result["vendor_calls"] = [op for op, _ in torch_spyre.CALLS[calls_before:]]
         result["routes"] = dict(pg.route_counts - routes_before)
         out[name] = result
+    # A sub-group of the same backend: built through the creator again, routing too.
+    sub = dist.new_group(backend="spyreccl_shm")
+    x = _inp("sub")
+    x_in = x.cpu()
+    calls_before = len(torch_spyre.CALLS)
+    dist.all_reduce(x, group=sub)
+    out["sub"] = {
+        "kind": _kind(sub),
+        "inputs": x_in,
+        "output": x.cpu(),
+        "vendor_calls": [op for op, _ in torch_spyre.CALLS[calls_before:]],
+        "routes": dict(sub.route_counts),
+    }
     dist.destroy_process_group()
     return out
 

@@ -243,6 +243,7 @@ _ROUTES: dict[str, tuple[str, str]] = {
     "funcol_reduce_scatter": ("spyreccl", "reduce_scatter_tensor_coalesced"),
     "funcol_all_gather": ("spyreccl", "allgather_into_tensor_coalesced"),
 }
+_CHANNEL = {name: channel for name, (channel, _) in _ROUTES.items()} | {"sub": "vendor"}
 
 
 def _check_reduction(ranks, name, op, dtype, world, seed, rank_filter=None) -> None:
@@ -250,7 +251,7 @@ def _check_reduction(ranks, name, op, dtype, world, seed, rank_filter=None) -> N
     expected = reference_reduce(inputs, op, dtype)
     # The stand-in vendor reduces with gloo, which rounds 16-bit floats after every partial
     # sum: its budget (ours rounds once; that is checked where ours runs).
-    tolerance = gloo_tolerance(dtype, world, op) if _ROUTES[name][0] == "vendor" else {}
+    tolerance = gloo_tolerance(dtype, world, op) if _CHANNEL[name] == "vendor" else {}
     for rank, saved in enumerate(ranks):
         if rank_filter is not None and rank != rank_filter:
             continue
@@ -298,6 +299,9 @@ def test_routing_completes_the_vendor_backend(
         both = {("allreduce", "spyreccl"): 1, ("allreduce", "vendor"): 1}
         assert job["async_max_then_sum"]["routes"] == both
         assert job["async_max_then_sum"]["vendor_calls"] == ["allreduce"]
+        assert job["sub"]["kind"] == "routing"
+        assert job["sub"]["routes"] == {("allreduce", "vendor"): 1}
+        assert job["sub"]["vendor_calls"] == ["allreduce"]
 
     f32, i64 = torch.float32, torch.int64
     _check_reduction(ranks, "all_reduce_sum", "sum", f32, world, seed)
@@ -310,6 +314,7 @@ def test_routing_completes_the_vendor_backend(
     _check_reduction(ranks, "reduce_sum", "sum", f32, world, seed, rank_filter=0)
     _check_reduction(ranks, "reduce_max", "max", f32, world, seed, rank_filter=world - 1)
     _check_reduction(ranks, "funcol_all_reduce", "sum", f32, world, seed)
+    _check_reduction(ranks, "sub", "sum", f32, world, seed)
 
     job = [saved["job"] for saved in ranks]
     inputs = {name: [j[name].get("inputs") for j in job] for name in job[0] if name != "kind"}
