@@ -228,11 +228,14 @@ def _repair_default_backend(pg) -> None:
     if not isinstance(pg, dist.ProcessGroup):
         return
     try:
-        # By type, not by name: a vendor's backend may call itself "spyreccl" too, and its
-        # groups are not ours to change.
-        if not isinstance(pg._get_backend(torch.device(DEVICE_TYPE)), _C.ProcessGroupSpyreccl):
-            return
+        backend = pg._get_backend(torch.device(DEVICE_TYPE))
     except RuntimeError:
+        return
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the backend in torch's consistency checker.
+    backend = getattr(backend, "wrapped_pg", backend)
+    # By type, not by name: a vendor's backend may call itself "spyreccl" too, and its
+    # groups are not ours to change.
+    if not isinstance(backend, _C.ProcessGroupSpyreccl):
         return
     try:
         pg._get_backend(torch.device("cpu"))
