@@ -210,6 +210,13 @@ def _routing_ops(pg: Any) -> dict[str, Callable[[], dict[str, Any]]]:
         y = funcol.reduce_scatter_tensor(x, "sum", 0, pg)
         return {"inputs": x.cpu(), "output": funcol.wait_tensor(y).cpu()}
 
+    def cpu_all_reduce() -> dict[str, Any]:
+        # "cpu:gloo,spyre:spyreccl_shm": torch hands CPU tensors to the routing group too.
+        x = _inp("cpu_all_reduce").cpu()
+        x_in = x.clone()
+        dist.all_reduce(x)
+        return {"inputs": x_in, "output": x}
+
     def funcol_all_gather() -> dict[str, Any]:
         x = _inp("funcol_all_gather", n=13)
         y = funcol.all_gather_tensor(x, 0, pg)
@@ -239,6 +246,7 @@ def _routing_ops(pg: Any) -> dict[str, Callable[[], dict[str, Any]]]:
         "funcol_all_reduce": funcol_all_reduce,
         "funcol_reduce_scatter": funcol_reduce_scatter,
         "funcol_all_gather": funcol_all_gather,
+        "cpu_all_reduce": cpu_all_reduce,
     }
 
 

@@ -242,6 +242,7 @@ _ROUTES: dict[str, tuple[str, str]] = {
     # torch's functional collectives call the tensor-coalesced forms with one tensor.
     "funcol_reduce_scatter": ("spyreccl", "reduce_scatter_tensor_coalesced"),
     "funcol_all_gather": ("spyreccl", "allgather_into_tensor_coalesced"),
+    "cpu_all_reduce": ("gloo", "allreduce"),
 }
 _CHANNEL = {name: channel for name, (channel, _) in _ROUTES.items()} | {"sub": "vendor"}
 
@@ -304,6 +305,7 @@ def test_routing_completes_the_vendor_backend(
         assert job["sub"]["vendor_calls"] == ["allreduce"]
 
     f32, i64 = torch.float32, torch.int64
+    assert all(saved["job"]["cpu_all_reduce"]["output"].device.type == "cpu" for saved in ranks)
     _check_reduction(ranks, "all_reduce_sum", "sum", f32, world, seed)
     _check_reduction(ranks, "all_reduce_sum_int64", "sum", i64, world, seed)
     _check_reduction(ranks, "all_reduce_sum_bfloat16", "sum", torch.bfloat16, world, seed)
@@ -315,6 +317,7 @@ def test_routing_completes_the_vendor_backend(
     _check_reduction(ranks, "reduce_max", "max", f32, world, seed, rank_filter=world - 1)
     _check_reduction(ranks, "funcol_all_reduce", "sum", f32, world, seed)
     _check_reduction(ranks, "sub", "sum", f32, world, seed)
+    _check_reduction(ranks, "cpu_all_reduce", "sum", f32, world, seed)
 
     job = [saved["job"] for saved in ranks]
     inputs = {name: [j[name].get("inputs") for j in job] for name in job[0] if name != "kind"}

@@ -179,9 +179,11 @@ def _on_registration(name: str, func: Any, devices: Any) -> None:
                 BACKEND_NAME,
                 OWN_BACKEND_NAME,
             )
-        if DEVICE_TYPE in (devices or ()) and not override_requested():
+        claims = DEVICE_TYPE in (devices or ()) and name.lower() != "fake"
+        if claims and not override_requested():
             # torch keeps the first backend registered for a device as its default; a
-            # package registering for spyre after us gets the default we took first.
+            # package registering for spyre after us gets the default we took first (not
+            # torch's "fake" test backend, which torch never lets claim a device either).
             dist.Backend.default_device_backend_map[DEVICE_TYPE] = name.lower()
 
 
