@@ -213,8 +213,8 @@ def _install_registration_watch() -> None:
             _log.debug("spyreccl_torch: registration watch failed: %r", error)
 
     register_backend._spyreccl_watch = True  # type: ignore[attr-defined]
-    # A staticmethod over the bound classmethod: callers use Backend.register_backend(...)
-    # (and torch's own code cls.register_backend), both reach the same function.
+    # A staticmethod in place of the classmethod: every caller writes
+    # dist.Backend.register_backend(name, func, ...), which reaches it with the same arguments.
     dist.Backend.register_backend = staticmethod(register_backend)  # type: ignore[method-assign]
 
 
