@@ -299,7 +299,8 @@ def demo(session: nox.Session) -> None:
 @nox.session(default=False)
 def docs(session: nox.Session) -> None:
     """Checks that runnable commands quoted in README.md and docs/ name existing sessions and
-    files (see ci/check_docs.py for the convention)."""
+    files, and that the docs name no tracker issues, work sessions or machines by how they were
+    obtained (see ci/check_docs.py). CI runs it through ci/test.sh."""
     import nox.registry
 
     names = sorted({name.split("(")[0] for name in nox.registry.get()})

@@ -1,4 +1,4 @@
-"""Checks the runnable commands quoted in README.md and docs/*.md.
+"""Checks the docs: runnable commands in README.md and docs/, and words the project does not use.
 
 Convention: a fenced code block whose info string contains the word `runnable`
 (```` ```bash runnable ````) holds commands a reader is told to run from the repository root.
@@ -8,6 +8,14 @@ For every such command this script checks, without running anything, that
 - `cd DIR` names an existing directory.
 Blocks without the marker are illustrations and are not checked. A repository whose docs
 contain no runnable block at all fails: the check would otherwise be vacuous.
+
+It also flags, in README.md, docs/**/*.md and CHANGELOG.md, words by which the project would
+speak of its tracker and its working conditions instead of itself: tracker issue numbers
+("#14", "issue 12"), work sessions ("session 14", "this session"), machines described by how
+they were obtained ("the lent machine", "the lease") and "the VM" (name a machine by what it
+is: cores, CPU model, memory bandwidth). Code is exempt: fenced blocks, `inline code` and link
+targets, so a quoted log line such as "message #4" stays as it is. A line that must keep such a
+word anyway ends with the comment <!-- check-docs: allow -->.
 """
 
 from __future__ import annotations
@@ -21,6 +29,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
 PATH_SUFFIXES = (".py", ".sh", ".md", ".toml", ".ini", ".txt", ".json")
+ALLOW_MARKER = "<!-- check-docs: allow -->"
+
+# (pattern, what it is); matched against prose with code spans and link targets removed.
+FORBIDDEN_WORDS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"(?<![\w/&#])#\d+\b"), "a tracker issue number"),
+    (
+        re.compile(r"\b(?:issues?|PR|pull request)\s+#?\d+\b", re.IGNORECASE),
+        "a tracker issue number",
+    ),
+    (re.compile(r"\bsessions?\s+\d+\b", re.IGNORECASE), "a work session"),
+    (
+        re.compile(
+            r"\b(?:this|that|the same|the previous|the next|an earlier|a later)\s+session\b",
+            re.IGNORECASE,
+        ),
+        "a work session",
+    ),
+    (
+        re.compile(
+            r"\blent\b(?:\s+[\w-]+){0,4}?\s+(?:machines?|VMs?|servers?)\b"
+            r"|\b(?:machines?|VMs?|servers?)\s+(?:(?:was|were|that was|that were)\s+)?lent\b"
+            r"|\b(?:the|a|its|this|that)\s+lease\b",
+            re.IGNORECASE,
+        ),
+        "a machine described by how it was obtained (say what it is: cores, CPU model, memory)",
+    ),
+    (
+        re.compile(r"\b(?:the|this|that|our)\s+(?:[\w-]+\s+){0,3}?VM(?:'s|s)?\b", re.IGNORECASE),
+        '"the VM" (say what the machine is: cores, CPU model, memory bandwidth)',
+    ),
+]
+CODE_SPAN = re.compile(r"(`+).*?\1")
+LINK_TARGET = re.compile(r"\]\([^)]*\)")
 
 
 def runnable_commands(path: Path) -> list[tuple[int, str]]:
@@ -48,6 +89,78 @@ def runnable_commands(path: Path) -> list[tuple[int, str]]:
         commands.append((number, pending + text))
         pending = ""
     return commands
+
+
+def prose_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) for each line of `path` outside fenced blocks, with inline code
+    spans and link targets blanked out and lines carrying ALLOW_MARKER dropped."""
+    lines: list[tuple[int, str]] = []
+    fence: str | None = None
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        m = FENCE.match(line)
+        if m and fence is None:
+            fence = m.group(2)
+            continue
+        if m and fence is not None and m.group(2).startswith(fence) and not m.group(3).strip():
+            fence = None
+            continue
+        if fence is not None:
+            continue
+        text = _blank_code(line)
+        if ALLOW_MARKER not in text:  # the marker itself, not a mention of it in code
+            lines.append((number, text))
+    return lines
+
+
+def _blank_code(line: str) -> str:
+    """`line` with inline code spans blanked and link targets emptied (columns kept)."""
+    return LINK_TARGET.sub("]()", CODE_SPAN.sub(lambda s: " " * len(s.group(0)), line))
+
+
+def forbidden_words(text: str) -> list[tuple[str, str]]:
+    """(the words found, what they are) for every forbidden word in one line of prose."""
+    return [(m.group(0), what) for pattern, what in FORBIDDEN_WORDS for m in pattern.finditer(text)]
+
+
+# The check checks itself first: a pattern that stopped matching would pass every doc.
+_MUST_FLAG = (
+    "fixed in issue #15",
+    "see #14 for the rest",
+    "the target of issue 12",
+    "measured in session 14",
+    "as this session found",
+    "on the lent 16-core Intel Xeon machine",
+    "the lease was spent",
+    "in the VM's fast phase",
+    "on the 2-CPU development VM",
+)
+_MUST_PASS = (
+    "allreduce seq 12 on 4 ranks",
+    "the nox session `docs` and the tests session",
+    "the session's pool for this world size",
+    "a host tensor lent to a CPU kernel",
+    "spyre tensors lent to the host's CPU kernels",
+    "a 2-vCPU AMD EPYC virtual machine",
+    "(performance.md#2-rank-sweep)",
+    "[the sweep](performance.md#2-rank-sweep)",
+    "`message #4` in a quoted log",
+    "C# and F#, &#8212;",
+)
+
+
+def _self_check() -> None:
+    for text in _MUST_FLAG:
+        if not forbidden_words(text):
+            raise SystemExit(f"check_docs: the word patterns no longer flag {text!r}")
+    for text in _MUST_PASS:
+        found = forbidden_words(_blank_code(text))
+        if found:
+            raise SystemExit(f"check_docs: the word patterns flag {text!r}: {found}")
+
+
+def word_files() -> list[Path]:
+    """The docs whose prose is checked for forbidden words."""
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def _looks_like_path(token: str) -> bool:
@@ -107,10 +220,25 @@ def main() -> int:
     parser.add_argument("--sessions", nargs="+", required=True, help="existing nox sessions")
     args = parser.parse_args()
     sessions = set(args.sessions)
+    _self_check()
 
-    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    total = 0
     failures = 0
+    checked_words = 0
+    for path in word_files():
+        if not path.exists():
+            continue
+        checked_words += 1
+        for number, text in prose_lines(path):
+            for words, what in forbidden_words(text):
+                failures += 1
+                print(
+                    f"{path.relative_to(ROOT)}:{number}: {words!r}: {what}; the project "
+                    "speaks of itself only",
+                    file=sys.stderr,
+                )
+
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    total = 0
     for path in files:
         if not path.exists():
             continue
@@ -122,7 +250,10 @@ def main() -> int:
     if total == 0:
         print("no runnable code blocks found in README.md or docs/*.md", file=sys.stderr)
         return 1
-    print(f"checked {total} runnable commands in {len(files)} files: {failures} problems")
+    print(
+        f"checked {total} runnable commands in {len(files)} files and the words of "
+        f"{checked_words} files: {failures} problems"
+    )
     return 1 if failures else 0
 
 

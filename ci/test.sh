@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test job: lint, the full test suite and the version-pin check, through nox.
+# The test job: lint, the full test suite, the version-pin check and the docs check, through nox.
 #   bash ci/test.sh                 everything CI runs
 #   bash ci/test.sh -- -x -k ddp    extra arguments after `--` go to pytest in the tests session
 # Exit status: non-zero when any nox session failed (a pytest run that collects no test fails).
@@ -11,7 +11,7 @@ trap 'rm -f "$LOG"' EXIT
 # CI kills the job at 90 minutes; stop a few minutes earlier so the summary is still printed.
 set +e
 timeout --kill-after=60 "${SPYRECCL_CI_TIMEOUT:-85m}" \
-  "$NOX" --non-interactive --no-color -f "$ROOT/noxfile.py" -s lint tests pins "$@" 2>&1 | tee "$LOG"
+  "$NOX" --non-interactive --no-color -f "$ROOT/noxfile.py" -s lint tests pins docs "$@" 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -eq 124 ]; then

@@ -37,8 +37,8 @@ struct CommConfig {
   // Largest allreduce/reduce (bytes) using the one-shot algorithm. Unless set explicitly
   // (SPYRECCL_ALLREDUCE_ONESHOT_MAX), it depends on the communicator's size: one-shot reads
   // n copies of the message, so its advantage (one synchronisation) shrinks as n grows;
-  // measured crossovers on the dev machine (docs/performance.md): 64 KiB at 2 ranks,
-  // about 16 KiB at 3 and 4 ranks.
+  // measured crossovers on a 2-vCPU AMD EPYC machine (docs/notes/core-copies.md): 64 KiB at 2
+  // ranks, about 16 KiB at 3 and 4 ranks.
   size_t oneshotMaxBytes = 64 << 10;
   bool oneshotAuto = true;
   size_t oneshotMax(int nranks) const {

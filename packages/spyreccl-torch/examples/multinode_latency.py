@@ -8,7 +8,8 @@ changes hit all of them alike; rank 0 prints the median and range over the round
     torchrun --nproc-per-node 4 packages/spyreccl-torch/examples/multinode_latency.py
 
 LAT_SIZES (bytes, comma separated), LAT_ROUNDS, LAT_ITERS tune it. The numbers in
-docs/performance.md ("Multiple nodes: small-message routes and the check") come from it.
+docs/notes/multinode-small-messages.md ("Multiple nodes: small-message routes and the check") come
+from it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ are reached through the group's private attributes: a diagnostic, not an API.
     torchrun --nproc-per-node 4 packages/spyreccl-torch/examples/multinode_stages.py
 
 STAGE_SIZES (bytes, comma separated), STAGE_ROUNDS and STAGE_ITERS tune it. The tables in
-docs/performance.md ("The small path's Python cost") come from it.
+docs/notes/multinode-small-messages.md ("The small path's Python cost") come from it.
 """
 
 from __future__ import annotations

@@ -253,7 +253,7 @@ def _placement_fails(seed: int) -> list[str]:
     import torch._inductor.config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
-    from spyreccl_torch.device import _inductor
+    from spyreccl_torch.device import _wait_placement
 
     torch.accelerator.set_device_index(dist.get_rank() % torch.accelerator.device_count())
     xs64, _, x, _ = _inputs(seed, DEVICE)
@@ -261,8 +261,8 @@ def _placement_fails(seed: int) -> list[str]:
     def broken(lines):
         raise AttributeError("no such wrapper line")
 
-    saved = _inductor._waited_at_once
-    _inductor._waited_at_once = broken
+    saved = _wait_placement._waited_at_once
+    _wait_placement._waited_at_once = broken
     try:
         torch._dynamo.reset()
         with (
@@ -274,7 +274,7 @@ def _placement_fails(seed: int) -> list[str]:
                 torch.compile(_waited_at_once, fullgraph=True), x, dist.group.WORLD.group_name
             )
     finally:
-        _inductor._waited_at_once = saved
+        _wait_placement._waited_at_once = saved
     expected = sum(xi * 2 for xi in xs64) + 1
     torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-5, atol=1e-5)
     assert any("waited at once" in str(w.message) for w in caught), [str(w.message) for w in caught]

@@ -63,7 +63,7 @@ def _device_of(x: torch.Tensor) -> torch.device:
 
 
 CASES: dict[str, Case] = {
-    # The repro: an index-producing op feeding a pointwise add.
+    # The reproducer: an index-producing op feeding a pointwise add.
     "arange_add": Case(
         lambda x: x + torch.arange(x.shape[0], device=_device_of(x), dtype=x.dtype),
         lambda rng: (_randn(rng, 37),),

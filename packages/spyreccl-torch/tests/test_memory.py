@@ -156,7 +156,7 @@ def _rss_shmem() -> int:
 def test_freed_large_blocks_stay_resident_until_empty_cache(dev):
     # A freed 64 MiB tensor keeps its pages for the next one (touching pages that went back
     # to the system costs a page fault and a zeroed page per 4 KiB: 46 ms against 3 ms to
-    # allocate and fill 64 MiB on the development VM); empty_cache() hands them back.
+    # allocate and fill 64 MiB on a 2-vCPU machine); empty_cache() hands them back.
     torch.spyre.empty_cache()
     nbytes = 64 << 20
     t = torch.empty(nbytes, dtype=torch.uint8, device=dev)

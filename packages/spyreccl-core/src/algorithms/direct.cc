@@ -95,9 +95,9 @@ size_t cmaBusyThreshold(const Communicator& c, Kind kind) {
   // The allreduce's direct algorithm reads every byte across processes twice (the reduce
   // phase, then the owners' results): on a quiet machine it took twice the staged
   // pipeline's time at every size, but with the CPUs contended the staged pipeline stalls at
-  // every step (two busy loops on the dev VM's 2 CPUs: 4 MiB 24 vs 12 ms single copy, 16 MiB
-  // 68 vs 11 ms; docs/performance.md, "Large messages: the vote at every size"). From 2 MiB,
-  // where the vote's extra step costs at most ~1 % of the call, it is voted like the others.
+  // every step (two busy loops on a 2-vCPU AMD EPYC machine: 4 MiB 24 vs 12 ms single copy, 16 MiB
+  // 68 vs 11 ms; docs/notes/core-single-copy.md, "Large messages: the vote at every size"). From 2
+  // MiB, where the vote's extra step costs at most ~1 % of the call, it is voted like the others.
   return kind == Kind::kAllReduce ? size_t{2} << 20 : size_t{64} << 10;
 }
 
@@ -107,14 +107,14 @@ size_t cmaThreshold(const Communicator& c, Kind kind) {
   // votes for the single copy; with the advisor on (the default) measured speed decides at
   // every size (path_advisor.h). Bytes as passed to beginDirect (kNone: a send/recv
   // message). Crossovers against the staged algorithms, measured interleaved at 2 ranks on
-  // the 2-core dev machine (docs/performance.md, "Single copy for any memory"): process_vm_readv
-  // copies at 10-15 GB/s, about half of a cached memcpy, and one process does it alone while the
-  // staged paths copy in and out on both ranks' cores at once. So the single copy only
-  // wins once the message is far beyond the cache, where the staged copies are bound by
-  // memory bandwidth twice; earliest for send/recv (its staging ring is only 2 x 256 KiB).
-  // The allreduce's direct algorithm reads every byte twice across processes (reduce
-  // phase, then the owners' results), so through CMA it never beat the staged pipeline on
-  // a quiet machine (it does on a contended one: cmaBusyThreshold).
+  // a 2-vCPU AMD EPYC machine (docs/notes/core-single-copy.md, "Single copy for any memory"):
+  // process_vm_readv copies at 10-15 GB/s, about half of a cached memcpy, and one process does it
+  // alone while the staged paths copy in and out on both ranks' cores at once. So the single copy
+  // only wins once the message is far beyond the cache, where the staged copies are bound by memory
+  // bandwidth twice; earliest for send/recv (its staging ring is only 2 x 256 KiB). The allreduce's
+  // direct algorithm reads every byte twice across processes (reduce phase, then the owners'
+  // results), so through CMA it never beat the staged pipeline on a quiet machine (it does on a
+  // contended one: cmaBusyThreshold).
   switch (kind) {
     case Kind::kNone:
       return size_t{16} << 20;

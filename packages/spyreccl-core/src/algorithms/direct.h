@@ -92,14 +92,15 @@ class DirectTransfer {
 // SPYRECCL_CMA_MIN_BYTES when set, else 64 KiB (2 MiB for the allreduce; send/recv only
 // above two p2p chunks). From there up the ranks vote (contended CPUs, measured speed). Measured
 // with the machine loaded (load average 5-10 on 2 CPUs): 2 MiB send/recv 0.9 ms single-copy vs 1.6
-// ms staged; 128 KiB broadcast 10 vs 20 us, all_gather 8 vs 14 us (docs/performance.md).
+// ms staged; 128 KiB broadcast 10 vs 20 us, all_gather 8 vs 14 us (docs/notes/core-single-copy.md).
 size_t cmaBusyThreshold(const Communicator& c, Kind kind);
 
 // The quiet threshold of kind `kind` (kNone: a send/recv message; bytes as passed to
 // beginDirect): SPYRECCL_CMA_MIN_BYTES when set (then the single copy is fixed from there),
-// else the per-operation crossover measured once on the dev machine (docs/performance.md),
-// which is now only the vote of a rank whose path advisor is off: with it on, the ranks
-// vote by measured speed at every size from cmaBusyThreshold (path_advisor.h).
+// else the per-operation crossover measured once on a 2-vCPU AMD EPYC machine
+// (docs/notes/core-single-copy.md), which is now only the vote of a rank whose path advisor is off:
+// with it on, the ranks vote by measured speed at every size from cmaBusyThreshold
+// (path_advisor.h).
 size_t cmaThreshold(const Communicator& c, Kind kind);
 
 // Whether SPYRECCL_CMA_MIN_BYTES is set and `bytes` reach it: the single copy without a vote.

@@ -2,9 +2,9 @@
 // single copy of cross-memory attach (transport/cma.h), learnt from the operations
 // themselves.
 //
-// On the 2-vCPU KVM dev machine the relative speed of the two paths changes with whether the
-// two ranks share a cache, not with the load (docs/performance.md, "Adaptive single copy"):
-// with both ranks on one vCPU, or on vCPUs the host runs on nearby cores, the staged copies
+// On a 2-vCPU AMD EPYC virtual machine the relative speed of the two paths changes with whether the
+// two ranks share a cache, not with the load (docs/notes/core-single-copy.md, "Adaptive single
+// copy"): with both ranks on one vCPU, or on vCPUs the host runs on nearby cores, the staged copies
 // beat the single copy by 1.4-2x; on vCPUs the host runs far apart, the cache lines the
 // staged paths hand between the ranks cost 5-10x more (a root's copy into a staging slot its
 // peer just read: 0.32 CPU ticks per byte, 0.027 when the peer does not read it), and the
@@ -28,8 +28,8 @@
 // vote from cmaThreshold (16 MiB send/recv, 32 MiB the other collectives), and on the dev
 // machine's fast state the staged paths were then 1.2-1.5x faster than that choice at
 // 16-128 MiB, because the pipeline's slots stay in the cache and both ranks copy at once
-// (docs/performance.md, "Large messages: the vote at every size"). cmaThreshold is now the
-// vote of a rank whose advisor is off (SPYRECCL_CMA_ADAPTIVE=0).
+// (docs/notes/core-single-copy.md, "Large messages: the vote at every size"). cmaThreshold is now
+// the vote of a rank whose advisor is off (SPYRECCL_CMA_ADAPTIVE=0).
 //
 // Votes travel with the buffers every rank publishes (DirectTransfer, word 6), so every
 // rank combines the same words (decide()) and all take the same path. Point-to-point: the

@@ -29,7 +29,7 @@ constexpr size_t kGranule = 4096;
 // of them. So the process's footprint is its live memory plus at most the budget, like a
 // caching device allocator's until its cache is emptied. Why resident: re-touching punched
 // pages of a shared file costs a page fault and a zeroed page per 4 KiB, about 2.8 us each
-// on this project's VM: a 64 MiB tensor allocated and filled took 46 ms against 3.9 ms for
+// on a 2-vCPU machine: a 64 MiB tensor allocated and filled took 46 ms against 3.9 ms for
 // the same fill of resident memory, which a training loop that frees and reallocates its
 // activations, or a collective that allocates its output, would pay on every step. The
 // budget used to be 32 MiB with every block of 32 MiB or more punched (glibc's largest

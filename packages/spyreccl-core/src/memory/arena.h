@@ -4,7 +4,7 @@
 // Why an arena and not per-buffer registration: a staged transfer through the
 // communicator's segment copies each byte twice, and the kernel's cross-memory attach
 // (process_vm_readv) copies page by page at about half of memcpy speed on the machines we
-// measured (docs/performance.md) — no better than two copies. Memory that is *born*
+// measured (docs/notes/core-copies.md) — no better than two copies. Memory that is *born*
 // shareable avoids both: the arena is one sparse memfd; peers map it once (read-only)
 // and then read any buffer in it with plain loads.
 //

@@ -28,9 +28,10 @@ int cmaRead(pid_t pid, void* dst, uint64_t remote, size_t len);
 // over the last minute (/proc/loadavg, read at most every 20 ms; the ranks of a busy
 // collective count themselves). The staged paths need every rank running at once, step
 // after step; when other work takes the cores they stall at every step, while a single
-// copy needs only the reading rank. Measured on the shared 2-core dev machine: staged
+// copy needs only the reading rank. Measured on a shared 2-vCPU AMD EPYC machine: staged
 // send/recv of 2 MiB 60-80 us when quiet, 0.8-1.6 ms when loaded, where the single copy
-// took 0.14 ms quiet and 0.9 ms loaded (docs/performance.md, "Single copy for any memory").
+// took 0.14 ms quiet and 0.9 ms loaded (docs/notes/core-single-copy.md, "Single copy for any
+// memory").
 bool cpusContended();
 
 // Lets any process of this user ptrace-attach (and so process_vm_readv) this one when

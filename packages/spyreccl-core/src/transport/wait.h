@@ -12,8 +12,8 @@
 //      interrupt, a page fault on its side) otherwise sends this rank into sched_yield,
 //      which on a machine with other runnable tasks gives the core away for ~10 us or
 //      more (EEVDF's yield moves the task behind every other runnable one). That was the
-//      ~11 us mode of the bimodal 8-byte allreduce (docs/performance.md, "Small messages:
-//      the tail"). When the extended spins keep failing (the peer is not running), they
+//      ~11 us mode of the bimodal 8-byte allreduce (docs/notes/core-small-messages.md, "Small
+//      messages: the tail"). When the extended spins keep failing (the peer is not running), they
 //      stop, so the loaded case keeps the short budget; one in 64 waits tries again.
 //   2. sched_yield for ~kYieldNs (the communicator's yieldNs): lets a descheduled peer run
 //      on this core; this is what keeps small collectives fast when 4 ranks share 2 cores.

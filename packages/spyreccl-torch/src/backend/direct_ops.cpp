@@ -5,7 +5,7 @@
 // `torch.ops._c10d_functional.<op>.default(...)`: four attribute lookups, OpOverload's
 // Python __call__, and torch's generic operator binding (argument matching against the
 // schema through pybind11, a search for __torch_function__ overrides), ~0.8 us for a
-// one-tensor wait_tensor and more for all_reduce_'s three arguments on the 2-CPU dev VM,
+// one-tensor wait_tensor and more for all_reduce_'s three arguments on a 2-vCPU machine,
 // before the dispatcher is reached. For cpu and cuda graphs torch's C++ wrapper skips all of
 // it through shims it hard-codes; the Python wrapper has nothing similar. A compiled graph's
 // collective then costs about twice the eager call at 8 B, while its own work (the

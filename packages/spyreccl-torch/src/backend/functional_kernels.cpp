@@ -15,8 +15,8 @@
 // directly and registers the Work in torch's work registry (which wait_tensor pops). That
 // skips c10d's ProcessGroup layer: the boxed c10d::allreduce_ (etc.) dispatcher op, its
 // ReduceOp object and tuple result, about 0.7 us of the ~3.4 us an all_reduce_ + wait_tensor
-// cost on one rank (docs/performance.md, "The lean path and spyre's buffer allocation").
-// Everything else -- another backend (e.g. ProcessGroupWrapper under
+// cost on one rank (docs/notes/functional-collectives.md, "The lean path and spyre's buffer
+// allocation"). Everything else -- another backend (e.g. ProcessGroupWrapper under
 // TORCH_DISTRIBUTED_DEBUG=DETAIL), a ProcessGroup subclass written in Python (the multi-node
 // group), complex or non-contiguous tensors, symbolic split sizes, shapes torch's own
 // implementation warns about -- runs torch's implementation (the c10d:: functions of

@@ -192,7 +192,7 @@ def test_nodes_with_own_network_over_a_veth_pair(tmp_path):
     _check_job(result, [2, 2], seed, ["split_check"])
 
 
-# The target: every rank on every node raises within 5 s of a death. Measured here
+# The target: every rank on every node raises within 5 s of a death. Measured here
 # (2 CPUs for 4 ranks and their agents): 2.3-3 s, most of it the 2 s in which the ranks wait
 # for each other's reports to name the silent ones; the margin is for a loaded machine.
 KILL_DELAY_LIMIT_S = 7.0

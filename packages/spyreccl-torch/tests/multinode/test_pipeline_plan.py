@@ -84,7 +84,7 @@ def test_default_proposal_needs_two_cpus_per_rank_of_the_node(monkeypatch):
     assert pipeline.proposed_chunk_bytes(8) == pipeline.DEFAULT_CHUNK_BYTES
     assert pipeline.proposed_chunk_bytes(9) == 0
     monkeypatch.setattr(pipeline.os, "sched_getaffinity", lambda pid: {0, 1})
-    assert pipeline.proposed_chunk_bytes(2) == 0  # this project's VM: 4 ranks on 2 CPUs
+    assert pipeline.proposed_chunk_bytes(2) == 0  # 4 ranks on a 2-vCPU machine
     assert pipeline.proposed_chunk_bytes(1) == pipeline.DEFAULT_CHUNK_BYTES
 
 

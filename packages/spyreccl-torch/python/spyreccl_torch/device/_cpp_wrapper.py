@@ -31,6 +31,8 @@ from torch._inductor import ir
 from torch._inductor.codegen import cpp_utils
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
+from spyreccl_torch.device._wait_placement import waited_at_once_or_none
+
 _DEVICE = "spyre"
 
 # The CPU shims inductor names for these collectives (ir._AllReduce_Kernel, _AllReduceKernel),
@@ -178,8 +180,6 @@ class SpyreCppWrapperCodegen(CppWrapperCpu):
 
     def _collectives_waited_at_once(self) -> set[str]:
         if self._spyre_waited_at_once is None:
-            from spyreccl_torch.device._inductor import waited_at_once_or_none
-
             self._spyre_waited_at_once = waited_at_once_or_none(self.lines)
         return self._spyre_waited_at_once
 

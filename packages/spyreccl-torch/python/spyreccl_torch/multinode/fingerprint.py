@@ -63,8 +63,8 @@ def code(text: str) -> int:
     return value
 
 
-# Every operation's fingerprint is computed on the critical path of a small collective
-# (tens of microseconds of Python per call add up: docs/performance.md, "The small path's
+# Every operation's fingerprint is computed on the critical path of a small collective (tens of
+# microseconds of Python per call add up: docs/notes/multinode-small-messages.md, "The small path's
 # Python cost"), so the codes of names, dtypes and reduce ops are looked up, not recomputed.
 _CODES: dict[str, int] = {}
 _OBJECT_CODES: dict[Any, int] = {}
@@ -186,15 +186,15 @@ class CallChecker:
     then, on every rank alike, are the fingerprints themselves all-gathered, to name each
     rank's call.
 
-    Two elements, an all_reduce: measured here, gloo's all_reduce of fewer elements than
-    ranks takes about a third of the time of its all-gather of the whole fingerprints
-    (docs/performance.md). Every exchange has the same shape whatever the operation, so
-    gloo matches the exchanges of ranks that called different operations.
+    Two elements, an all_reduce: measured here, gloo's all_reduce of fewer elements than ranks takes
+    about a third of the time of its all-gather of the whole fingerprints
+    (docs/notes/multinode-small-messages.md). Every exchange has the same shape whatever the
+    operation, so gloo matches the exchanges of ranks that called different operations.
 
     Why a small reduction's data does not ride in the exchange (which would save its own
     gloo stage): the exchange must have one shape for every call (above), so the data would
     need a fixed frame of free slots in every exchange, and gloo reduces fewer elements than
-    ranks with a faster algorithm than more. 4 ranks on the 2-CPU VM, gloo all_reduce of
+    ranks with a faster algorithm than more. 4 ranks on a 2-vCPU machine, gloo all_reduce of
     float64, median µs, two runs: 2 elements 510 / 499, 3: 1099 / 855, 4: 3085 / 2308,
     16: 3862 / 4799, 134: 7586 / 4289. Tried on 2026-11-26 with a 134-element frame (a
     digest and 128 payload slots): 8-512 B all_reduces were no faster

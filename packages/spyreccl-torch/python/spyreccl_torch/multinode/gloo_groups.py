@@ -6,7 +6,7 @@ anything is in flight (gloo's ``tcp::Loop``). A hierarchical group holds three o
 groups (between nodes, over every rank, the control group, the leaders' exchange), so a job
 with a few multi-node groups (a 2-D DeviceMesh, sub-groups) ran dozens of such threads per
 rank: with eight groups on 2 x 2 simulated nodes, 36 loop threads per leader woke 3600 times
-a second and took 29 ms of CPU a second doing nothing (docs/performance.md, "Gloo's event
+a second and took 29 ms of CPU a second doing nothing (docs/notes/multinode-routes.md, "Gloo's event
 loops"). A device serves any number of groups (gloo's contexts share its loop), so the
 groups made here share one, created like torch's default for the same environment:
 one device per interface listed in ``GLOO_SOCKET_IFNAME``, else the host's default, and two

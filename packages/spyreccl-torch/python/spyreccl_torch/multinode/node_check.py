@@ -1,11 +1,10 @@
 """The mismatch check node by node: shared memory within each node, gloo between leaders only.
 
-The flat check (fingerprint.CallChecker) is one gloo all_reduce over every rank per
-operation. Its round trip is the largest part of a small operation's time: an 8-byte
-all_reduce on 2 simulated nodes x 2 ranks took 711 us with it and 388 us without on an idle
-16-core machine, and 2.6-3.2 ms against 1.1 ms on the 2-CPU development VM
-(docs/performance.md). Most of those ranks share a node, where agreeing costs microseconds.
-So, per operation:
+The flat check (fingerprint.CallChecker) is one gloo all_reduce over every rank per operation. Its
+round trip is the largest part of a small operation's time: an 8-byte all_reduce on 2 simulated
+nodes x 2 ranks took 711 us with it and 388 us without on an idle 16-core machine, and 2.6-3.2 ms
+against 1.1 ms on a 2-vCPU machine (docs/notes/multinode-small-messages.md). Most of those ranks
+share a node, where agreeing costs microseconds. So, per operation:
 
 1. The ranks of each node all_reduce (MAX) [d, -d], d the digest of their fingerprint, over a
    spyreccl communicator of the node's own (shared memory): every rank of the node then
@@ -64,7 +63,7 @@ EXCHANGE_MAX_LEADERS = 8
 # exchange sends a whole frame, whatever it carries, so that the leaders' exchanges have one
 # size whatever each leader's operation is (gloo terminates a process that receives a
 # message of another size than it expects: fingerprint.py). gloo's all_to_all of 16 or of
-# 1024 float64 per rank between 2 ranks took the same time (docs/performance.md).
+# 1024 float64 per rank between 2 ranks took the same time (docs/notes/multinode-small-messages.md).
 CARRY_MAX_BYTES = 4096
 _HEADER = 3
 _FRAME = _HEADER + CARRY_MAX_BYTES // 8
@@ -79,10 +78,10 @@ def _max_opts(blocking: bool) -> Any:
 
 class _Words:
     """Two int64 on the device (the node's pair, an outcome), read and written through a
-    numpy view of their memory where there is one (the emulated device): a torch operation
-    per word (a few microseconds each) was a large part of the check's cost
-    (docs/performance.md, "The small path's Python cost"). Without a host view (a real Spyre
-    runtime) through torch."""
+    numpy view of their memory where there is one (the emulated device): a torch operation per word
+    (a few microseconds each) was a large part of the check's cost
+    (docs/notes/multinode-small-messages.md, "The small path's Python cost"). Without a host view (a
+    real Spyre runtime) through torch."""
 
     def __init__(self, device: torch.device) -> None:
         self.tensor = torch.empty(2, dtype=torch.int64, device=device)
@@ -233,11 +232,11 @@ class NodeChecker:
 
     def _post_exchange(self, pending: NodePending, payload: torch.Tensor | None = None) -> None:
         """Posts the leaders' exchange of this node's pair (and `payload`, flat uint8 on the
-        host, at most CARRY_MAX_BYTES, see carry). Up to EXCHANGE_MAX_LEADERS leaders:
-        one gloo all_to_all of frames gives every leader every frame (gloo's all_to_all is a
-        direct exchange, its all_reduce a ring of 2 (n - 1) steps: between 2 ranks 90-118 us
-        against 191-327 us on the 2-CPU VM, docs/performance.md, "Multiple nodes:
-        small-message routes and the check"); more leaders: gloo's all_reduce of the pairs."""
+        host, at most CARRY_MAX_BYTES, see carry). Up to EXCHANGE_MAX_LEADERS leaders: one gloo
+        all_to_all of frames gives every leader every frame (gloo's all_to_all is a direct exchange,
+        its all_reduce a ring of 2 (n - 1) steps: between 2 ranks 90-118 us against 191-327 us on a
+        2-vCPU machine, docs/notes/multinode-small-messages.md, "Multiple nodes: small-message
+        routes and the check"); more leaders: gloo's all_reduce of the pairs."""
         n = self._nleaders
         if n > EXCHANGE_MAX_LEADERS:
             pending.sums = torch.tensor(pending.pair, dtype=torch.int64)
@@ -304,7 +303,7 @@ class NodeChecker:
         """Receives the leader's outcome. `waits_long`: before this rank's own gloo stage,
         where the leader may not have it before the leaders' whole round trip; that wait
         sleeps after outcome_yield_ns of yielding instead of the group's (see
-        hierarchical.YIELD_NS_ENV)."""
+        settings.YIELD_NS_ENV)."""
         if pending.failure is not None:
             raise pending.failure
         if pending.received:

@@ -1,4 +1,4 @@
-"""Chunked, overlapped stages for the sharded routes of large reductions (hierarchical.py).
+"""Chunked, overlapped stages for the sharded routes of large reductions (reduction_routes.py).
 
 A sharded all_reduce is three stages: reduce-scatter on the node (spyreccl), all_reduce of
 each rank's shard between the nodes (gloo), all-gather on the node (spyreccl). Run one after
@@ -10,13 +10,13 @@ the previous chunk's exchange completes), which is what spyreccl and gloo match 
 by.
 
 Measured on an idle 16-core machine, 2 simulated nodes x 2 ranks, float32, `spyreccl-bench
---nodes 2 --nproc 2`, two runs each (docs/performance.md, "Pipelined sharded stages"): a
+--nodes 2 --nproc 2`, two runs each (docs/notes/multinode-routes.md, "Pipelined sharded stages"): a
 16 MiB all_reduce took 5.8-6.1 ms in 8 chunks against 7.9-8.4 ms in one (gloo alone
 8.5-9.2 ms), 64 MiB 46 against 59-61 ms, 4 MiB 2.3-2.4 against 2.3-2.6 ms; at 1 MiB, two
 chunks of 512 KiB were 7-9 % slower than one, and 1 MiB chunks slower than 2 MiB ones from
 4 MiB up; hence no chunk below the target size. Overlap needs cores: with fewer than two
-usable CPUs per rank of a node (the project's 2-CPU VM runs 4 ranks) the chunks only add
-hand-offs, so chunking is off by default there. The chunk size is agreed between all ranks
+usable CPUs per rank of a node (2 simulated nodes x 2 ranks on a 2-vCPU machine) the chunks
+only add hand-offs, so chunking is off by default there. The chunk size is agreed between all ranks
 when a group is created: the smallest any rank proposes, 0 (off) if any rank lacks the cores.
 """
 

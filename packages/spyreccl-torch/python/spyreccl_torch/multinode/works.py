@@ -54,10 +54,10 @@ class AsyncWork(dist.Work):
         self.seq = seq
         self._group_timeout = group_timeout
         self._on_timeout = on_timeout
-        # Completion: a flag, and a lock held until then that waiters acquire (with their
-        # limit) and release. A threading.Event is a condition variable and two locks, made
-        # per operation: microseconds on every small operation (docs/performance.md, "The
-        # small path's Python cost").
+        # Completion: a flag, and a lock held until then that waiters acquire (with their limit) and
+        # release. A threading.Event is a condition variable and two locks, made per operation:
+        # microseconds on every small operation (docs/notes/multinode-small-messages.md, "The small
+        # path's Python cost").
         self._done = False
         self._gate = threading.Lock()
         self._gate.acquire()
