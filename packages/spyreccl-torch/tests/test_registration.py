@@ -157,3 +157,119 @@ def test_options_yield_ns() -> None:
     _C._set_thread_yield_ns(-1)
     with pytest.raises(ValueError, match="argument 'yieldNs' = -2 must be >= 0"):
         _C._set_thread_yield_ns(-2)
+
+
+# --- beside another package's backend (no vendor package needed: registered in-process) ----
+# The full situation, a vendor package autoloaded before or after ours, is in
+# test_vendor_coexistence.py; these check the registry's bookkeeping directly.
+
+_FOREIGN = """
+import os, tempfile
+import torch, torch.distributed as dist
+import spyreccl_torch
+from spyreccl_torch import _registration
+
+def foreign(store, rank, size, timeout):
+    raise AssertionError("the foreign creator must not be called here")
+
+def creator(name):
+    plugin = dist.Backend._plugins.get(name.upper())
+    return plugin.creator_fn if plugin is not None else None
+
+def all_reduce_through(name):
+    path = os.path.join(tempfile.mkdtemp(), "store")
+    dist.init_process_group(backend=name, init_method="file://" + path, rank=0, world_size=1)
+    pg = dist.group.WORLD
+    assert isinstance(pg._get_backend(torch.device("spyre")), spyreccl_torch.ProcessGroupSpyreccl)
+    t = torch.tensor([1.5, -2.0, 3.25], device="spyre")
+    dist.all_reduce(t)
+    assert t.cpu().tolist() == [1.5, -2.0, 3.25]
+    dist.destroy_process_group()
+"""
+
+
+def test_a_later_foreign_spyreccl_wins_and_ours_steps_aside() -> None:
+    out = _run(
+        _FOREIGN
+        + """
+assert creator("spyreccl") is _registration._create and spyreccl_torch.backend_name() == "spyreccl"
+dist.Backend.register_backend("spyreccl", foreign, devices=["spyre"])
+assert creator("spyreccl") is foreign, "torch's last-writer-wins was undone"
+assert spyreccl_torch.vendor_plugin().creator_fn is foreign
+assert spyreccl_torch.backend_name() == "spyreccl_shm"
+assert spyreccl_torch.is_registered() and creator("spyreccl_shm") is _registration._create
+assert dist.get_default_backend_for_device("spyre") == "spyreccl"  # now the vendor's
+all_reduce_through("spyreccl_shm")
+print("ok")
+"""
+    )
+    assert out.stdout.strip().endswith("ok")
+    assert out.stderr == "", out.stderr
+
+
+def test_an_earlier_foreign_spyreccl_is_kept() -> None:
+    # The foreign backend registers before our package is imported (autoload disabled).
+    out = _run(
+        _FOREIGN.replace("import spyreccl_torch\nfrom spyreccl_torch import _registration\n", "")
+        + """
+dist.Backend.register_backend("spyreccl", foreign)  # no devices: it claims no default
+assert "spyre" not in dist.Backend.default_device_backend_map
+import spyreccl_torch
+from spyreccl_torch import _registration
+assert creator("spyreccl") is foreign
+assert spyreccl_torch.vendor_plugin().creator_fn is foreign
+assert creator("spyreccl_shm") is _registration._create
+assert spyreccl_torch.backend_name() == "spyreccl_shm"
+# Our second name does not become spyre's default beside a vendor's backend either.
+assert "spyre" not in dist.Backend.default_device_backend_map
+all_reduce_through("cpu:gloo,spyre:spyreccl_shm")
+print("ok")
+""",
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+    assert out.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["foreign-first", "foreign-later"])
+def test_override_makes_ours_the_one_behind_spyreccl(later: bool) -> None:
+    if later:
+        setup = "import spyreccl_torch\n" + 'dist.Backend.register_backend("spyreccl", foreign)\n'
+    else:
+        setup = 'dist.Backend.register_backend("spyreccl", foreign)\n' + "import spyreccl_torch\n"
+    out = _run(
+        _FOREIGN.replace("import spyreccl_torch\nfrom spyreccl_torch import _registration\n", "")
+        + setup
+        + """
+from spyreccl_torch import _registration
+assert creator("spyreccl") is _registration._create
+assert spyreccl_torch.vendor_plugin().creator_fn is foreign  # remembered for routing
+assert spyreccl_torch.backend_name() == "spyreccl"
+assert dist.get_default_backend_for_device("spyre") == "spyreccl"
+all_reduce_through(None)
+print("ok")
+""",
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+        SPYRECCL_OVERRIDE_VENDOR="1",
+    )
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_a_later_foreign_backend_for_spyre_takes_the_default() -> None:
+    _run(
+        _FOREIGN
+        + """
+assert dist.get_default_backend_for_device("spyre") == "spyreccl"
+dist.Backend.register_backend("vendorccl", foreign, devices=["spyre"])
+# torch keeps the first registration as a device's default; ours steps aside for theirs.
+assert dist.get_default_backend_for_device("spyre") == "vendorccl"
+assert creator("spyreccl") is _registration._create  # the name is not theirs
+assert spyreccl_torch.vendor_plugin() is None
+"""
+    )
+
+
+def test_routing_without_a_vendor_is_our_plain_backend() -> None:
+    _run(
+        _FOREIGN + 'all_reduce_through("spyreccl")\n',
+        SPYRECCL_ROUTE_TO_VENDOR="1",
+    )

@@ -11,7 +11,10 @@ Importing this package (which torch does by itself at ``import torch`` through t
        dist.init_process_group()                           # spyre tensors -> spyreccl
        dist.init_process_group("cpu:gloo,spyre:spyreccl")  # CPU tensors too
 
-   both work.
+   both work. The backend is also registered as ``spyreccl_shm``, a name only this package
+   uses: beside IBM's torch-spyre, which registers its own backend as ``spyreccl``, that
+   name stays the vendor's and ours is ``spyreccl_shm`` (see :mod:`._registration` and
+   :mod:`.routing`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,15 @@ try:
     ProcessGroupSpyreccl = _C.ProcessGroupSpyreccl
     Options = ProcessGroupSpyreccl.Options
 
-    from ._registration import BACKEND_NAME, DEVICE_TYPE, is_registered, register
+    from ._registration import (
+        BACKEND_NAME,
+        DEVICE_TYPE,
+        OWN_BACKEND_NAME,
+        backend_name,
+        is_registered,
+        register,
+        vendor_plugin,
+    )
 
     register()
 
@@ -59,9 +70,12 @@ except Exception as error:
 __all__ = [
     "BACKEND_NAME",
     "DEVICE_TYPE",
+    "OWN_BACKEND_NAME",
     "Options",
     "ProcessGroupSpyreccl",
     "__version__",
+    "backend_name",
     "is_registered",
     "register",
+    "vendor_plugin",
 ]

@@ -14,6 +14,9 @@
 namespace spyreccl::device {
 namespace {
 
+// The largest index a c10::DeviceIndex (int8) holds; torch-spyre's limit for LOCAL_RANK.
+constexpr long long kMaxDeviceIndex = 127;
+
 struct LocalRank {
   c10::DeviceIndex device = 0;
   // Empty when LOCAL_RANK is unset or names a device; else the reason it does not.
@@ -39,21 +42,29 @@ LocalRank read_local_rank() {
     return result;  // set but empty: no rank given, as when unset
   }
   const int count = device_count();
+  // Each message starts with torch-spyre's wording for the same case (programs and
+  // torch-spyre's tests match on it); our explanation follows.
   const std::string quoted = std::string(kLocalRankEnv) + "='" + text + "'";
+  const std::string expected =
+      " must be the process's spyre device index on its node, 0 <= " + std::string(kLocalRankEnv) +
+      " < " + std::to_string(count);
   errno = 0;
   char* end = nullptr;
   const long long rank = std::strtoll(value.c_str(), &end, 10);
   if (end == value.c_str() || *end != '\0') {
-    result.error = quoted +
-                   " is not an integer: it must be the process's spyre device index on its "
-                   "node, 0 <= LOCAL_RANK < " +
-                   std::to_string(count) + " (torchrun sets it)";
-  } else if (rank < 0) {
-    result.error = quoted +
-                   " is negative: it must be the process's spyre device index on its node, 0 "
-                   "<= LOCAL_RANK < " +
-                   std::to_string(count);
-  } else if (errno == ERANGE || rank >= count) {
+    result.error = std::string(kLocalRankEnv) + " is not a valid integer: '" + text +
+                   "'. spyre device initialisation failed: " + quoted + expected +
+                   " (torchrun sets it)";
+  } else if (rank < 0 || errno == ERANGE) {
+    result.error = std::string(kLocalRankEnv) + " value is out of range: " + value +
+                   ". spyre device initialisation failed: " + quoted + expected;
+  } else if (rank > kMaxDeviceIndex) {
+    result.error = std::string(kLocalRankEnv) + " value " + value +
+                   " exceeds the maximum supported device index (" +
+                   std::to_string(kMaxDeviceIndex) +
+                   "). spyre device initialisation failed: " + quoted + expected +
+                   " (emulated spyre devices: " + kDeviceCountEnv + ")";
+  } else if (rank >= count) {
     // torch-spyre's wording for a logical device beyond the visible ones.
     result.error = "Device index out of bounds. " + quoted + " selects logical_device_id=" + value +
                    ", number of visible devices=" + std::to_string(count) +
@@ -83,7 +94,7 @@ c10::DeviceIndex local_rank_device() noexcept {
 
 void check_local_rank() {
   const LocalRank& value = local_rank();
-  TORCH_CHECK(value.error.empty(), "spyre device initialisation failed: ", value.error);
+  TORCH_CHECK(value.error.empty(), value.error);
 }
 
 // torch.spyre._lazy_init() calls this when torch initialises the device (first

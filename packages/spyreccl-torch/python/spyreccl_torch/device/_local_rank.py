@@ -5,7 +5,10 @@ index is its ``LOCAL_RANK``: every thread starts on that device until it selects
 (``torch.spyre.set_device``, ``torch.spyre.device``). The C++ side reads the variable
 (src/device/local_rank.cc). A ``LOCAL_RANK`` that is not an integer, is negative, or
 exceeds the largest device index makes device initialisation fail with a ``RuntimeError``
-naming the variable and its value.
+that starts with torch-spyre's wording for the case (``LOCAL_RANK is not a valid integer:
+'x'``, ``LOCAL_RANK value is out of range: -1``, ``LOCAL_RANK value 128 exceeds the maximum
+supported device index (127)``, ``Device index out of bounds.``: programs written against
+torch-spyre match on these) and then names the variable, its value and the valid range.
 
 Initialisation happens on first use, never at ``import torch``: torch calls
 :func:`_lazy_init` before it creates the first spyre tensor, and ``torch.spyre``'s
