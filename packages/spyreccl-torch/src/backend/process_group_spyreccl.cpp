@@ -198,6 +198,7 @@ size_t payloadBytes(const OpRecord& op) {
 }
 
 void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
+  flight::Running<std::vector<Step>> traced(steps);
   size_t i = 0;
   while (i < steps.size()) {
     if (!groupable(steps[i])) {
@@ -216,6 +217,7 @@ void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
     }
     i = end;
   }
+  traced.done();
 }
 
 // Refuses to start an operation on an aborted communicator, saying why; `description()`
@@ -324,9 +326,11 @@ class OpJob : public ProgressThread::Job {
       request_ = nullptr;
       at::ThreadLocalStateGuard tlsGuard(tls_);
       finishStep(steps_[0]);
+      flight::markCompleted(steps_[0].trace);
       steps_.clear();  // drop staging buffers before waking waiters
       work_->finishSuccess();
     } catch (...) {
+      flight::markFailed(trace_, std::current_exception());
       steps_.clear();
       work_->finishError(std::current_exception());
     }
@@ -347,9 +351,11 @@ class OpJob : public ProgressThread::Job {
       checkNotAborted(*work_, *comm_);
       comm_->useTimeout(timeout_);
       prepareStep(steps_[0]);
+      flight::markStarted(trace_ = steps_[0].trace);
       request_ = postPeerCall(steps_[0], comm_->get());
       return false;
     } catch (...) {
+      flight::markFailed(trace_, std::current_exception());
       steps_.clear();
       work_->finishError(std::current_exception());
       return true;
@@ -364,6 +370,7 @@ class OpJob : public ProgressThread::Job {
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<int> sourceRank_;
   at::ThreadLocalState tls_;
+  flight::Ref trace_;  // set once the request is posted: failures before that are not its own
 };
 
 // Runs an arbitrary communicator call in queue order and reports its outcome.
@@ -463,6 +470,7 @@ ProcessGroupSpyreccl::ProcessGroupSpyreccl(const c10::intrusive_ptr<c10d::Store>
   checkCore(spyrecclCommInitRank(&comm, size, id, rank, &config), nullptr,
             "communicator initialisation for " + name);
   comm_ = std::make_shared<Communicator>(comm, options_->timeout, name);
+  trace_.init(rank, size, options_->global_ranks_in_group, options_->timeout, store);
   startProgressThread();
   setSequenceNumberForGroup();
 }
@@ -472,6 +480,7 @@ ProcessGroupSpyreccl::ProcessGroupSpyreccl(SplitTag, std::shared_ptr<Communicato
     : c10d::Backend(rank, size), options_(std::move(options)), comm_(std::move(comm)) {
   init();
   cacheConstants();
+  trace_.init(rank, size, options_->global_ranks_in_group, options_->timeout, nullptr);
   startProgressThread();
   setSequenceNumberForGroup();
 }
@@ -753,8 +762,12 @@ bool ProcessGroupSpyreccl::runWaited(OpRecord& op) {
 
 uint64_t ProcessGroupSpyreccl::numberOp(OpRecord& op) {
   const uint64_t seq = ++seq_;
+  const flight::Ref trace =
+      trace_.record(*this, op.profilingTitle, op.type, op.inputs, op.outputs,
+                    op.steps.empty() || !op.steps[0].peerCall ? -1 : op.steps[0].peerCall->peer);
   for (Step& step : op.steps) {
     step.seq = seq;
+    step.trace = trace;
   }
   return seq;
 }

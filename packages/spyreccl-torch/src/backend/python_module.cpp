@@ -15,6 +15,7 @@
 #include "backend/direct_ops.h"
 #include "backend/exit_guard.h"
 #include "backend/fast_empty.h"
+#include "backend/flight_recorder.h"
 #include "backend/functional_scope.h"
 #include "backend/process_group_spyreccl.hpp"
 
@@ -162,6 +163,18 @@ PYBIND11_MODULE(_C, module) {
       "How long the waits of spyreccl calls that this thread drives yield the CPU before they "
       "sleep, in ns, in place of their groups' yield_ns; -1 restores the groups' own "
       "(spyrecclSetThreadYield).");
+  module.def(
+      "_dump_flight_recorder",
+      [](bool includeCollectives, bool includeStackTraces, bool onlyActive) {
+        return py::bytes(
+            spyreccl_torch::flight::dumpPickle(includeCollectives, includeStackTraces, onlyActive));
+      },
+      py::arg("include_collectives") = true, py::arg("include_stack_traces") = true,
+      py::arg("only_active") = false,
+      "This process's flight recorder in torch's dump format (see "
+      "spyreccl_torch.flight_recorder).");
+  module.def("_reset_flight_recorder", &spyreccl_torch::flight::reset,
+             "Forgets the flight recorder's entries (see spyreccl_torch.flight_recorder).");
   spyreccl_torch::addFastEmpty(module);
   spyreccl_torch::addDirectOps(module);
   module.attr("BACKEND_NAME") = spyreccl_torch::kBackendName;
