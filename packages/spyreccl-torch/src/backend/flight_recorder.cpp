@@ -16,6 +16,7 @@
 #include <utility>
 
 #include <c10/util/ApproximateClock.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/irange.h>
 #include <c10/util/thread_name.h>
 #include <torch/csrc/distributed/c10d/TraceUtils.h>
@@ -42,16 +43,23 @@ struct GroupStatus {
   int64_t lastCompleted = -1;
 };
 
-// One recorded operation: the fields of torch's FlightRecorder<>::Entry that the dump holds.
+// One recorded operation: the fields of torch's FlightRecorder<>::Entry that the dump holds,
+// kept as cheaply as torch keeps them (no allocation for the usual few small tensors; names
+// are spelled out at dump time), since every operation writes one.
 struct Entry {
   size_t id = 0;
   size_t epoch = 0;
   size_t pgId = 0;
-  std::tuple<std::string, std::string> pgName;
   size_t collectiveSeq = 0;
   size_t p2pSeq = 0;
   size_t opId = 0;
-  std::string profilingName;
+  // The op: a backend's profiling title (a string literal, spelled for the analyzer at dump
+  // time), or where that is null, `name` (groups implemented in Python).
+  const char* title = nullptr;
+  std::string name;
+  c10d::OpType type = c10d::OpType::UNKNOWN;
+  int rank = -1;  // group ranks of a send's / receive's two ends
+  int peer = -1;
   std::shared_ptr<torch::CapturedTraceback> traceback;
   int64_t created = 0;
   int64_t timeoutMs = 0;
@@ -59,12 +67,13 @@ struct Entry {
   bool retired = false;
   std::optional<int64_t> started;
   std::optional<int64_t> completed;
-  std::vector<std::vector<int64_t>> inputSizes;
-  std::vector<c10::ScalarType> inputDtypes;
-  std::vector<std::vector<int64_t>> outputSizes;
-  std::vector<c10::ScalarType> outputDtypes;
-  std::string threadId;
-  std::string threadName;
+  // As torch keeps them: each tensor's number of dims, and all dims one after the other.
+  c10::SmallVector<int64_t, 8> sizes;
+  c10::SmallVector<int64_t, 4> inputDims;
+  c10::SmallVector<int64_t, 4> outputDims;
+  c10::SmallVector<c10::ScalarType, 4> inputDtypes;
+  c10::SmallVector<c10::ScalarType, 4> outputDtypes;
+  std::thread::id thread;
 };
 
 // The process-wide ring: torch's FlightRecorder layout (a vector filled up to max, then
@@ -85,7 +94,9 @@ struct Ring {
   size_t nextId = 0;
   size_t epoch = 0;
   std::map<std::tuple<std::string, std::string>, std::vector<uint64_t>> pgRanks;
+  std::map<size_t, std::tuple<std::string, std::string>> pgNames;
   std::map<size_t, std::shared_ptr<GroupStatus>> pgStatus;
+  std::map<std::thread::id, std::string> threadNames;
 
   // Under mutex.
   Entry* find(const Ref& ref) {
@@ -107,16 +118,6 @@ Ring& ring() {
 bool captureStacks() {
   static const bool value = c10d::getCvarBool({"SPYRECCL_FR_STACKS"}, false);
   return value;
-}
-
-const std::string& threadName() {
-  thread_local const std::string name = c10::getThreadName();
-  return name;
-}
-
-const std::string& threadId() {
-  thread_local const std::string id = c10::str(std::this_thread::get_id());
-  return id;
 }
 
 // "all_reduce" from "spyreccl:all_reduce", in the analyzer's spelling.
@@ -247,6 +248,8 @@ struct Registry {
   std::map<size_t, std::weak_ptr<GroupTrace>> groups;
   size_t nextId = 0;
   bool watching = false;
+  // Groups implemented in Python (multinode) live as long as the process.
+  std::vector<std::shared_ptr<GroupTrace>> pythonGroups;
   // The watcher: polls the stores of live groups for a peer's failure report.
   std::mutex stopMutex;
   std::condition_variable stopCv;
@@ -351,6 +354,7 @@ std::shared_ptr<GroupTrace> registerGroup(const std::string& name, const std::st
     Ring& r = ring();
     std::lock_guard<std::mutex> ringLock(r.mutex);
     r.pgRanks[pgName] = std::move(ranks);
+    r.pgNames[id] = pgName;
     r.pgStatus[id] = group->status_;
   }
   reg.groups[id] = group;
@@ -360,84 +364,113 @@ std::shared_ptr<GroupTrace> registerGroup(const std::string& name, const std::st
   return group;
 }
 
-void describeTensors(const std::vector<at::Tensor>& tensors, bool flattenList,
-                     std::vector<std::vector<int64_t>>& sizes,
-                     std::vector<c10::ScalarType>& dtypes) {
+// `flatten`: a list of equal tensors is recorded as one [n, *shape] tensor, as NCCL records
+// the list forms of all_gather (outputs) and reduce_scatter (inputs): the analyzer checks
+// their sizes that way.
+void describeTensors(const std::vector<at::Tensor>& tensors, bool flatten,
+                     c10::SmallVector<int64_t, 8>& sizes, c10::SmallVector<int64_t, 4>& dims,
+                     c10::SmallVector<c10::ScalarType, 4>& dtypes) {
   const bool uniform =
-      flattenList && tensors.size() > 1 &&
+      flatten && tensors.size() > 1 &&
       std::all_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
         return t.sizes() == tensors[0].sizes() && t.scalar_type() == tensors[0].scalar_type();
       });
   if (uniform) {
-    std::vector<int64_t> flat{static_cast<int64_t>(tensors.size())};
     const auto shape = tensors[0].sizes();
-    flat.insert(flat.end(), shape.begin(), shape.end());
-    sizes.push_back(std::move(flat));
+    sizes.push_back(static_cast<int64_t>(tensors.size()));
+    sizes.append(shape.begin(), shape.end());
+    dims.push_back(static_cast<int64_t>(shape.size()) + 1);
     dtypes.push_back(tensors[0].scalar_type());
     return;
   }
   for (const auto& tensor : tensors) {
-    sizes.emplace_back(tensor.sizes().vec());
+    const auto shape = tensor.sizes();
+    sizes.append(shape.begin(), shape.end());
+    dims.push_back(static_cast<int64_t>(shape.size()));
     dtypes.push_back(tensor.scalar_type());
   }
 }
 
-Ref recordIn(GroupTrace* group, const char* profilingTitle, c10d::OpType type,
-             const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-             int peer) {
+// The profiling name the analyzer parses: "nccl:all_reduce", "nccl:send 0->1" (group ranks).
+std::string profilingName(const Entry& e) {
+  if (e.title == nullptr) {
+    return kLibraryPrefix + e.name;
+  }
+  if (e.type == c10d::OpType::SEND) {
+    return std::string(kLibraryPrefix) + "send " + std::to_string(e.rank) + "->" +
+           std::to_string(e.peer);
+  }
+  if (e.type == c10d::OpType::RECV) {
+    return std::string(kLibraryPrefix) + "recv " + std::to_string(e.rank) + "<-" +
+           std::to_string(e.peer);
+  }
+  return kLibraryPrefix + analyzerOpName(e.title);
+}
+
+// Records one operation: `title` (C++ groups) or `name` (Python groups) names it.
+Ref recordIn(GroupTrace& group, const char* title, std::string name, c10d::OpType type, int peer,
+             bool isP2P, bool flattenInputs, bool flattenOutputs,
+             const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
   Ring& r = ring();
-  Entry entry;
-  entry.isP2P = type == c10d::OpType::SEND || type == c10d::OpType::RECV;
-  if (type == c10d::OpType::SEND) {
-    entry.profilingName = std::string(kLibraryPrefix) + "send " + std::to_string(group->rank_) +
-                          "->" + std::to_string(peer);
-  } else if (type == c10d::OpType::RECV) {
-    entry.profilingName = std::string(kLibraryPrefix) + "recv " + std::to_string(group->rank_) +
-                          "<-" + std::to_string(peer);
-  } else {
-    entry.profilingName = kLibraryPrefix + analyzerOpName(profilingTitle);
-  }
+  std::shared_ptr<torch::CapturedTraceback> traceback;
   if (captureStacks()) {
-    entry.traceback = torch::CapturedTraceback::gather(true, true, r.captureCppStack);
+    traceback = torch::CapturedTraceback::gather(true, true, r.captureCppStack);
   }
-  entry.pgId = group->id_;
-  entry.pgName = group->name_;
-  entry.created = c10::getTime();
-  entry.timeoutMs = group->timeout_.count();
-  // The list forms of all_gather (outputs) and reduce_scatter (inputs) are recorded as NCCL
-  // records them, one flat [n, *shape] tensor: the analyzer checks their sizes that way.
-  describeTensors(inputs, type == c10d::OpType::REDUCE_SCATTER, entry.inputSizes,
-                  entry.inputDtypes);
-  describeTensors(outputs, type == c10d::OpType::ALLGATHER, entry.outputSizes, entry.outputDtypes);
-  entry.threadId = threadId();
-  entry.threadName = threadName();
+  const int64_t now = c10::getTime();
+  thread_local bool threadNamed = false;
 
   std::lock_guard<std::mutex> lock(r.mutex);
-  if (entry.isP2P) {
-    ++group->p2pSeq_;
-  } else {
-    ++group->collectiveSeq_;
-    group->status_->lastEnqueued = static_cast<int64_t>(group->collectiveSeq_);
+  if (!threadNamed) {
+    r.threadNames[std::this_thread::get_id()] = c10::getThreadName();
+    threadNamed = true;
   }
-  entry.collectiveSeq = group->collectiveSeq_;
-  entry.p2pSeq = group->p2pSeq_;
-  entry.opId = ++group->opId_;
-  const size_t id = r.nextId++;
-  entry.id = id;
-  entry.epoch = r.epoch;
+  if (isP2P) {
+    ++group.p2pSeq_;
+  } else {
+    ++group.collectiveSeq_;
+    group.status_->lastEnqueued = static_cast<int64_t>(group.collectiveSeq_);
+  }
   if (r.entries.size() < r.maxEntries) {
-    r.entries.emplace_back(std::move(entry));
-  } else {
-    r.entries[r.next] = std::move(entry);
+    r.entries.emplace_back();
   }
+  // Filled in place: a reused slot keeps its buffers.
+  Entry& e = r.entries[r.next];
   r.next = (r.next + 1) % r.maxEntries;
-  return Ref{id, r.epoch, group->id_, true};
+  const size_t id = r.nextId++;
+  e.id = id;
+  e.epoch = r.epoch;
+  e.pgId = group.id_;
+  e.collectiveSeq = group.collectiveSeq_;
+  e.p2pSeq = group.p2pSeq_;
+  e.opId = ++group.opId_;
+  e.title = title;
+  e.name = std::move(name);
+  e.type = type;
+  e.rank = group.rank_;
+  e.peer = peer;
+  e.traceback = std::move(traceback);
+  e.created = now;
+  e.timeoutMs = group.timeout_.count();
+  e.isP2P = isP2P;
+  e.retired = false;
+  e.started.reset();
+  e.completed.reset();
+  e.sizes.clear();
+  e.inputDims.clear();
+  e.outputDims.clear();
+  e.inputDtypes.clear();
+  e.outputDtypes.clear();
+  describeTensors(inputs, flattenInputs, e.sizes, e.inputDims, e.inputDtypes);
+  describeTensors(outputs, flattenOutputs, e.sizes, e.outputDims, e.outputDtypes);
+  e.thread = std::this_thread::get_id();
+  return Ref{id, r.epoch, group.id_, true};
 }
 
 }  // namespace
 
-void GroupSlot::init(int rank, int size, std::vector<uint64_t> globalRanks,
+void GroupSlot::init(std::string name, int rank, int size, std::vector<uint64_t> globalRanks,
                      std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store) {
+  name_ = std::move(name);
   rank_ = rank;
   size_ = size;
   globalRanks_ = std::move(globalRanks);
@@ -448,14 +481,58 @@ void GroupSlot::init(int rank, int size, std::vector<uint64_t> globalRanks,
 Ref GroupSlot::record(const c10d::Backend& backend, const char* profilingTitle, c10d::OpType type,
                       const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                       int peer) {
-  if (!enabled() || type == c10d::OpType::RECVANYSOURCE) {
+  if (!enabled() || type == c10d::OpType::RECVANYSOURCE || disabled_.load()) {
     return {};
   }
   std::call_once(registered_, [&] {
-    group_ = registerGroup(backend.getGroupUid(), backend.getGroupDesc(), rank_, size_,
+    const std::string& uid = backend.getGroupUid();
+    group_ = registerGroup(uid.empty() ? name_ : uid, backend.getGroupDesc(), rank_, size_,
                            globalRanks_, timeout_, store_);
   });
-  return recordIn(group_.get(), profilingTitle, type, inputs, outputs, peer);
+  if (!group_) {
+    return {};
+  }
+  const bool isP2P = type == c10d::OpType::SEND || type == c10d::OpType::RECV;
+  return recordIn(*group_, profilingTitle, {}, type, peer, isP2P,
+                  type == c10d::OpType::REDUCE_SCATTER, type == c10d::OpType::ALLGATHER, inputs,
+                  outputs);
+}
+
+int64_t registerPythonGroup(const std::string& name, const std::string& desc, int rank, int size,
+                            const std::vector<uint64_t>& globalRanks,
+                            std::chrono::milliseconds timeout,
+                            c10::intrusive_ptr<c10d::Store> store) {
+  if (!enabled()) {
+    return -1;
+  }
+  auto group = registerGroup(name, desc, rank, size, globalRanks, timeout, std::move(store));
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  reg.pythonGroups.push_back(group);
+  return static_cast<int64_t>(group->id_);
+}
+
+Ref recordPython(int64_t group, const std::string& name, bool isP2P, bool flattenInputs,
+                 bool flattenOutputs, const std::vector<at::Tensor>& inputs,
+                 const std::vector<at::Tensor>& outputs) {
+  if (group < 0) {
+    return {};
+  }
+  auto trace = findGroup(static_cast<size_t>(group));
+  if (!trace) {
+    return {};
+  }
+  return recordIn(*trace, nullptr, name, c10d::OpType::UNKNOWN, -1, isP2P, flattenInputs,
+                  flattenOutputs, inputs, outputs);
+}
+
+void groupFailed(int64_t group) noexcept {
+  if (group < 0) {
+    return;
+  }
+  if (auto trace = findGroup(static_cast<size_t>(group))) {
+    trace->fail(/*tell=*/true);
+  }
 }
 
 void markStarted(const Ref& ref) noexcept {
@@ -548,6 +625,8 @@ std::string dumpPickle(bool includeCollectives, bool includeStackTraces, bool on
   using c10d::new_list;
   Ring& r = ring();
   std::vector<Entry> entries;
+  std::map<size_t, std::tuple<std::string, std::string>> pgNames;
+  std::map<std::thread::id, std::string> threadNames;
   auto pgConfig = new_dict();
   auto pgStatus = new_dict();
   {
@@ -557,6 +636,8 @@ std::string dumpPickle(bool includeCollectives, bool includeStackTraces, bool on
                    r.entries.end());
     entries.insert(entries.end(), r.entries.begin(),
                    r.entries.begin() + static_cast<std::ptrdiff_t>(r.next));
+    pgNames = r.pgNames;
+    threadNames = r.threadNames;
     for (const auto& [pgName, ranks] : r.pgRanks) {
       auto info = new_dict();
       info.insert("name", std::get<0>(pgName));
@@ -590,18 +671,19 @@ std::string dumpPickle(bool includeCollectives, bool includeStackTraces, bool on
       frames.emplace_back(std::move(d));
     }
   }
-  auto toSizes = [](const std::vector<std::vector<int64_t>>& all) {
+  // Each tensor's sizes from torch's flat layout (see Entry), advancing `it`.
+  auto toSizes = [](const c10::SmallVector<int64_t, 4>& dims, const int64_t*& it) {
     auto list = new_list();
-    for (const auto& sizes : all) {
+    for (const int64_t dim : dims) {
       auto inner = new_list();
-      for (const int64_t size : sizes) {
-        inner.push_back(size);
+      for (int64_t d = 0; d < dim; ++d) {
+        inner.push_back(*it++);
       }
       list.push_back(inner);
     }
     return list;
   };
-  auto toDtypes = [](const std::vector<c10::ScalarType>& all) {
+  auto toDtypes = [](const c10::SmallVector<c10::ScalarType, 4>& all) {
     std::vector<std::string> names;
     names.reserve(all.size());
     for (const auto dtype : all) {
@@ -625,20 +707,21 @@ std::string dumpPickle(bool includeCollectives, bool includeStackTraces, bool on
     }
     dict.insert(c10d::record_id_key, int64_t(e.id));
     dict.insert(c10d::pg_id_key, int64_t(e.pgId));
-    dict.insert(c10d::pg_name_key, e.pgName);
-    dict.insert(c10d::thread_name_key, e.threadName);
-    dict.insert(c10d::thread_id_key, e.threadId);
+    dict.insert(c10d::pg_name_key, pgNames[e.pgId]);
+    dict.insert(c10d::thread_name_key, threadNames[e.thread]);
+    dict.insert(c10d::thread_id_key, c10::str(e.thread));
     dict.insert(c10d::collective_seq_id_key, int64_t(e.collectiveSeq));
     dict.insert(c10d::p2p_seq_id_key, int64_t(e.p2pSeq));
     dict.insert(c10d::op_id_key, int64_t(e.opId));
-    dict.insert(c10d::profiling_name_key, e.profilingName);
+    dict.insert(c10d::profiling_name_key, profilingName(e));
     dict.insert(c10d::time_created_key, e.created);
     if (e.started && e.completed) {
       dict.insert(c10d::duration_key, static_cast<double>(*e.completed - *e.started) / 1e6);
     }
-    dict.insert(c10d::input_sizes_key, toSizes(e.inputSizes));
+    const int64_t* it = e.sizes.data();
+    dict.insert(c10d::input_sizes_key, toSizes(e.inputDims, it));
     dict.insert(c10d::input_dtypes_key, toDtypes(e.inputDtypes));
-    dict.insert(c10d::output_sizes_key, toSizes(e.outputSizes));
+    dict.insert(c10d::output_sizes_key, toSizes(e.outputDims, it));
     dict.insert(c10d::output_dtypes_key, toDtypes(e.outputDtypes));
     dict.insert(c10d::state_key, e.completed ? c10d::completed_state
                                  : e.started ? c10d::started_state

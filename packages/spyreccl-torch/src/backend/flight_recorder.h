@@ -18,6 +18,7 @@
 // collective, say) learns of it through the group's store, which a watcher thread polls.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -53,28 +54,47 @@ class GroupTrace;
 // was constructed, so the group is registered with its first recorded operation.
 class GroupSlot {
  public:
+  // `name`: the group's name when c10d gives it none (a group made directly);
   // `globalRanks`: the members' global ranks (empty: 0..size-1); `store`: the group's store,
   // through which a failure is told to the other ranks (may be null).
-  void init(int rank, int size, std::vector<uint64_t> globalRanks,
+  void init(std::string name, int rank, int size, std::vector<uint64_t> globalRanks,
             std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store);
 
   // Records one operation of `backend` as scheduled. `profilingTitle` is the backend's title
   // ("spyreccl:all_reduce"); `peer` the group rank of a send's destination or a receive's
   // source (-1 for collectives). A receive from any source is not recorded: the analyzer's
   // format has no way to name an unknown source.
+  // Stops recording this group's operations (a group that is plumbing of another one).
+  void disable() noexcept { disabled_.store(true); }
+
   Ref record(const c10d::Backend& backend, const char* profilingTitle, c10d::OpType type,
              const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
              int peer);
 
  private:
+  std::string name_;
   int rank_ = 0;
   int size_ = 0;
   std::vector<uint64_t> globalRanks_;
   std::chrono::milliseconds timeout_{0};
   c10::intrusive_ptr<c10d::Store> store_;
+  std::atomic<bool> disabled_{false};
   std::once_flag registered_;
   std::shared_ptr<GroupTrace> group_;
 };
+
+// Groups implemented in Python (the multinode HierarchicalProcessGroup): registered by
+// hand (returns the group's id, -1 when recording is off), their operations recorded with
+// a ready analyzer op name ("all_reduce", "send 0->1"; the library prefix is added), and
+// their failures reported by groupFailed (dumps once, tells the other ranks).
+int64_t registerPythonGroup(const std::string& name, const std::string& desc, int rank, int size,
+                            const std::vector<uint64_t>& globalRanks,
+                            std::chrono::milliseconds timeout,
+                            c10::intrusive_ptr<c10d::Store> store);
+Ref recordPython(int64_t group, const std::string& name, bool isP2P, bool flattenInputs,
+                 bool flattenOutputs, const std::vector<at::Tensor>& inputs,
+                 const std::vector<at::Tensor>& outputs);
+void groupFailed(int64_t group) noexcept;
 
 void markStarted(const Ref& ref) noexcept;
 void markCompleted(const Ref& ref) noexcept;

@@ -232,6 +232,8 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   c10d::ErrorType getError() override;
   // The core's state dump of this group's communicator (recent operations, peer states).
   std::string dumpState() const;
+  // Leaves this group out of the flight recorder (see flight_recorder.h).
+  void disableFlightRecorder() { trace_.disable(); }
 
  private:
   struct SplitTag {};

@@ -3,8 +3,8 @@
 Each scenario forks a fresh 3-rank group whose ranks dump to a folder of the test's
 (TORCH_FR_DUMP_TEMP_FILE), then runs ``python -m torch.distributed.flight_recorder.fr_trace``
 over that folder and checks the text it prints: which rank did not join which collective,
-or which rank called something else. A healthy job must leave no dump, and its on-demand
-dumps must read as one consistent run.
+or which rank called something else. A healthy job (eager, functional and point-to-point
+calls) must leave no dump, and its on-demand dumps must read as one consistent run.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce
 from spyreccl_testing.forked import ForkedGroup, results
@@ -185,6 +186,15 @@ def rank_healthy(ctx, seed: int, folder: str):
     _checked_all_reduces(ctx, seed, 3)
     world = ctx.world_size
     inputs = [random_tensor(5, torch.float32, seed=rank_seed(seed, r)) for r in range(world)]
+    # A functional collective (what DTensor and compiled graphs call), waited at once.
+    summed = funcol.all_reduce(inputs[ctx.rank].to("spyre"), "sum", dist.group.WORLD)
+    assert_close_dtype(
+        funcol.wait_tensor(summed).cpu(),
+        reference_reduce(inputs, "sum"),
+        torch.float32,
+        world,
+        seed=seed,
+    )
     outputs = [poison_(torch.empty(5, device="spyre")) for _ in range(world)]
     dist.all_gather(outputs, inputs[ctx.rank].to("spyre"))
     for r in range(world):
@@ -227,10 +237,10 @@ def test_healthy_job_leaves_no_dump_and_reads_clean(launcher):
     assert left == ["on_demand"], f"a healthy job left dumps: {left}"
     for rank, (entries, pg_config) in enumerate(reports):
         names = [name for name, *_ in entries]
-        assert names[:4] == ["nccl:all_reduce"] * 3 + ["nccl:all_gather"], (rank, names)
+        assert names[:5] == ["nccl:all_reduce"] * 4 + ["nccl:all_gather"], (rank, names)
         assert f"nccl:send {rank}->{(rank + 1) % WORLD_SIZE}" in names, (rank, names)
         assert f"nccl:recv {rank}<-{(rank - 1) % WORLD_SIZE}" in names, (rank, names)
-        assert names[4] == "nccl:barrier", (rank, names)
+        assert names[5] == "nccl:barrier", (rank, names)
         assert all(state == "completed" for _, state, *_ in entries), (rank, entries)
         # Collective numbers count collectives only; p2p numbers count sends and receives.
         collective = [c for name, _, c, _ in entries if "send" not in name and "recv" not in name]
