@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "backend/flight_recorder.h"
+
 namespace spyreccl_torch {
 namespace {
 
@@ -27,6 +29,7 @@ std::exception_ptr makeCoreError(spyrecclResult_t result, spyrecclComm_t comm,
     message += detail;
   }
   if (breaksCommunicator(result)) {
+    flight::onBreakingError();  // dumps the flight recorder for the operation running here
     return std::make_exception_ptr(c10::DistBackendError(
         c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
   }
@@ -39,6 +42,7 @@ void throwCoreError(spyrecclResult_t result, spyrecclComm_t comm, const std::str
 }
 
 std::exception_ptr makeDistBackendError(const std::string& message) {
+  flight::onBreakingError();
   return std::make_exception_ptr(c10::DistBackendError(
       c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
 }

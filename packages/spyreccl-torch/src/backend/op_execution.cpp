@@ -151,6 +151,7 @@ size_t payloadBytes(const OpRecord& op) {
 }
 
 void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
+  flight::Running<std::vector<Step>> traced(steps);
   size_t i = 0;
   while (i < steps.size()) {
     if (!groupable(steps[i])) {
@@ -169,6 +170,7 @@ void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
     }
     i = end;
   }
+  traced.done();
 }
 
 void checkNotAborted(const WorkSpyreccl& work, const Communicator& comm) {
@@ -225,9 +227,11 @@ bool OpJob::poll() noexcept {
     request_ = nullptr;
     at::ThreadLocalStateGuard tlsGuard(tls_);
     finishStep(steps_[0]);
+    flight::markCompleted(steps_[0].trace);
     steps_.clear();  // drop staging buffers before waking waiters
     work_->finishSuccess();
   } catch (...) {
+    flight::markFailed(trace_, std::current_exception());
     steps_.clear();
     work_->finishError(std::current_exception());
   }
@@ -245,9 +249,11 @@ bool OpJob::postRequest() noexcept {
     checkNotAborted(*work_, *comm_);
     comm_->useTimeout(timeout_);
     prepareStep(steps_[0]);
+    flight::markStarted(trace_ = steps_[0].trace);
     request_ = postPeerCall(steps_[0], comm_->get());
     return false;
   } catch (...) {
+    flight::markFailed(trace_, std::current_exception());
     steps_.clear();
     work_->finishError(std::current_exception());
     return true;

@@ -107,6 +107,7 @@ class OpJob : public ProgressThread::Job {
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<int> sourceRank_;
   at::ThreadLocalState tls_;
+  flight::Ref trace_;  // set once the request is posted: failures before that are not its own
 };
 
 }  // namespace spyreccl_torch

@@ -105,6 +105,8 @@ ProcessGroupSpyreccl::ProcessGroupSpyreccl(const c10::intrusive_ptr<c10d::Store>
   checkCore(spyrecclCommInitRank(&comm, size, id, rank, &config), nullptr,
             "communicator initialisation for " + name);
   comm_ = std::make_shared<Communicator>(comm, options_->timeout, name);
+  trace_.init(options_->group_name, rank, size, options_->global_ranks_in_group, options_->timeout,
+              store);
   startProgressThread();
   setSequenceNumberForGroup();
 }
@@ -114,6 +116,8 @@ ProcessGroupSpyreccl::ProcessGroupSpyreccl(SplitTag, std::shared_ptr<Communicato
     : c10d::Backend(rank, size), options_(std::move(options)), comm_(std::move(comm)) {
   init();
   cacheConstants();
+  trace_.init(options_->group_name, rank, size, options_->global_ranks_in_group, options_->timeout,
+              nullptr);
   startProgressThread();
   setSequenceNumberForGroup();
 }

@@ -34,6 +34,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "backend/flight_recorder.h"
 #include "backend/progress_thread.h"
 #include "backend/tensor_translation.h"
 
@@ -90,6 +91,7 @@ struct Step {
   std::function<void()> after;
   // The sequence number of the operation the step belongs to (set by submit).
   uint64_t seq = 0;
+  flight::Ref trace;  // the operation's flight recorder entry (set by submit)
 };
 
 // Everything ProcessGroupSpyreccl::submit needs to know about one operation.
@@ -230,6 +232,8 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   c10d::ErrorType getError() override;
   // The core's state dump of this group's communicator (recent operations, peer states).
   std::string dumpState() const;
+  // Leaves this group out of the flight recorder (see flight_recorder.h).
+  void disableFlightRecorder() { trace_.disable(); }
 
  private:
   struct SplitTag {};
@@ -295,6 +299,7 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   // time per communicator).
   std::mutex submitMutex_;
   std::atomic<uint64_t> seq_{0};
+  flight::GroupSlot trace_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> shutDown_{false};
   // The process that made the group; a child forked later inherits the object but not the

@@ -15,6 +15,7 @@
 #include "backend/direct_ops.h"
 #include "backend/exit_guard.h"
 #include "backend/fast_empty.h"
+#include "backend/flight_recorder.h"
 #include "backend/functional_scope.h"
 #include "backend/process_group_spyreccl.hpp"
 
@@ -112,6 +113,8 @@ PYBIND11_MODULE(_C, module) {
             // there is no collective split the non-members would have to take part in.
           },
           py::arg("device"))
+      .def("_disable_flight_recorder", &ProcessGroupSpyreccl::disableFlightRecorder,
+           "Leaves this group out of the flight recorder (internal groups of another one).")
       .def("dump_state", &ProcessGroupSpyreccl::dumpState, py::call_guard<py::gil_scoped_release>(),
            "The core's human readable state of this group's communicator (recent operations "
            "with sequence numbers and states, what each peer last announced).");
@@ -162,6 +165,49 @@ PYBIND11_MODULE(_C, module) {
       "How long the waits of spyreccl calls that this thread drives yield the CPU before they "
       "sleep, in ns, in place of their groups' yield_ns; -1 restores the groups' own "
       "(spyrecclSetThreadYield).");
+  module.def(
+      "_dump_flight_recorder",
+      [](bool includeCollectives, bool includeStackTraces, bool onlyActive) {
+        return py::bytes(
+            spyreccl_torch::flight::dumpPickle(includeCollectives, includeStackTraces, onlyActive));
+      },
+      py::arg("include_collectives") = true, py::arg("include_stack_traces") = true,
+      py::arg("only_active") = false,
+      "This process's flight recorder in torch's dump format (see "
+      "spyreccl_torch.flight_recorder).");
+  // Recording for the groups implemented in Python (multinode/flight.py); a record is
+  // handed to Python as (id, epoch, group) or None.
+  module.def("_fr_register_group",
+             [](const std::string& name, const std::string& desc, int rank, int size,
+                const std::vector<uint64_t>& globalRanks, std::chrono::milliseconds timeout,
+                const c10::intrusive_ptr<c10d::Store>& store) {
+               return spyreccl_torch::flight::registerPythonGroup(name, desc, rank, size,
+                                                                  globalRanks, timeout, store);
+             });
+  module.def("_fr_record",
+             [](int64_t group, const std::string& name, bool isP2P, bool flattenInputs,
+                bool flattenOutputs, const std::vector<at::Tensor>& inputs,
+                const std::vector<at::Tensor>& outputs) -> py::object {
+               const auto ref = spyreccl_torch::flight::recordPython(
+                   group, name, isP2P, flattenInputs, flattenOutputs, inputs, outputs);
+               if (!ref.valid) {
+                 return py::none();
+               }
+               return py::make_tuple(ref.id, ref.epoch, ref.group);
+             });
+  module.def("_fr_mark", [](const py::tuple& record, bool completed) {
+    spyreccl_torch::flight::Ref ref{record[0].cast<size_t>(), record[1].cast<size_t>(),
+                                    record[2].cast<size_t>(), true};
+    if (completed) {
+      spyreccl_torch::flight::markCompleted(ref);
+    } else {
+      spyreccl_torch::flight::markStarted(ref);
+    }
+  });
+  module.def("_fr_group_failed", &spyreccl_torch::flight::groupFailed,
+             py::call_guard<py::gil_scoped_release>());
+  module.def("_reset_flight_recorder", &spyreccl_torch::flight::reset,
+             "Forgets the flight recorder's entries (see spyreccl_torch.flight_recorder).");
   spyreccl_torch::addFastEmpty(module);
   spyreccl_torch::addDirectOps(module);
   module.attr("BACKEND_NAME") = spyreccl_torch::kBackendName;

@@ -233,8 +233,12 @@ bool ProcessGroupSpyreccl::runWaited(OpRecord& op) {
 
 uint64_t ProcessGroupSpyreccl::numberOp(OpRecord& op) {
   const uint64_t seq = ++seq_;
+  const flight::Ref trace =
+      trace_.record(*this, op.profilingTitle, op.type, op.inputs, op.outputs,
+                    op.steps.empty() || !op.steps[0].peerCall ? -1 : op.steps[0].peerCall->peer);
   for (Step& step : op.steps) {
     step.seq = seq;
+    step.trace = trace;
   }
   return seq;
 }

@@ -19,6 +19,7 @@ import datetime
 import gc
 import json
 import os
+import pickle
 import socket
 import sys
 import threading
@@ -1723,6 +1724,51 @@ def mode_nojoin() -> None:
     os._exit(0)
 
 
+def mode_skip() -> None:
+    """Flight recorder: every rank runs checked all_reduces on the world group; rank
+    $SPYRECCL_MN_SKIPPER then skips the next one and sleeps (outside any collective) until
+    its dump ($TORCH_FR_DUMP_TEMP_FILE + rank) appears, while the others call it and fail."""
+    from spyreccl_torch import flight_recorder
+
+    ctx = _init()
+    skipper = int(os.environ["SPYRECCL_MN_SKIPPER"])
+    report = _base_report(ctx)
+    seed = int(os.environ.get("SPYRECCL_MN_SEED", "1"))
+    failures = []
+    for step in range(3):
+        inputs = [
+            random_tensor(11 + step, torch.float32, seed=rank_seed(seed + step, r))
+            for r in range(ctx.world_size)
+        ]
+        t = inputs[ctx.rank].to(_dev(ctx))
+        dist.all_reduce(t)
+        want = reference_reduce(inputs, "sum")
+        if not torch.allclose(t.cpu(), want.to(torch.float32), rtol=1e-5, atol=1e-5):
+            failures.append(f"all_reduce {step}: {t.cpu().tolist()} != {want.tolist()}")
+    entries = pickle.loads(flight_recorder.dump())["entries"]
+    name = dist.group.WORLD.group_name
+    report["missed"] = 1 + max(
+        e["collective_seq_id"] for e in entries if e["process_group"][0] == name
+    )
+    start = time.monotonic()
+    if ctx.rank == skipper:
+        own = f"{os.environ['TORCH_FR_DUMP_TEMP_FILE']}{ctx.rank}"
+        while not os.path.exists(own) and time.monotonic() < start + 2 * TIMEOUT_S + 30:
+            time.sleep(0.1)
+        report["error"] = None
+        report["dumped"] = os.path.exists(own)
+    else:
+        try:
+            dist.all_reduce(torch.ones(8, device=_dev(ctx)))
+            report["error"] = None
+        except Exception as exc:
+            report["error"] = f"{type(exc).__name__}: {exc}"
+    report["seconds"] = time.monotonic() - start
+    report["failures"] = failures
+    _write(report)
+    os._exit(0)  # the group is broken: skip destroy
+
+
 if __name__ == "__main__":
     if os.environ.get("SPYRECCL_MN_DUMP"):  # while developing: stacks of a hung rank
         import faulthandler
@@ -1737,5 +1783,7 @@ if __name__ == "__main__":
         mode_kill()
     elif mode == "nojoin":
         mode_nojoin()
+    elif mode == "skip":
+        mode_skip()
     else:
         raise SystemExit(f"unknown mode {mode!r}")

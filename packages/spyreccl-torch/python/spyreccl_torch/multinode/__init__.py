@@ -8,9 +8,12 @@ between the nodes. :func:`topology.discover` tells the two cases apart at group 
 
 from __future__ import annotations
 
+from . import flight
 from .fingerprint import MismatchError
 from .hierarchical import HierarchicalProcessGroup
 from .topology import NODE_ID_ENV, Topology, discover, local_node_id
+
+flight.instrument(HierarchicalProcessGroup)  # its calls in the flight recorder
 
 __all__ = [
     "NODE_ID_ENV",

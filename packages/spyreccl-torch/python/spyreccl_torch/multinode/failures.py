@@ -70,6 +70,8 @@ class FailureBoard:
         # unreachable, and each further lookup could block up to the store's timeout;
         # waiters then rely on gloo's own errors and timeout alone.
         self._unusable = False
+        # Called when this rank sees the group fail (the flight recorder's dump, flight.py).
+        self.on_failure: Callable[[], None] | None = None
 
     def clear(self) -> None:
         """Removes what an earlier group of the same name left in the same store (a group
@@ -113,6 +115,13 @@ class FailureBoard:
         self._seen = record
         return record
 
+    def _on_failure(self) -> None:
+        if self.on_failure is not None:
+            try:
+                self.on_failure()
+            except Exception:
+                pass
+
     @staticmethod
     def describe(record: dict) -> str:
         if record["op"] == ABORT_OP:
@@ -127,6 +136,7 @@ class FailureBoard:
 
     def report(self) -> None:
         """Records that this rank saw the group fail (see silent_ranks), without waiting."""
+        self._on_failure()
         try:
             self._store.set(f"{_REPORT_PREFIX}{self._rank}", "1")
         except Exception:
@@ -135,6 +145,7 @@ class FailureBoard:
     def silent_ranks(self, window_s: float) -> list[int] | None:
         """Reports this rank's failure and waits up to `window_s` for every other rank's
         report; returns the ranks that did not report (None: the store failed)."""
+        self._on_failure()
         try:
             self._store.set(f"{_REPORT_PREFIX}{self._rank}", "1")
             deadline = time.monotonic() + window_s

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from . import flight
+
 
 def timeout_seconds(timeout: Any, default: datetime.timedelta) -> float:
     """A wait's limit in seconds: `timeout` when given (a timedelta, or None / zero, which
@@ -78,6 +80,7 @@ class AsyncWork(dist.Work):
             self._done = True
             self._gate.release()
             future = self._future
+        flight.completed(self)
         if future is not None:
             future.set_result(self._result)
 
@@ -201,7 +204,8 @@ class ThenWork(dist.Work):
                 raise self._error from error
             self._done = True
             self._keep = None
-            return True
+        flight.completed(self)
+        return True
 
     def is_completed(self) -> bool:
         # Pollers (`while not work.is_completed()`) never call wait(): finish the Work here
