@@ -146,6 +146,8 @@ def _ctest(
         )
         return
     python = session.run("python", "-c", "import sys; print(sys.executable)", silent=True)
+    if python is None:  # `nox --install-only`: session.run runs nothing
+        return
     pybind11_dir = session.run("python", "-m", "pybind11", "--cmakedir", silent=True)
     session.run(
         "cmake",
@@ -228,6 +230,9 @@ def lint(session: nox.Session) -> None:
         session,
         {
             "ruff check": lambda: session.run("ruff", "check", str(ROOT)),
+            "import circles": lambda: session.run(
+                "python", str(ROOT / "ci" / "check_imports.py"), str(ROOT)
+            ),
             "ruff format": lambda: session.run("ruff", "format", "--check", "--diff", str(ROOT)),
             "clang-format": lambda: session.run("clang-format", "--dry-run", "-Werror", *sources),
         },
