@@ -29,6 +29,7 @@ __all__ = [
     "LlamaConfig",
     "compile_blocks",
     "local_shard_model",
+    "random_tensor_parallel",
     "tensor_parallel",
     "tp_plan",
 ]
@@ -315,3 +316,43 @@ def compile_blocks(model: Llama, **options) -> Llama:
     view._modules = dict(model._modules)
     view.layers = nn.ModuleList(torch.compile(layer, **options) for layer in model.layers)
     return view
+
+
+def random_tensor_parallel(
+    cfg: LlamaConfig, mesh, device: torch.device, dtype: torch.dtype, seed: int
+) -> Llama:
+    """A tensor-parallel ``Llama`` with random weights made shard by shard on ``device``:
+    a rank never holds a whole projection (``tensor_parallel`` of a full model needs the
+    full weights on every rank first, 2.8 GB a layer at width 8192 in float32). For
+    benchmarks: the weights are not those of :meth:`Llama.from_seed`."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    cfg.check_world_size(mesh.size())
+    gen = torch.Generator().manual_seed(seed + mesh.get_local_rank())
+    with torch.device("meta"):
+        model = Llama(cfg)
+    placements = {
+        name: Shard(0) if type(style).__name__ == "ColwiseParallel" else Shard(1)
+        for name, style in tp_plan().items()
+    }
+    n = mesh.size()
+    for name, p in list(model.named_parameters()):
+        owner, _, leaf = name.rpartition(".")
+        rows, cols = (p.shape[0], p.shape[1]) if p.dim() == 2 else (p.shape[0], 1)
+        sub = owner.split(".", 2)[-1] if owner.startswith("layers.") else owner
+        place = placements.get(sub)
+        if place is None:  # replicated: the same values on every rank
+            full = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed))
+            if name.endswith("norm.weight"):
+                full = 1.0 + 0.1 * full
+            value = full.to(device, dtype)
+        else:
+            local_shape = (rows // n, cols) if place == Shard(0) else (rows, cols // n)
+            local = (torch.randn(local_shape, generator=gen) / math.sqrt(cols)).to(device, dtype)
+            value = DTensor.from_local(
+                local, mesh, [place], run_check=False, shape=p.shape, stride=(cols, 1)
+            )
+        setattr(model.get_submodule(owner), leaf, nn.Parameter(value, requires_grad=False))
+    cos, sin = rotary_tables(cfg.head_dim, cfg.max_seq, cfg.rope_theta)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return tensor_parallel(model, mesh)
