@@ -382,7 +382,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             "spyreccl-bench: matplotlib is not installed: no PNG this run, tables and JSON "
             "only (pip install 'spyreccl-torch[bench]')",
-            file=sys.stderr,
             flush=True,
         )
         args.no_plot = True
