@@ -78,7 +78,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--tol", type=float, default=1e-4, help="training: max abs diff vs float64")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--plot", default="tp_llama.png", help="PNG path ('' for none)")
+    p.add_argument("--plot", default="bench-results/tp_llama.png", help="PNG path ('' for none)")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -330,6 +330,7 @@ def plot(path: str, stats: dict, tp_losses, ref_losses, title: str) -> bool:
         ax_lat.set_title("serving: per-token latency")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True

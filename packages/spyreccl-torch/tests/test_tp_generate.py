@@ -65,10 +65,29 @@ def _tp_generate_case(seed: int, form: str) -> dict:
     assert wq.to_local().shape[0] == 3 * HEAD_DIM  # 3 query heads on this rank
     assert tp.layers[0].attention.wk.weight.to_local().shape[0] == HEAD_DIM
     step = compile_blocks(tp, dynamic=False) if form == "compiled" else tp
-    got = generate(
-        tp, prompts, NEW_TOKENS, device=device, dtype=torch.float32, step=step,
-        synchronize=torch.spyre.synchronize,
-    )  # fmt: skip
+    codes: list[str] = []
+    if form == "compiled":
+        from torch._inductor.utils import run_and_get_code
+
+        got, codes = run_and_get_code(
+            generate, tp, prompts, NEW_TOKENS, device=device, dtype=torch.float32, step=step,
+            synchronize=torch.spyre.synchronize,
+        )  # fmt: skip
+        # One graph serves every block, and each of its two all_reduces is waited at once:
+        # bound as `..._then_wait`, it runs inline up to SPYRECCL_INLINE_MAX_BYTES (4 MiB),
+        # so decode-sized all_reduces (batch x width) never pay the progress-thread hand-off.
+        assert len(codes) == 1, f"{len(codes)} graphs compiled for {cfg.n_layers} blocks"
+        calls = [
+            line.strip()
+            for line in codes[0].splitlines()
+            if line.strip().startswith("_spyreccl_all_reduce") and "=" not in line.split("(")[0]
+        ]
+        assert len(calls) == 2 and all("_then_wait(" in c for c in calls), calls
+    else:
+        got = generate(
+            tp, prompts, NEW_TOKENS, device=device, dtype=torch.float32, step=step,
+            synchronize=torch.spyre.synchronize,
+        )  # fmt: skip
     check = compare_tokens(got.tokens, reference, TIE_TOLERANCE)
     assert check.ok, f"{form}, {ws} ranks: {check.message}"
     # The compute floor runs the same shards without collectives: its row-parallel outputs

@@ -1,7 +1,7 @@
 """Timing a tensor-parallel decode step: spyreccl, gloo and the compute floor side by side.
 
 Used inside rank processes, with torch.distributed initialised, by the demo
-(``examples/tp_serve_train.py``) and ``spyreccl-bench --mode decode`` (:mod:`.decode`).
+(``examples/tp_llama.py``) and ``spyreccl-bench --mode decode`` (:mod:`.decode`).
 
 A *variant* is one way to run the same decode step: the tensor-parallel model on spyre
 tensors (its all_reduces go to spyreccl), the same on CPU tensors over a gloo group, and the
