@@ -25,6 +25,7 @@ import argparse
 import datetime
 import os
 import tempfile
+import time
 import warnings
 from typing import Any
 
@@ -91,12 +92,26 @@ def decode_rank(args: dict) -> None:
         )
         conn.send(("ready", {"pid": os.getpid()}))
         for index, case in enumerate(_cases(args)):
-            conn.send(("case", index, _run_case(envs, args, case)))
+            conn.send(("case", index, _run_case(envs, args, case, _heartbeat(conn))))
         envs["spyreccl"].dist.destroy_process_group()
         conn.send(("done",))
 
 
-def _run_case(envs: dict, args: dict, case: dict) -> dict:
+def _heartbeat(conn: Any) -> Any:
+    """A callback that tells the parent, at most once a second, that this rank is alive: a
+    compiled case can run for minutes without finishing (its stall timeout is --timeout)."""
+    last = [time.monotonic()]
+
+    def beat() -> None:
+        now = time.monotonic()
+        if now - last[0] >= 1.0:
+            last[0] = now
+            conn.send(("progress", "step"))
+
+    return beat
+
+
+def _run_case(envs: dict, args: dict, case: dict, heartbeat: Any) -> dict:
     import torch
     import torch._dynamo
     import torch.distributed as dist
@@ -134,7 +149,10 @@ def _run_case(envs: dict, args: dict, case: dict) -> dict:
             Variant(f"floor {level}", floor,
                     compile_blocks(floor, dynamic=False) if compiled else floor, device, sync)
         )  # fmt: skip
-    time_variants(variants, prompts, args["new_tokens"], args["rounds"], dtype, dist.group.WORLD)
+    time_variants(
+        variants, prompts, args["new_tokens"], args["rounds"], dtype, dist.group.WORLD,
+        on_step=heartbeat,
+    )  # fmt: skip
     alone = {}
     for level in args["levels"]:
         alone[level] = isolated_all_reduce_us(

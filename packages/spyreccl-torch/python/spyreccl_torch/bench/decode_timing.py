@@ -67,11 +67,12 @@ def time_variants(
 ) -> None:
     """One untimed generation per variant (compiles the compiled ones, warms caches), then
     ``rounds`` timed generations of each, variants in rotating order; fills each variant's
-    ``ttft_s`` and ``step_s`` with this rank's times."""
+    ``ttft_s`` and ``step_s`` with this rank's times. ``on_step`` is called after every
+    decode step, outside its timed interval."""
     for v in variants:
         generate(
             v.model, prompts, new_tokens, device=v.device, dtype=dtype, step=v.step,
-            synchronize=v.synchronize,
+            synchronize=v.synchronize, on_step=on_step,
         )  # fmt: skip
     for r in range(rounds):
         order = list(variants[r % len(variants) :]) + list(variants[: r % len(variants)])
