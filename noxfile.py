@@ -2,7 +2,7 @@
 
     nox -l                      list the sessions
     nox -s lint tests pins      what CI runs (ci/test.sh)
-    nox -s demo                 the main job: tensor-parallel training over spyreccl (ci/demo.sh)
+    nox -s demo                 the main job: tensor-parallel serving + training (ci/demo.sh)
     nox -s core_tests           spyreccl-core alone, without torch
     nox -s sanitize             core C++ tests under ASan+UBSan and TSan
     nox -s bench -- --help      benchmarks (arguments after `--` go to spyreccl-bench)
@@ -63,7 +63,7 @@ BUILD_REQUIREMENTS = [
 PYTEST_STRICT = ["--strict-markers", "-o", "xfail_strict=true", "-p", "no:cacheprovider", "-ra"]
 
 CPP_SUFFIXES = {".h", ".hpp", ".hh", ".c", ".cc", ".cpp", ".cxx"}
-DEMO_SCRIPTS = ["examples/tp_train.py", "packages/spyreccl-torch/examples/tp_train.py"]
+DEMO_SCRIPTS = ["examples/tp_llama.py", "packages/spyreccl-torch/examples/tp_llama.py"]
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: tensor-parallel training on 2 ranks with torchrun over spyreccl."""
+    """The main job: tensor-parallel serving and training on 2 ranks with torchrun over spyreccl."""
     scripts = [ROOT / s for s in DEMO_SCRIPTS if (ROOT / s).is_file()]
     if not scripts:
         session.error(

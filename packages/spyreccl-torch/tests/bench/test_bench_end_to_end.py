@@ -203,3 +203,66 @@ def test_funcol_mode_with_inductor_times_the_compiled_tensor_parallel_step(tmp_p
         step = result["tp_mlp_step"]
         assert step["tp_compiled"]["median_us"] > 0, step
     assert "tp compiled" in capsys.readouterr().out
+
+
+def test_decode_mode_tiny_model(tmp_path, capsys):
+    """Every (dtype, batch) case of a tiny grid: spyreccl, gloo and both floors timed, the
+    derived ratios consistent with the medians they come from."""
+    out = tmp_path / "decode.json"
+    rc = main(
+        [
+            "--mode", "decode", "--nproc", "2", "--widths", "128", "--batches", "1,3",
+            "--dtypes", "bfloat16,float32", "--forms", "eager", "--layers", "1",
+            "--new-tokens", "3", "--rounds", "2", "--json", str(out), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    doc = _load(out)
+    assert doc["mode"] == "decode"
+    rows = doc["results"]
+    assert [(r["dtype"], r["batch"]) for r in rows] == [
+        ("bfloat16", 1), ("bfloat16", 3), ("float32", 1), ("float32", 3),
+    ]  # fmt: skip
+    for r in rows:
+        assert r["nranks"] == 2 and r["width"] == 128 and r["form"] == "eager"
+        itemsize = 2 if r["dtype"] == "bfloat16" else 4
+        assert r["all_reduce_bytes"] == r["batch"] * 128 * itemsize
+        assert r["all_reduces_per_token"] == 2
+        for name in ("spyreccl", "gloo", "floor spyreccl", "floor gloo"):
+            v = r[name]
+            # 2 rounds x (3 - 1) decode steps
+            assert v["steps"] == 4 and 0 < v["token_ms"] <= v["p90_ms"] and v["ttft_ms"] > 0
+        for level in ("spyreccl", "gloo"):
+            v, floor = r[level], r[f"floor {level}"]
+            assert v["vs_floor"] == pytest.approx(v["token_ms"] / floor["token_ms"])
+            assert v["comm_ms"] == pytest.approx(v["token_ms"] - floor["token_ms"])
+            assert v["alone_us"] > 0
+        assert r["gloo_over_spyreccl"] == pytest.approx(
+            r["gloo"]["token_ms"] / r["spyreccl"]["token_ms"]
+        )
+    assert (tmp_path / "decode.png").stat().st_size > 10_000
+    assert "# decode: ms per token" in capsys.readouterr().out
+
+
+def test_without_matplotlib_says_so_first_and_writes_tables_and_json(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "sweep.json"
+    args = ["--levels", "core", "--ops", "all_reduce", "--min", "8", "--max", "8"]
+    code = (
+        "import sys\n"
+        "sys.modules['matplotlib'] = None  # import matplotlib raises ImportError\n"
+        "from spyreccl_torch.bench.cli import main\n"
+        f"sys.exit(main({[*args, '--json', str(out), *_FAST]!r}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Said first, before anything of the run.
+    assert result.stdout.startswith("spyreccl-bench: matplotlib is not installed"), result.stdout
+    assert "spyreccl-torch[bench]" in result.stdout.splitlines()[0]
+    assert _load(out)["results"] and (tmp_path / "sweep.md").is_file()
+    assert not (tmp_path / "sweep.png").exists()
+    assert "results:" in result.stdout and "plot:" not in result.stdout

@@ -16,6 +16,14 @@ Modes:
     DistributedDataParallel step time: spyre+spyreccl against CPU+gloo.
 ``overhead``
     per-call cost of each layer (core, device sync, backend, torch.distributed) at one rank.
+``funcol``
+    the functional-collective path (DTensor, FSDP2, compiled graphs) next to the eager call.
+``decode``
+    per-token latency of tensor-parallel greedy decoding of a Llama-style model: spyreccl,
+    gloo and the compute floor, eager and compiled, over widths, batches, dtypes.
+
+The PNGs need matplotlib and the progress bar tqdm (``pip install 'spyreccl-torch[bench]'``);
+without matplotlib the run says so first and writes its tables and JSON.
 """
 
 from __future__ import annotations
@@ -30,12 +38,12 @@ from .funcol import GRAPH_BACKENDS
 from .launcher import BenchError
 from .machine import command_line, describe_environment, timestamp
 from .ops import op_names
-from .plan import DTYPES, parse_size, pow2_sizes
-from .timing import LoopPolicy
+from .options import matplotlib_missing, plot_path, policy_from, sizes_from
+from .plan import DTYPES, parse_size
 
 __all__ = ["build_parser", "main"]
 
-MODES = ("sweep", "threshold", "ibm", "ddp", "overhead", "funcol")
+MODES = ("sweep", "threshold", "ibm", "ddp", "overhead", "funcol", "decode")
 
 
 def _int_list(text: str) -> list[int]:
@@ -113,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--plot",
         metavar="PATH",
-        help="PNG plot (default: the JSON path with .png); sweep and threshold",
+        help="PNG plot (default: the JSON path with .png); sweep, threshold and decode",
     )
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -210,6 +218,33 @@ def build_parser() -> argparse.ArgumentParser:
         "ProcessGroup)",
     )
 
+    dc = p.add_argument_group("decode")
+    dc.add_argument(
+        "--widths",
+        type=_int_list,
+        default=[1024, 2048, 4096, 8192],
+        help="decode: model widths (hidden size)",
+    )
+    dc.add_argument(
+        "--batches", type=_int_list, default=[1, 8, 32], help="decode: sequences per batch"
+    )
+    dc.add_argument(
+        "--dtypes",
+        type=_name_list(("bfloat16", "float16", "float32")),
+        default=["bfloat16", "float32"],
+        help="decode: model dtypes",
+    )
+    dc.add_argument(
+        "--forms",
+        type=_name_list(("eager", "compiled")),
+        default=["eager", "compiled"],
+        help="decode: eager and/or torch.compile'd blocks",
+    )
+    dc.add_argument("--layers", type=int, default=2, help="decode: transformer blocks")
+    dc.add_argument("--vocab", type=int, default=512, help="decode: vocabulary size")
+    dc.add_argument("--new-tokens", type=int, default=16, help="decode: tokens generated per round")
+    dc.add_argument("--rounds", type=int, default=3, help="decode: timed rounds per variant")
+
     d = p.add_argument_group("ddp")
     d.add_argument("--model", choices=("mlp", "convnet"), default="mlp")
     d.add_argument("--steps", type=int, default=30, help="timed steps per backend")
@@ -231,28 +266,6 @@ def _name_list_sizes(text: str) -> list[int]:
 
 def _default_json(mode: str) -> str:
     return os.path.join("bench-results", f"{mode}-{timestamp()}.json")
-
-
-def _plot_path(args: argparse.Namespace, json_path: str) -> str | None:
-    if args.no_plot:
-        return None
-    return args.plot or os.path.splitext(json_path)[0] + ".png"
-
-
-def sizes_from(args: argparse.Namespace, default_min: int, default_max: int) -> list[int]:
-    """The size series of --min/--max/--factor, each bound defaulting per mode."""
-    lo = default_min if args.min_bytes is None else args.min_bytes
-    hi = default_max if args.max_bytes is None else args.max_bytes
-    return pow2_sizes(lo, hi, args.factor)
-
-
-def policy_from(args: argparse.Namespace) -> LoopPolicy:
-    return LoopPolicy(
-        target_s=args.time_per_size,
-        min_iters=args.min_iters,
-        max_iters=args.max_iters,
-        max_case_s=max(2.0, 10 * args.time_per_size),
-    )
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
@@ -341,7 +354,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         f.write(f"Command: `{document['command']}`\n\n")
         f.write(format_markdown(rows, memcpy.median_gbps))
     print(f"results: {json_path} (tables in Markdown: {md_path})")
-    plot = _plot_path(args, json_path)
+    plot = plot_path(args, json_path)
     if plot:
         machine = document["machine"]
         plot_sweep(
@@ -364,6 +377,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = list(argv) + json.loads(forwarded)
     args = build_parser().parse_args(argv)
     args.argv = list(argv)  # recorded in the result documents, forwarded by --mode ibm
+    if args.mode in ("sweep", "threshold", "decode") and not args.no_plot and matplotlib_missing():
+        # Said before the run starts (not after it, when the PNG would be drawn).
+        print(
+            "spyreccl-bench: matplotlib is not installed: no PNG this run, tables and JSON "
+            "only (pip install 'spyreccl-torch[bench]')",
+            flush=True,
+        )
+        args.no_plot = True
     try:
         if args.mode == "sweep":
             return _run_sweep(args)
@@ -383,6 +404,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .funcol import run_funcol
 
             return run_funcol(args)
+        if args.mode == "decode":
+            from .decode import run_decode
+
+            return run_decode(args)
         from .ddp import run_ddp
 
         return run_ddp(args)

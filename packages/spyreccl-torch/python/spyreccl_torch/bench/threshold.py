@@ -19,6 +19,7 @@ import os
 
 from .machine import command_line, describe_environment, timestamp
 from .memcpy import measure_memcpy
+from .options import plot_path, policy_from, sizes_from
 from .report import format_bytes, write_json
 from .sweep import SweepConfig, plan_for, progress_bar, run_level
 
@@ -47,12 +48,8 @@ def _label(value: int | None) -> str:
 
 
 def run_threshold(args: argparse.Namespace) -> int:
-    from .cli import sizes_from
-
     sizes = sizes_from(args, _DEFAULT_MIN, _DEFAULT_MAX)
     values: list[int | None] = list(args.oneshot_values or [0, 1 << 20]) + [None]
-    from .cli import policy_from
-
     policy = policy_from(args)
     memcpy = measure_memcpy()
     configs = []
@@ -147,8 +144,8 @@ def run_threshold(args: argparse.Namespace) -> int:
         },
     )
     print(f"results: {json_path}")
-    if not args.no_plot:
-        plot = args.plot or os.path.splitext(json_path)[0] + ".png"
+    plot = plot_path(args, json_path)
+    if plot:
         _plot(plot, rows, values, args)
         print(f"plot: {plot}")
     return 0

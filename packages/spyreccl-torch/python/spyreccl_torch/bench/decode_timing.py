@@ -1,0 +1,141 @@
+"""Timing a tensor-parallel decode step: spyreccl, gloo and the compute floor side by side.
+
+Used inside rank processes, with torch.distributed initialised, by the demo
+(``examples/tp_llama.py``) and ``spyreccl-bench --mode decode`` (:mod:`.decode`).
+
+A *variant* is one way to run the same decode step: the tensor-parallel model on spyre
+tensors (its all_reduces go to spyreccl), the same on CPU tensors over a gloo group, and the
+*compute floor*: the same per-rank shards run as a plain model with no collective (wrong
+numbers, right timing; :func:`spyreccl_torch.models.llama.local_shard_model`). Each comes
+eager and ``torch.compile``d. Variants are timed round by round in rotating order, so that
+a change of machine load during the run touches all of them alike; a step's time is the
+mean over the ranks of each rank's wall time of that step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..models.generate import generate
+from ..models.llama import Llama
+
+__all__ = [
+    "Variant",
+    "isolated_all_reduce_us",
+    "mean_over_ranks",
+    "percentile",
+    "time_variants",
+]
+
+
+@dataclass
+class Variant:
+    name: str  # e.g. "spyreccl eager", "floor compiled"
+    model: Llama
+    step: Callable[..., torch.Tensor]  # the model or its compiled form
+    device: torch.device
+    synchronize: Callable[[], None]
+    ttft_s: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+
+
+def _no_sync() -> None:
+    return None
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    if device.type == "spyre":
+        return torch.spyre.synchronize
+    return _no_sync
+
+
+def time_variants(
+    variants: Sequence[Variant],
+    prompts: Sequence[Sequence[int]],
+    new_tokens: int,
+    rounds: int,
+    dtype: torch.dtype,
+    barrier_group: Any,
+    on_step: Callable[[], None] | None = None,
+) -> None:
+    """One untimed generation per variant (compiles the compiled ones, warms caches), then
+    ``rounds`` timed generations of each, variants in rotating order; fills each variant's
+    ``ttft_s`` and ``step_s`` with this rank's times. ``on_step`` is called after every
+    decode step, outside its timed interval."""
+    for v in variants:
+        generate(
+            v.model, prompts, new_tokens, device=v.device, dtype=dtype, step=v.step,
+            synchronize=v.synchronize, on_step=on_step,
+        )  # fmt: skip
+    for r in range(rounds):
+        order = list(variants[r % len(variants) :]) + list(variants[: r % len(variants)])
+        for v in order:
+            dist.barrier(group=barrier_group)
+            g = generate(
+                v.model, prompts, new_tokens, device=v.device, dtype=dtype, step=v.step,
+                synchronize=v.synchronize, on_step=on_step,
+            )  # fmt: skip
+            v.ttft_s.append(g.ttft_s)
+            v.step_s.extend(g.step_s)
+
+
+def mean_over_ranks(samples: Sequence[float], group: Any) -> list[float]:
+    """Sample i averaged over the ranks (every rank has as many), through a CPU group."""
+    t = torch.tensor(list(samples), dtype=torch.float64)
+    dist.all_reduce(t, group=group)
+    return (t / dist.get_world_size(group)).tolist()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile: no values")
+    k = (len(ordered) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def isolated_all_reduce_us(
+    numel: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    group: Any,
+    form: str,
+    barrier_group: Any,
+    iters: int = 300,
+) -> float:
+    """Median latency (µs, this rank) of one all_reduce of ``numel`` elements as the decode
+    step issues it, alone: ``functional`` is ``_c10d_functional.all_reduce`` +
+    ``wait_tensor`` (what DTensor's eager redistribute calls); ``sync`` is
+    ``dist.all_reduce`` (what a compiled graph's collective waited at once amounts to on
+    spyre, see docs/user-guide.md)."""
+    t = torch.randn(numel, dtype=torch.float32).to(device, dtype)
+    functional = torch.ops._c10d_functional
+    name = group.group_name
+    if form == "functional":
+
+        def call() -> object:
+            return functional.wait_tensor(functional.all_reduce(t, "sum", name))
+    elif form == "sync":
+
+        def call() -> object:
+            return dist.all_reduce(t, group=group)
+    else:
+        raise ValueError(f"isolated_all_reduce_us: unknown form {form!r}")
+    for _ in range(20):
+        call()
+    dist.barrier(group=barrier_group)
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e6
