@@ -136,7 +136,9 @@ def main(argv: list[str]) -> int:
         members = set(component)
         print("import circle:")
         for name in component:
-            print(f"  {modules[name][0].relative_to(root)}: imports {sorted(graph[name] & members)}")
+            print(
+                f"  {modules[name][0].relative_to(root)}: imports {sorted(graph[name] & members)}"
+            )
     print(f"check_imports: {len(modules)} modules, {len(found)} import circles")
     return 1 if found else 0
 

@@ -151,7 +151,9 @@ if RANK == 0:
 
         return record
 
-    spyreccl_torch._C._add_guarded_callback(lonely.allreduce([t0.clone()], lonely_opts), recorder("failed_cb"))
+    spyreccl_torch._C._add_guarded_callback(
+        lonely.allreduce([t0.clone()], lonely_opts), recorder("failed_cb")
+    )
     spyreccl_torch._C._add_guarded_callback(gloo_ok.allreduce([t0]), recorder("ok_cb"))
     _wait_for("ok_cb")
     _wait_for("failed_cb")
