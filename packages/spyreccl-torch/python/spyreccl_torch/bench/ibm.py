@@ -146,7 +146,11 @@ def _run_rank(args: argparse.Namespace) -> int:
         devices["spyreccl"] = (torch.device("spyre", index), torch.spyre.synchronize)
     if "gloo" in levels:
         devices["gloo"] = (torch.device("cpu"), lambda: None)
-    backend = ",".join(f"{'spyre:spyreccl' if lv == 'spyreccl' else 'cpu:gloo'}" for lv in levels)
+    from spyreccl_torch import backend_name  # ours, whatever name it holds beside a vendor's
+
+    backend = ",".join(
+        f"spyre:{backend_name()}" if lv == "spyreccl" else "cpu:gloo" for lv in levels
+    )
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
     dtype = getattr(torch, args.dtype)
     itemsize = DTYPES[args.dtype].itemsize

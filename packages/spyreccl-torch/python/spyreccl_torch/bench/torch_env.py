@@ -1,6 +1,7 @@
 """Setting up torch.distributed for the torch levels inside a rank process.
 
-``spyreccl``: the default process group on the ``spyreccl`` backend with ``spyre`` tensors.
+``spyreccl``: the default process group on our backend (``spyreccl``, or ``spyreccl_shm`` beside
+a vendor backend that holds that name) with ``spyre`` tensors.
 ``gloo``: the default process group on gloo with CPU tensors (the baseline).
 Both at once (:func:`init_levels`): one default group ``spyre:spyreccl,cpu:gloo``; c10d picks
 the backend from each tensor's device, so the same process measures both, case by case.
@@ -99,7 +100,10 @@ def init_levels(
         )
         return {"gloo": TorchEnv(torch, dist, torch.device("cpu"), _no_sync)}
     index = _spyre_index(torch, rank)
-    backend = "spyre:spyreccl" + (",cpu:gloo" if "gloo" in levels else "")
+    # Ours by the name it holds here: beside torch-spyre, `spyreccl` is the vendor's backend.
+    from spyreccl_torch import backend_name
+
+    backend = f"spyre:{backend_name()}" + (",cpu:gloo" if "gloo" in levels else "")
     dist.init_process_group(
         backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
     )
