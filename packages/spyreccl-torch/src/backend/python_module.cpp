@@ -17,6 +17,7 @@
 #include "backend/fast_empty.h"
 #include "backend/functional_scope.h"
 #include "backend/process_group_spyreccl.hpp"
+#include "backend/staging_bindings.h"
 
 namespace py = pybind11;
 
@@ -162,6 +163,7 @@ PYBIND11_MODULE(_C, module) {
       "How long the waits of spyreccl calls that this thread drives yield the CPU before they "
       "sleep, in ns, in place of their groups' yield_ns; -1 restores the groups' own "
       "(spyrecclSetThreadYield).");
+  spyreccl_torch::addStagingBindings(module);
   spyreccl_torch::addFastEmpty(module);
   spyreccl_torch::addDirectOps(module);
   module.attr("BACKEND_NAME") = spyreccl_torch::kBackendName;
