@@ -111,12 +111,12 @@ Step reduceScatterStep(CommBuffer input, CommBuffer output, const ReduceSpec& sp
   step.issue = [spec, opName](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[1].dtype(), comm, opName);
     if (b[1].pipelined()) {
-      pipelineReduceScatter(b[0], b[1], static_cast<int>(b[0].count() / b[1].count()),
-                            [&](const void* in, void* out, size_t count) {
-                              checkCore(spyrecclReduceScatter(in, out, count, b[1].dtype(),
-                                                              op.get(), comm),
-                                        comm, opName);
-                            });
+      pipelineReduceScatter(
+          b[0], b[1], static_cast<int>(b[0].count() / b[1].count()),
+          [&](const void* in, void* out, size_t count) {
+            checkCore(spyrecclReduceScatter(in, out, count, b[1].dtype(), op.get(), comm), comm,
+                      opName);
+          });
       return;
     }
     checkCore(
@@ -135,12 +135,11 @@ Step broadcastStep(Buffers buffers, int root, bool isRoot, const char* opName) {
   step.issue = [root, isRoot, opName](const Buffers& b, spyrecclComm_t comm) {
     const CommBuffer& destination = b.back();
     if (destination.pipelined()) {
-      pipelineBroadcast(isRoot ? &b[0] : nullptr, destination,
-                        [&](const void* in, void* out, size_t count) {
-                          checkCore(spyrecclBroadcast(in, out, count, destination.dtype(), root,
-                                                      comm),
-                                    comm, opName);
-                        });
+      pipelineBroadcast(
+          isRoot ? &b[0] : nullptr, destination, [&](const void* in, void* out, size_t count) {
+            checkCore(spyrecclBroadcast(in, out, count, destination.dtype(), root, comm), comm,
+                      opName);
+          });
       return;
     }
     checkCore(spyrecclBroadcast(isRoot ? b[0].data() : nullptr, destination.data(),

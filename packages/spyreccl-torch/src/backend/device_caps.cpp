@@ -36,8 +36,7 @@ bool hostAddressable(c10::DeviceType type) {
 void setHostAddressable(c10::DeviceType type, bool addressable) {
   const auto index = static_cast<size_t>(type);
   if (index < kTypes) {
-    gDeclared[index].store(addressable ? kAddressable : kNotAddressable,
-                           std::memory_order_release);
+    gDeclared[index].store(addressable ? kAddressable : kNotAddressable, std::memory_order_release);
   }
 }
 

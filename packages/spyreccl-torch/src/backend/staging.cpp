@@ -38,8 +38,10 @@ size_t chunkFromEnvironment() {
   }
   char* end = nullptr;
   const unsigned long long value = std::strtoull(text, &end, 10);
-  TORCH_CHECK(end != text && *end == '\0', "spyreccl: SPYRECCL_STAGING_CHUNK_BYTES must be a "
-              "number of bytes, got '", text, "'");
+  TORCH_CHECK(end != text && *end == '\0',
+              "spyreccl: SPYRECCL_STAGING_CHUNK_BYTES must be a "
+              "number of bytes, got '",
+              text, "'");
   return std::max<size_t>(static_cast<size_t>(value), kMinChunkBytes);
 }
 
@@ -143,7 +145,9 @@ class CopyThread {
   }
 
  private:
-  CopyThread() { std::thread([this] { loop(); }).detach(); }
+  CopyThread() {
+    std::thread([this] { loop(); }).detach();
+  }
 
   [[noreturn]] void loop() {
     for (;;) {

@@ -14,9 +14,7 @@ namespace spyreccl_torch {
 namespace {
 
 // "cpu", "spyre", "spyre:0", ...: the device type (PrivateUse1 answers to its renamed name).
-c10::DeviceType parseDeviceType(const std::string& device) {
-  return c10::Device(device).type();
-}
+c10::DeviceType parseDeviceType(const std::string& device) { return c10::Device(device).type(); }
 
 }  // namespace
 

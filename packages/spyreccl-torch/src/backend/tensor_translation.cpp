@@ -156,8 +156,7 @@ void CommBuffer::prepare() {
     comm_ = acquireHostBuffer(user_.sizes(), user_.scalar_type());
     countStagedBuffer();
   } else {
-    comm_ =
-        at::empty(user_.sizes(), user_.options().memory_format(at::MemoryFormat::Contiguous));
+    comm_ = at::empty(user_.sizes(), user_.options().memory_format(at::MemoryFormat::Contiguous));
   }
   if (copyIn_ && count_ > 0) {
     comm_.copy_(user_);

@@ -6,7 +6,8 @@ default ``host`` memory mode), :func:`spyreccl_torch.device.host_view` gives glo
 tensor over it, so a stage reads and writes the spyre tensor in place. Otherwise (a real
 runtime such as torch_spyre owns the device, the emulated device runs with
 ``SPYRECCL_SPYRE_MEMORY=discrete``, or ``SPYRECCL_MULTINODE_ZERO_COPY=0``) a stage works on a
-host copy made with the device's own copies and copies its result back. A stage that needs a contiguous buffer that the tensor is not, makes one copy.
+host copy made with the device's own copies and copies its result back. A stage that needs
+a contiguous buffer that the tensor is not, makes one copy.
 
 :attr:`HostStaging.counts` counts the copies between spyre tensors and host buffers that the
 stages make (tests and the benchmark read it through the group's ``staging_counts``).
