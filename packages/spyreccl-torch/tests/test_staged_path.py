@@ -206,3 +206,34 @@ def test_host_mode_stays_zero_copy(make_pool, seeded):
     pool = make_pool(2, **POOL, env={"SPYRECCL_SPYRE_MEMORY": "host"})
     for delta in pool.run(host_mode_is_zero_copy, seeded.seed, timeout=120):
         assert all(value == 0 for value in delta.values()), delta
+
+
+def test_capability_is_declared_not_guessed():
+    """CPU is host memory; a device type nobody declared is not; a declaration takes effect
+    and can be withdrawn; the emulated device declared spyre per its memory mode."""
+    from spyreccl_torch import _C
+    from spyreccl_torch.device._memory_mode import memory_mode
+
+    assert _C._host_addressable("cpu")
+    assert not _C._host_addressable("meta")
+    try:
+        _C._set_host_addressable("meta", True)
+        assert _C._host_addressable("meta")
+    finally:
+        _C._set_host_addressable("meta", False)
+    assert not _C._host_addressable("meta")
+    assert _C._host_addressable("spyre") == (memory_mode() == "host")
+    with pytest.raises(RuntimeError, match="nosuchdevice"):
+        _C._host_addressable("nosuchdevice")
+
+
+def test_memory_mode_reads_the_environment(monkeypatch):
+    from spyreccl_torch.device._memory_mode import MEMORY_ENV, memory_mode
+
+    monkeypatch.delenv(MEMORY_ENV, raising=False)
+    assert memory_mode() == "host"
+    monkeypatch.setenv(MEMORY_ENV, " Discrete ")
+    assert memory_mode() == "discrete"
+    monkeypatch.setenv(MEMORY_ENV, "device")
+    with pytest.raises(ValueError, match="SPYRECCL_SPYRE_MEMORY='device': expected one of host"):
+        memory_mode()

@@ -70,8 +70,8 @@ Step allreduceStep(CommBuffer buffer, const ReduceSpec& spec, const char* opName
   step.issue = [spec, opName](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[0].dtype(), comm, opName);
     if (b[0].pipelined()) {
-      pipelineAllReduce(b[0], [&](void* data, size_t count) {
-        checkCore(spyrecclAllReduce(data, data, count, b[0].dtype(), op.get(), comm), comm, opName);
+      pipelineAllReduce(b[0], opName, [&](void* data, size_t count, const std::string& what) {
+        checkCore(spyrecclAllReduce(data, data, count, b[0].dtype(), op.get(), comm), comm, what);
       });
       return;
     }
@@ -89,10 +89,10 @@ Step allgatherStep(CommBuffer input, CommBuffer output, const char* opName) {
   pipelineIfStaged(step.buffers, 0);
   step.issue = [opName](const Buffers& b, spyrecclComm_t comm) {
     if (b[0].pipelined()) {
-      pipelineAllGather(b[0], b[1], static_cast<int>(b[1].count() / b[0].count()),
-                        [&](const void* in, void* out, size_t count) {
+      pipelineAllGather(b[0], b[1], static_cast<int>(b[1].count() / b[0].count()), opName,
+                        [&](const void* in, void* out, size_t count, const std::string& what) {
                           checkCore(spyrecclAllGather(in, out, count, b[0].dtype(), comm), comm,
-                                    opName);
+                                    what);
                         });
       return;
     }
@@ -112,10 +112,10 @@ Step reduceScatterStep(CommBuffer input, CommBuffer output, const ReduceSpec& sp
     ScopedRedOp op(spec, b[1].dtype(), comm, opName);
     if (b[1].pipelined()) {
       pipelineReduceScatter(
-          b[0], b[1], static_cast<int>(b[0].count() / b[1].count()),
-          [&](const void* in, void* out, size_t count) {
+          b[0], b[1], static_cast<int>(b[0].count() / b[1].count()), opName,
+          [&](const void* in, void* out, size_t count, const std::string& what) {
             checkCore(spyrecclReduceScatter(in, out, count, b[1].dtype(), op.get(), comm), comm,
-                      opName);
+                      what);
           });
       return;
     }
@@ -135,11 +135,12 @@ Step broadcastStep(Buffers buffers, int root, bool isRoot, const char* opName) {
   step.issue = [root, isRoot, opName](const Buffers& b, spyrecclComm_t comm) {
     const CommBuffer& destination = b.back();
     if (destination.pipelined()) {
-      pipelineBroadcast(
-          isRoot ? &b[0] : nullptr, destination, [&](const void* in, void* out, size_t count) {
-            checkCore(spyrecclBroadcast(in, out, count, destination.dtype(), root, comm), comm,
-                      opName);
-          });
+      pipelineBroadcast(isRoot ? &b[0] : nullptr, destination, opName,
+                        [&](const void* in, void* out, size_t count, const std::string& what) {
+                          checkCore(
+                              spyrecclBroadcast(in, out, count, destination.dtype(), root, comm),
+                              comm, what);
+                        });
       return;
     }
     checkCore(spyrecclBroadcast(isRoot ? b[0].data() : nullptr, destination.data(),

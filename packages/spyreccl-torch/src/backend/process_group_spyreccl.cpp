@@ -21,6 +21,7 @@
 #include "backend/functional_scope.h"
 #include "backend/input_checks.h"
 #include "backend/progress_thread.h"
+#include "backend/staging.h"
 #include "backend/work.h"
 
 namespace spyreccl_torch {
@@ -125,6 +126,7 @@ void issue(const Step& step, spyrecclComm_t comm) {
   if (step.peerCall) {
     issuePeerCall(step, comm);
   } else {
+    const OpSeqScope seqScope(step.seq);  // named by staged pipelines' errors (staging.h)
     step.issue(step.buffers, comm);
   }
 }

@@ -172,9 +172,20 @@ using Copies = std::vector<std::pair<at::Tensor, at::Tensor>>;
 
 struct Chunk {
   Copies in;
-  std::function<void()> call;
+  std::function<void(const std::string& what)> call;
   Copies out;
 };
+
+thread_local uint64_t tOpSeq = 0;
+
+std::string describeChunk(const char* opName, size_t chunk, size_t chunks) {
+  std::string what = opName;
+  if (tOpSeq != 0) {
+    what += " seq " + std::to_string(tOpSeq);
+  }
+  return what + ", chunk " + std::to_string(chunk + 1) + " of " + std::to_string(chunks) +
+         " of the staged pipeline";
+}
 
 std::function<void()> copyTask(const at::ThreadLocalState& tls, Copies copies, bool toHost) {
   return [tls, copies = std::move(copies), toHost] {
@@ -191,7 +202,7 @@ std::function<void()> copyTask(const at::ThreadLocalState& tls, Copies copies, b
 // chunk k's core call, and takes chunk k out while chunk k+1's call runs. On failure (a core
 // error: timeout, abort, peer death, mismatch) the copies already submitted finish before
 // the error is rethrown, so none runs after the operation completed.
-void runPipeline(std::vector<Chunk>& chunks) {
+void runPipeline(std::vector<Chunk>& chunks, const char* opName) {
   const at::ThreadLocalState tls;
   CopyThread& copier = CopyThread::get();
   std::vector<std::future<void>> inDone(chunks.size());
@@ -205,7 +216,7 @@ void runPipeline(std::vector<Chunk>& chunks) {
         inDone[k + 1] = copier.submit(copyTask(tls, std::move(chunks[k + 1].in), true));
       }
       inDone[k].get();
-      chunks[k].call();
+      chunks[k].call(describeChunk(opName, k, chunks.size()));
       outDone[k] = copier.submit(copyTask(tls, std::move(chunks[k].out), false));
     }
     for (auto& done : outDone) {
@@ -305,7 +316,11 @@ void countStagedBuffer() { gCounters.stagedBuffers.fetch_add(1, std::memory_orde
 
 bool pipelineWanted(size_t bytes) { return bytes > stagingChunkBytes(); }
 
-void pipelineAllReduce(const CommBuffer& buffer, const InPlaceChunkCall& call) {
+OpSeqScope::OpSeqScope(uint64_t seq) : previous_(tOpSeq) { tOpSeq = seq; }
+
+OpSeqScope::~OpSeqScope() { tOpSeq = previous_; }
+
+void pipelineAllReduce(const CommBuffer& buffer, const char* opName, const InPlaceChunkCall& call) {
   const at::Tensor device = deviceFlat(buffer, /*fill=*/true);
   const at::Tensor host = hostFlat(buffer);
   const int64_t total = device.numel();
@@ -316,17 +331,17 @@ void pipelineAllReduce(const CommBuffer& buffer, const InPlaceChunkCall& call) {
     const int64_t n = std::min(step, total - offset);
     Chunk chunk;
     chunk.in = {{host.narrow(0, offset, n), device.narrow(0, offset, n)}};
-    chunk.call = [&call, &host, offset, n, units] {
-      call(elementAddress(host, offset), static_cast<size_t>(n) * units);
+    chunk.call = [&call, &host, offset, n, units](const std::string& what) {
+      call(elementAddress(host, offset), static_cast<size_t>(n) * units, what);
     };
     chunk.out = {{device.narrow(0, offset, n), host.narrow(0, offset, n)}};
     chunks.push_back(std::move(chunk));
   }
-  runPipeline(chunks);
+  runPipeline(chunks, opName);
   finishDeviceFlat(buffer, device);
 }
 
-void pipelineBroadcast(const CommBuffer* source, const CommBuffer& destination,
+void pipelineBroadcast(const CommBuffer* source, const CommBuffer& destination, const char* opName,
                        const ChunkCall& call) {
   // On the root with one buffer the source is the destination and nothing changes.
   const bool sameBuffer = source == &destination;
@@ -345,23 +360,23 @@ void pipelineBroadcast(const CommBuffer* source, const CommBuffer& destination,
     if (source) {
       chunk.in = {{sourceHost.narrow(0, offset, n), sourceDevice.narrow(0, offset, n)}};
     }
-    chunk.call = [&call, &sourceHost, &destinationHost, offset, n, units] {
+    chunk.call = [&call, &sourceHost, &destinationHost, offset, n, units](const std::string& what) {
       call(sourceHost.defined() ? elementAddress(sourceHost, offset) : nullptr,
-           elementAddress(destinationHost, offset), static_cast<size_t>(n) * units);
+           elementAddress(destinationHost, offset), static_cast<size_t>(n) * units, what);
     };
     if (!sameBuffer) {
       chunk.out = {{destinationDevice.narrow(0, offset, n), destinationHost.narrow(0, offset, n)}};
     }
     chunks.push_back(std::move(chunk));
   }
-  runPipeline(chunks);
+  runPipeline(chunks, opName);
   if (!sameBuffer) {
     finishDeviceFlat(destination, destinationDevice);
   }
 }
 
 void pipelineAllGather(const CommBuffer& input, const CommBuffer& output, int size,
-                       const ChunkCall& call) {
+                       const char* opName, const ChunkCall& call) {
   const at::Tensor inDevice = deviceFlat(input, /*fill=*/true);
   const at::Tensor outDevice = deviceFlat(output, /*fill=*/false);
   const at::Tensor inHost = hostFlat(input);
@@ -376,9 +391,9 @@ void pipelineAllGather(const CommBuffer& input, const CommBuffer& output, int si
     const int64_t base = size * offset;
     Chunk chunk;
     chunk.in = {{inHost.narrow(0, offset, n), inDevice.narrow(0, offset, n)}};
-    chunk.call = [&call, &inHost, &outHost, offset, base, n, units] {
+    chunk.call = [&call, &inHost, &outHost, offset, base, n, units](const std::string& what) {
       call(elementAddress(inHost, offset), elementAddress(outHost, base),
-           static_cast<size_t>(n) * units);
+           static_cast<size_t>(n) * units, what);
     };
     for (int r = 0; r < size; ++r) {
       chunk.out.emplace_back(outDevice.narrow(0, r * block + offset, n),
@@ -386,12 +401,12 @@ void pipelineAllGather(const CommBuffer& input, const CommBuffer& output, int si
     }
     chunks.push_back(std::move(chunk));
   }
-  runPipeline(chunks);
+  runPipeline(chunks, opName);
   finishDeviceFlat(output, outDevice);
 }
 
 void pipelineReduceScatter(const CommBuffer& input, const CommBuffer& output, int size,
-                           const ChunkCall& call) {
+                           const char* opName, const ChunkCall& call) {
   const at::Tensor inDevice = deviceFlat(input, /*fill=*/true);
   const at::Tensor outDevice = deviceFlat(output, /*fill=*/false);
   const at::Tensor inHost = hostFlat(input);
@@ -409,14 +424,14 @@ void pipelineReduceScatter(const CommBuffer& input, const CommBuffer& output, in
       chunk.in.emplace_back(inHost.narrow(0, base + r * n, n),
                             inDevice.narrow(0, r * block + offset, n));
     }
-    chunk.call = [&call, &inHost, &outHost, offset, base, n, units] {
+    chunk.call = [&call, &inHost, &outHost, offset, base, n, units](const std::string& what) {
       call(elementAddress(inHost, base), elementAddress(outHost, offset),
-           static_cast<size_t>(n) * units);
+           static_cast<size_t>(n) * units, what);
     };
     chunk.out = {{outDevice.narrow(0, offset, n), outHost.narrow(0, offset, n)}};
     chunks.push_back(std::move(chunk));
   }
-  runPipeline(chunks);
+  runPipeline(chunks, opName);
   finishDeviceFlat(output, outDevice);
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 
@@ -52,22 +53,38 @@ void countStagedBuffer();
 // Whether an operation whose driving buffer holds `bytes` runs as a pipeline.
 bool pipelineWanted(size_t bytes);
 
-// The pipelined forms. `call` issues the core call for one chunk: host pointers and the
-// chunk's element count in core elements. Buffers are CommBuffers marked pipelined (their
-// prepare/commit do nothing; these functions do the copies).
-using InPlaceChunkCall = std::function<void(void* data, size_t count)>;
-using ChunkCall = std::function<void(const void* in, void* out, size_t count)>;
+// The sequence number of the operation whose steps this thread runs, for the pipeline's
+// error messages: its chunks are core calls of their own, which the core numbers one by one,
+// so the core's "seq" there is not the operation's. Set around each step's core call.
+class OpSeqScope {
+ public:
+  explicit OpSeqScope(uint64_t seq);
+  ~OpSeqScope();
+  OpSeqScope(const OpSeqScope&) = delete;
+  OpSeqScope& operator=(const OpSeqScope&) = delete;
 
-void pipelineAllReduce(const CommBuffer& buffer, const InPlaceChunkCall& call);
+ private:
+  uint64_t previous_;
+};
+
+// The pipelined forms. `call` issues the core call for one chunk: host pointers, the
+// chunk's element count in core elements, and what to call it in an error message
+// ("allreduce seq 7, chunk 3 of 4"). Buffers are CommBuffers marked pipelined (their
+// prepare/commit do nothing; these functions do the copies).
+using InPlaceChunkCall = std::function<void(void* data, size_t count, const std::string& what)>;
+using ChunkCall =
+    std::function<void(const void* in, void* out, size_t count, const std::string& what)>;
+
+void pipelineAllReduce(const CommBuffer& buffer, const char* opName, const InPlaceChunkCall& call);
 // `source`: the root's input (nullptr on other ranks); `destination`: where the result goes
 // (the same buffer as `source` on the root unless it has a separate one).
-void pipelineBroadcast(const CommBuffer* source, const CommBuffer& destination,
+void pipelineBroadcast(const CommBuffer* source, const CommBuffer& destination, const char* opName,
                        const ChunkCall& call);
 // `output` holds `size` blocks of `input`'s elements.
 void pipelineAllGather(const CommBuffer& input, const CommBuffer& output, int size,
-                       const ChunkCall& call);
+                       const char* opName, const ChunkCall& call);
 // `input` holds `size` blocks of `output`'s elements.
 void pipelineReduceScatter(const CommBuffer& input, const CommBuffer& output, int size,
-                           const ChunkCall& call);
+                           const char* opName, const ChunkCall& call);
 
 }  // namespace spyreccl_torch
