@@ -4,6 +4,7 @@
     nox -s lint tests pins      what CI runs (ci/test.sh)
     nox -s demo                 the main job: tensor-parallel training over spyreccl (ci/demo.sh)
     nox -s core_tests           spyreccl-core alone, without torch
+    nox -s tests_staged         the staged path: spyre memory the host cannot address
     nox -s sanitize             core C++ tests under ASan+UBSan and TSan
     nox -s bench -- --help      benchmarks (arguments after `--` go to spyreccl-bench)
     nox -s docs                 checks the commands quoted in README.md and docs/

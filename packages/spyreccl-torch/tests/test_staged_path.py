@@ -152,11 +152,14 @@ def pipeline_chunks_of_all_reduce(seed: int, numel: int, ctx):
     return delta
 
 
-def test_pipeline_splits_along_the_chunk_size(rank_pool, seeded):
-    numel = 2 * 2600  # 20800 bytes of float32: 6 chunks of at most 4096 bytes
+# (elements, chunks): 20800 bytes of float32 make 6 chunks of at most 4096 bytes; 160000
+# bytes would make 40, but a pipeline has at most 8 (its chunks grow instead).
+@pytest.mark.parametrize(("numel", "chunks"), [(2 * 2600, 6), (2 * 20_000, 8)])
+def test_pipeline_splits_along_the_chunk_size(rank_pool, seeded, numel, chunks):
+    assert chunks == min(8, math.ceil(numel * 4 / CHUNK_BYTES))
     for delta in rank_pool.run(pipeline_chunks_of_all_reduce, seeded.seed, numel, timeout=120):
         assert delta["pipelined_ops"] == 1, delta
-        assert delta["pipeline_chunks"] == math.ceil(numel * 4 / CHUNK_BYTES), delta
+        assert delta["pipeline_chunks"] == chunks, delta
         assert delta["bytes_to_host"] == numel * 4 and delta["bytes_from_host"] == numel * 4
 
 

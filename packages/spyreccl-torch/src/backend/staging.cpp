@@ -26,6 +26,7 @@ namespace {
 
 constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
 constexpr size_t kMinChunkBytes = size_t{4} << 10;
+constexpr int64_t kMaxChunks = 8;
 // Host blocks are rounded up to this, so that buffers of similar sizes share blocks.
 constexpr size_t kBlockGranule = size_t{64} << 10;
 // Idle blocks kept for reuse; beyond this the pool frees the largest ones.
@@ -264,8 +265,14 @@ void* elementAddress(const at::Tensor& flat, int64_t offset) {
   return static_cast<unsigned char*>(flat.data_ptr()) + offset * flat.element_size();
 }
 
+// Elements per chunk of a pipeline over `like` (one rank's block): the chunk setting, grown
+// so that no pipeline has more than kMaxChunks chunks. Every chunk is a core call that waits
+// for the peers and two hand-offs to the copy thread; past a few chunks more of them only
+// add those waits (the copies already overlap all but one chunk's worth).
 int64_t chunkElements(const at::Tensor& like) {
-  return std::max<int64_t>(1, static_cast<int64_t>(stagingChunkBytes()) / like.element_size());
+  const int64_t setting =
+      std::max<int64_t>(1, static_cast<int64_t>(stagingChunkBytes()) / like.element_size());
+  return std::max(setting, (like.numel() + kMaxChunks - 1) / kMaxChunks);
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ class CommBuffer;
 // the block returns to the pool when the last view of it is dropped.
 at::Tensor acquireHostBuffer(at::IntArrayRef sizes, at::ScalarType dtype);
 
-// Bytes per pipeline chunk (of one rank's block); default 1 MiB, at least 4 KiB.
+// Bytes per pipeline chunk (of one rank's block); default 1 MiB, at least 4 KiB. A pipeline
+// has at most 8 chunks: larger messages get larger chunks.
 size_t stagingChunkBytes();
 void setStagingChunkBytes(size_t bytes);
 

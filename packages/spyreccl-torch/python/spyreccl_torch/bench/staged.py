@@ -82,10 +82,13 @@ def _copy_bytes(row: dict) -> tuple[int, int]:
 
 def label_memory(rows: list[dict], memory: str) -> None:
     """Records the memory mode of a sweep's rows; the spyreccl rows of a discrete-mode sweep
-    get their own level (a column of their own in the tables)."""
+    get their own level (a column of their own in the tables), its other rows are dropped
+    (see memory_configs)."""
+    if memory == "discrete":
+        rows[:] = [r for r in rows if r["level"] == "spyreccl"]
     for r in rows:
         r["memory"] = memory
-        if memory == "discrete" and r["level"] == "spyreccl":
+        if memory == "discrete":
             r["level"] = DISCRETE_LEVEL
 
 
@@ -165,16 +168,22 @@ def format_staging_table(results: list[dict]) -> str:
 
 def memory_configs(configs: list, modes: list[str]) -> list[tuple[Any, str]]:
     """The sweep configurations per memory mode: host mode as given (every level), discrete
-    mode for the spyreccl level only (the others do not touch spyre memory)."""
+    mode for the torch levels only (the core levels do not touch spyre memory). The discrete
+    run keeps gloo beside spyreccl so that both modes measure spyreccl under the same
+    conditions (paired levels alternate case by case); :func:`label_memory` drops its gloo
+    rows, which measure nothing new."""
     import dataclasses
+
+    from .sweep import TORCH_LEVELS
 
     out: list[tuple[Any, str]] = []
     for cfg in configs:
         if "host" in modes:
             out.append((dataclasses.replace(cfg, env={**cfg.env, MEMORY_ENV: "host"}), "host"))
         if "discrete" in modes and "spyreccl" in cfg.levels:
+            levels = tuple(lv for lv in cfg.levels if lv in TORCH_LEVELS)
             discrete = dataclasses.replace(
-                cfg, levels=("spyreccl",), env={**cfg.env, MEMORY_ENV: "discrete"}
+                cfg, levels=levels, env={**cfg.env, MEMORY_ENV: "discrete"}
             )
             out.append((discrete, "discrete"))
     return out
