@@ -4,6 +4,7 @@
     nox -s lint tests pins      what CI runs (ci/test.sh)
     nox -s demo                 the main job: tensor-parallel serving + training (ci/demo.sh)
     nox -s core_tests           spyreccl-core alone, without torch
+    nox -s tests_staged         the staged path: spyre memory the host cannot address
     nox -s sanitize             core C++ tests under ASan+UBSan and TSan
     nox -s bench -- --help      benchmarks (arguments after `--` go to spyreccl-bench)
     nox -s docs                 checks the commands quoted in README.md and docs/
@@ -191,6 +192,42 @@ def tests(session: nox.Session, torch: str) -> None:
             "spyreccl-torch tests": lambda: _pytest(session, TORCH_PKG / "tests"),
             "spyreccl-core C++ tests": lambda: _ctest(session, CORE / "build" / "ctest"),
         },
+    )
+
+
+# What runs with SPYRECCL_SPYRE_MEMORY=discrete in `tests_staged`: spyre memory then is not
+# host-addressable and the backend stages every spyre tensor through host buffers.
+STAGED_TESTS = [
+    "tests/ops",
+    "tests/test_staged_path.py",
+    "tests/test_functional_collectives.py",
+    "tests/test_funcol_fast_path.py",
+    "tests/test_compile_collectives.py",
+    "tests/test_ddp.py",
+    "tests/test_fsdp2.py",
+    "tests/test_dtensor_tp.py",
+    "tests/reliability/test_timeouts_and_abort.py",
+    "tests/reliability/test_peer_death.py",
+    "tests/reliability/test_mismatch.py",
+    "tests/multinode/test_multinode.py::test_two_nodes_two_ranks_every_operation",
+]
+
+
+@nox.session(default=False)
+def tests_staged(session: nox.Session) -> None:
+    """The collective, functional/compiled, DDP, FSDP2, TP, reliability and a multi-node job
+    with the emulated spyre device in `discrete` memory mode: the backend's staged path."""
+    _install_stack(session, TORCH_PINNED)
+    # Rank pools and launched jobs inherit the environment: every rank runs discrete.
+    session.env["SPYRECCL_SPYRE_MEMORY"] = "discrete"
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *PYTEST_STRICT,
+        "--durations=10",
+        *(str(TORCH_PKG / path) for path in STAGED_TESTS),
+        *session.posargs,
     )
 
 

@@ -14,6 +14,7 @@
 #include "backend/input_checks.h"
 #include "backend/process_group_spyreccl.hpp"
 #include "backend/reduce_op.h"
+#include "backend/staging.h"
 #include "backend/tensor_translation.h"
 
 namespace spyreccl_torch {
@@ -43,13 +44,37 @@ int64_t totalNumel(const std::vector<at::Tensor>& tensors) {
   return total;
 }
 
+// Marks the buffers of a step for the staged chunk pipeline (staging.h) when they all live
+// in memory the host cannot address and the driving buffer (b[driver]) spans more than one
+// chunk. Depends only on sizes and settings, so every rank decides alike.
+void pipelineIfStaged(Buffers& buffers, size_t driver) {
+  for (const auto& buffer : buffers) {
+    if (!buffer.hostStaged()) {
+      return;
+    }
+  }
+  if (!pipelineWanted(buffers[driver].bytes())) {
+    return;
+  }
+  for (auto& buffer : buffers) {
+    buffer.markPipelined();
+  }
+}
+
 // Single-tensor steps shared by several operations.
 
 Step allreduceStep(CommBuffer buffer, const ReduceSpec& spec, const char* opName) {
   Step step;
   step.buffers = {std::move(buffer)};
+  pipelineIfStaged(step.buffers, 0);
   step.issue = [spec, opName](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[0].dtype(), comm, opName);
+    if (b[0].pipelined()) {
+      pipelineAllReduce(b[0], opName, [&](void* data, size_t count, const std::string& what) {
+        checkCore(spyrecclAllReduce(data, data, count, b[0].dtype(), op.get(), comm), comm, what);
+      });
+      return;
+    }
     checkCore(
         spyrecclAllReduce(b[0].data(), b[0].data(), b[0].count(), b[0].dtype(), op.get(), comm),
         comm, opName);
@@ -61,7 +86,16 @@ Step allreduceStep(CommBuffer buffer, const ReduceSpec& spec, const char* opName
 Step allgatherStep(CommBuffer input, CommBuffer output, const char* opName) {
   Step step;
   step.buffers = {std::move(input), std::move(output)};
+  pipelineIfStaged(step.buffers, 0);
   step.issue = [opName](const Buffers& b, spyrecclComm_t comm) {
+    if (b[0].pipelined()) {
+      pipelineAllGather(b[0], b[1], static_cast<int>(b[1].count() / b[0].count()), opName,
+                        [&](const void* in, void* out, size_t count, const std::string& what) {
+                          checkCore(spyrecclAllGather(in, out, count, b[0].dtype(), comm), comm,
+                                    what);
+                        });
+      return;
+    }
     checkCore(spyrecclAllGather(b[0].data(), b[1].data(), b[0].count(), b[0].dtype(), comm), comm,
               opName);
   };
@@ -73,8 +107,18 @@ Step reduceScatterStep(CommBuffer input, CommBuffer output, const ReduceSpec& sp
                        const char* opName) {
   Step step;
   step.buffers = {std::move(input), std::move(output)};
+  pipelineIfStaged(step.buffers, 1);
   step.issue = [spec, opName](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[1].dtype(), comm, opName);
+    if (b[1].pipelined()) {
+      pipelineReduceScatter(
+          b[0], b[1], static_cast<int>(b[0].count() / b[1].count()), opName,
+          [&](const void* in, void* out, size_t count, const std::string& what) {
+            checkCore(spyrecclReduceScatter(in, out, count, b[1].dtype(), op.get(), comm), comm,
+                      what);
+          });
+      return;
+    }
     checkCore(
         spyrecclReduceScatter(b[0].data(), b[1].data(), b[1].count(), b[1].dtype(), op.get(), comm),
         comm, opName);
@@ -87,8 +131,18 @@ Step reduceScatterStep(CommBuffer input, CommBuffer output, const ReduceSpec& sp
 Step broadcastStep(Buffers buffers, int root, bool isRoot, const char* opName) {
   Step step;
   step.buffers = std::move(buffers);
+  pipelineIfStaged(step.buffers, step.buffers.size() - 1);
   step.issue = [root, isRoot, opName](const Buffers& b, spyrecclComm_t comm) {
     const CommBuffer& destination = b.back();
+    if (destination.pipelined()) {
+      pipelineBroadcast(isRoot ? &b[0] : nullptr, destination, opName,
+                        [&](const void* in, void* out, size_t count, const std::string& what) {
+                          checkCore(
+                              spyrecclBroadcast(in, out, count, destination.dtype(), root, comm),
+                              comm, what);
+                        });
+      return;
+    }
     checkCore(spyrecclBroadcast(isRoot ? b[0].data() : nullptr, destination.data(),
                                 destination.count(), destination.dtype(), root, comm),
               comm, opName);

@@ -7,6 +7,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "backend/staging.h"
+
 namespace spyreccl_torch {
 namespace {
 
@@ -78,6 +80,7 @@ void issue(const Step& step, spyrecclComm_t comm) {
   if (step.peerCall) {
     issuePeerCall(step, comm);
   } else {
+    const OpSeqScope seqScope(step.seq);  // named by staged pipelines' errors (staging.h)
     step.issue(step.buffers, comm);
   }
 }

@@ -18,6 +18,7 @@
 #include "backend/flight_recorder.h"
 #include "backend/functional_scope.h"
 #include "backend/process_group_spyreccl.hpp"
+#include "backend/staging_bindings.h"
 
 namespace py = pybind11;
 
@@ -208,6 +209,7 @@ PYBIND11_MODULE(_C, module) {
              py::call_guard<py::gil_scoped_release>());
   module.def("_reset_flight_recorder", &spyreccl_torch::flight::reset,
              "Forgets the flight recorder's entries (see spyreccl_torch.flight_recorder).");
+  spyreccl_torch::addStagingBindings(module);
   spyreccl_torch::addFastEmpty(module);
   spyreccl_torch::addDirectOps(module);
   module.attr("BACKEND_NAME") = spyreccl_torch::kBackendName;

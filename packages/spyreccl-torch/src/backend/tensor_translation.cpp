@@ -6,6 +6,9 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
+#include "backend/device_caps.h"
+#include "backend/staging.h"
+
 namespace spyreccl_torch {
 namespace {
 
@@ -112,7 +115,9 @@ CommBuffer CommBuffer::make(const at::Tensor& tensor, Usage usage, const char* o
   // The core addresses a buffer as one dense run of elements. Views with a storage offset
   // (a prefix or slice of a larger tensor) are fine as they are: data_ptr() already
   // includes the offset. Anything strided is staged through a dense copy on the device.
-  buffer.stage_ = forceStage || !tensor.is_contiguous();
+  // Memory the host cannot address is staged through a host buffer, whatever its layout.
+  buffer.hostStaged_ = !hostAddressable(tensor.device().type());
+  buffer.stage_ = forceStage || buffer.hostStaged_ || !tensor.is_contiguous();
   buffer.copyIn_ = copyIn;
   buffer.copyOut_ = copyOut;
   if (!buffer.stage_) {
@@ -142,12 +147,22 @@ CommBuffer CommBuffer::snapshot(const at::Tensor& tensor, Usage usage, const cha
 }
 
 void CommBuffer::prepare() {
-  if (!stage_) {
+  if (!stage_ || pipelined_) {
     return;
   }
-  comm_ = at::empty(user_.sizes(), user_.options().memory_format(at::MemoryFormat::Contiguous));
+  if (hostStaged_) {
+    // The shortest route: one device -> host copy (the device's own copy_, DMA on real
+    // cards) into a pooled host buffer, whatever the tensor's layout.
+    comm_ = acquireHostBuffer(user_.sizes(), user_.scalar_type());
+    countStagedBuffer();
+  } else {
+    comm_ = at::empty(user_.sizes(), user_.options().memory_format(at::MemoryFormat::Contiguous));
+  }
   if (copyIn_ && count_ > 0) {
     comm_.copy_(user_);
+    if (hostStaged_) {
+      countCopy(/*toHost=*/true, bytes());
+    }
   }
 }
 
@@ -155,8 +170,9 @@ void* CommBuffer::data() const {
   if (count_ == 0 || !comm_.defined()) {
     return gEmptyBufferAnchor;
   }
-  // The emulated device keeps spyre storage in host memory: the data pointer (storage base
-  // + storage offset) is exactly what the core reads and writes.
+  // Host memory (a CPU tensor, the emulated device in host mode, or a host staging buffer):
+  // the data pointer (storage base + storage offset) is exactly what the core reads and
+  // writes. make() staged every tensor whose memory the host cannot address.
   return comm_.data_ptr();
 }
 
@@ -165,8 +181,11 @@ void* CommBuffer::dataAtElement(size_t elementOffset) const {
 }
 
 void CommBuffer::commit() const {
-  if (stage_ && copyOut_ && count_ > 0) {
+  if (stage_ && !pipelined_ && copyOut_ && count_ > 0) {
     user_.copy_(comm_);
+    if (hostStaged_) {
+      countCopy(/*toHost=*/false, bytes());
+    }
   }
 }
 

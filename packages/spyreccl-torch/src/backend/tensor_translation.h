@@ -1,11 +1,12 @@
 // tensor_translation.h — the ONE place where an at::Tensor becomes what the spyreccl C API
 // moves: (pointer, element count, spyrecclDataType_t).
 //
-// Why this is isolated: with the emulated device a spyre tensor's data_ptr() is plain host
-// memory laid out densely, so translation is trivial. A real Spyre runtime hands out opaque
-// device handles and may pad or tile the layout; its integration replaces the bodies in
-// tensor_translation.cpp (and only them) with calls into that runtime. Nothing else in the
-// backend looks at data pointers, strides or storage offsets.
+// Why this is isolated: with the emulated device in its default memory mode a spyre tensor's
+// data_ptr() is plain host memory laid out densely, so translation is trivial. A device whose
+// memory the host cannot address (device_caps.h: a real Spyre runtime, or the emulated device
+// with SPYRECCL_SPYRE_MEMORY=discrete) is staged through pooled host buffers with the
+// device's own copies (staging.h). Nothing else in the backend looks at data pointers,
+// strides or storage offsets.
 //
 // Contract used by the rest of the backend:
 //  - CommBuffer::input/output/inOut/snapshot run on the CALLING thread when an operation is
@@ -84,6 +85,14 @@ class CommBuffer {
   // Copies staged results back into the user's tensor. Call after the core wrote.
   void commit() const;
 
+  // The tensor's device memory is not host-addressable: the core works on a host copy.
+  bool hostStaged() const { return hostStaged_; }
+  // A step that runs as a chunk pipeline (staging.h) marks all its buffers: prepare() and
+  // commit() then do nothing, the pipeline moves the data chunk by chunk.
+  void markPipelined() { pipelined_ = true; }
+  bool pipelined() const { return pipelined_; }
+  size_t bytes() const { return count_ * elementBytes_; }
+
  private:
   static CommBuffer make(const at::Tensor& tensor, Usage usage, const char* opName,
                          const char* argName, bool copyIn, bool copyOut, bool forceStage);
@@ -91,6 +100,8 @@ class CommBuffer {
   at::Tensor user_;
   at::Tensor comm_;  // what the core addresses: user_ itself or the staging copy
   bool stage_ = false;
+  bool hostStaged_ = false;
+  bool pipelined_ = false;
   bool copyIn_ = false;
   bool copyOut_ = false;
   size_t count_ = 0;

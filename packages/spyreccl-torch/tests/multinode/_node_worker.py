@@ -741,10 +741,13 @@ def _staged_ops(ctx: Ctx, group: Any, seed: int) -> dict[str, torch.Tensor]:
 
 
 def staging_check(ctx: Ctx, base_seed: int) -> list[str]:
-    """The gloo stages use the spyre tensors in place (the emulated device is host memory):
-    the operations of _staged_ops copy nothing between spyre tensors and host buffers on
-    the default group; on a group made with SPYRECCL_MULTINODE_ZERO_COPY=0 the same ones
-    copy (so the count can see copies) and give the same bits."""
+    """The gloo stages use the spyre tensors in place where spyre memory is host-addressable
+    (the emulated device in its default host memory mode): the operations of _staged_ops
+    copy nothing between spyre tensors and host buffers on the default group; where it is
+    not (SPYRECCL_SPYRE_MEMORY=discrete) they must copy. On a group made with
+    SPYRECCL_MULTINODE_ZERO_COPY=0 the same ones copy (so the count can see copies) and give
+    the same bits."""
+    from spyreccl_torch import _C
     from spyreccl_torch.multinode import HierarchicalProcessGroup
 
     failures: list[str] = []
@@ -758,10 +761,16 @@ def staging_check(ctx: Ctx, base_seed: int) -> list[str]:
     routes_before = dict(world.route_counts)
     before = dict(world.staging_counts)
     in_place = _staged_ops(ctx, world, seed)
-    if world.staging_counts != before:
+    addressable = _C._host_addressable("spyre")
+    if addressable and world.staging_counts != before:
         failures.append(
-            f"rank {r}: gloo stages copied spyre tensors on the emulated device: "
+            f"rank {r}: gloo stages copied spyre tensors on host-addressable memory: "
             f"{before} -> {world.staging_counts}"
+        )
+    if not addressable and world.staging_counts == before:
+        failures.append(
+            f"rank {r}: gloo stages copied nothing although spyre memory is not "
+            f"host-addressable: {world.staging_counts}"
         )
     if not all(world.route_counts[k] > routes_before[k] for k in ("leader", "sharded")):
         failures.append(f"rank {r}: staging_check missed a route: {world.route_counts}")

@@ -173,6 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="target wall time of the timed iterations of one case (sweep, funcol)",
     )
+    s.add_argument(
+        "--memory",
+        type=_name_list(("host", "discrete")),
+        default=["host"],
+        help="sweep: memory modes of the emulated spyre device (SPYRECCL_SPYRE_MEMORY); "
+        "discrete adds the level spyreccl-discrete (the staged path) and, beside host, a "
+        "staging-overhead table",
+    )
     s.add_argument("--min-iters", type=int, default=10)
     s.add_argument("--max-iters", type=int, default=2000)
     s.add_argument(
@@ -278,6 +286,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         plot_sweep,
         write_json,
     )
+    from .staged import label_memory, memory_configs, staging_report
     from .sweep import TORCH_LEVELS, SweepConfig, plan_for, progress_bar, run_sweep
 
     sizes = sizes_from(args, 8, 256 << 20)
@@ -301,6 +310,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         )
         for n in args.nproc
     ]
+    configs = memory_configs(configs, args.memory)
     machine_at_start = describe_environment()
     memcpy = measure_memcpy()
     print(
@@ -309,13 +319,16 @@ def _run_sweep(args: argparse.Namespace) -> int:
         f"load average {os.getloadavg()[0]:.2f} on {machine_at_start['usable_cpus']} cpus",
         flush=True,
     )
-    total = sum(len(plan_for(cfg)) * len(cfg.levels) for cfg in configs)
+    total = sum(len(plan_for(cfg)) * len(cfg.levels) for cfg, _ in configs)
     rows: list[dict] = []
     ranks_info: dict[str, dict] = {}
     with progress_bar(total, enabled=not args.no_progress) as bar:
-        for cfg in configs:
+        for cfg, memory in configs:
             # Each world size's rows carry their own gloo ratios (add_ratios keys on nranks).
             cfg_rows, info = run_sweep(cfg, bar)
+            label_memory(cfg_rows, memory)
+            if memory == "discrete":
+                info = {f"{level}-discrete": ready for level, ready in info.items()}
             rows.extend(cfg_rows)
             ranks_info.update({f"{level} x{cfg.nranks}": ready for level, ready in info.items()})
     for r in rows:
@@ -326,6 +339,9 @@ def _run_sweep(args: argparse.Namespace) -> int:
         print(format_routes(rows))
     if len(args.nproc) > 1:
         print(format_scaling_table(rows))
+    staging = staging_report(rows, args.dtype)
+    if staging:
+        print(staging[0])
     json_path = args.json or _default_json("sweep")
     document = {
         "schema": "spyreccl-bench/1",
@@ -344,10 +360,13 @@ def _run_sweep(args: argparse.Namespace) -> int:
             "sizes": sizes,
             "policy": vars(policy_from(args)),
             "paired_torch_levels": not args.separate_levels,
+            "memory": args.memory,
         },
         "memcpy": memcpy.to_dict(),
         "results": rows,
     }
+    if staging:
+        document["staging"] = staging[1]
     write_json(json_path, document)
     md_path = os.path.splitext(json_path)[0] + ".md"
     with open(md_path, "w") as f:

@@ -16,13 +16,24 @@ __all__ = [
     "write_json",
 ]
 
-_LEVEL_ORDER = ("core", "core-host", "core-host-vs-mpi", "mpi", "spyreccl", "gloo")
+# spyreccl-discrete: the spyreccl level with the emulated device in discrete memory mode
+# (--memory, staged.py).
+_LEVEL_ORDER = (
+    "core",
+    "core-host",
+    "core-host-vs-mpi",
+    "mpi",
+    "spyreccl",
+    "spyreccl-discrete",
+    "gloo",
+)
 _LEVEL_STYLE = {
     "core": ("tab:green", "s"),
     "core-host": ("tab:olive", "D"),
     "core-host-vs-mpi": ("tab:cyan", "v"),
     "mpi": ("tab:purple", "x"),
     "spyreccl": ("tab:blue", "o"),
+    "spyreccl-discrete": ("tab:brown", "P"),
     "gloo": ("tab:red", "^"),
 }
 

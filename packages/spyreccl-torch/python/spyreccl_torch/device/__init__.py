@@ -94,6 +94,9 @@ def _register_locked() -> bool:
     import torch.utils.backend_registration as backend_registration
 
     from . import _loader, spyre_module
+    from ._memory_mode import memory_mode
+
+    memory_mode()  # a malformed SPYRECCL_SPYRE_MEMORY fails before anything is registered
 
     global _loaded_library
     # Hooks must exist before the rename, or torch._C._get_accelerator() raises.
@@ -104,8 +107,20 @@ def _register_locked() -> bool:
     if not hasattr(torch.Tensor, "is_spyre"):
         backend_registration.generate_methods_for_privateuse1_backend(for_storage=True)
     spyre_module._install_integrations()
+    _declare_host_addressable()
     _log.debug("spyreccl_torch.device: emulated spyre device registered from %s", path)
     return True
+
+
+def _declare_host_addressable() -> None:
+    """Tells the spyreccl backend whether spyre memory is host memory it may use in place:
+    yes in the ``host`` memory mode, no in ``discrete`` mode (see _memory_mode). Without this
+    declaration the backend treats spyre memory as not host-addressable, as it must for a real
+    runtime's."""
+    from .. import _C
+    from ._memory_mode import memory_mode
+
+    _C._set_host_addressable(DEVICE_NAME, memory_mode() == "host")
 
 
 def register() -> bool:

@@ -1,11 +1,13 @@
 """Host buffers of a hierarchical group's gloo stages (see hierarchical.py).
 
-gloo moves and reduces CPU tensors. When the ``spyre`` device is spyreccl's emulated one,
-a spyre tensor's memory is host memory: :func:`spyreccl_torch.device.host_view` gives gloo
-a CPU tensor over it, so a stage reads and writes the spyre tensor in place. Otherwise (a
-real runtime such as torch_spyre owns the device, whose memory the host cannot address, or
-``SPYRECCL_MULTINODE_ZERO_COPY=0``) a stage works on a host copy and copies its result
-back. A stage that needs a contiguous buffer that the tensor is not, makes one copy.
+gloo moves and reduces CPU tensors. When spyre memory is host-addressable (the backend's
+capability ``_C._host_addressable("spyre")``, which spyreccl's emulated device declares in its
+default ``host`` memory mode), :func:`spyreccl_torch.device.host_view` gives gloo a CPU
+tensor over it, so a stage reads and writes the spyre tensor in place. Otherwise (a real
+runtime such as torch_spyre owns the device, the emulated device runs with
+``SPYRECCL_SPYRE_MEMORY=discrete``, or ``SPYRECCL_MULTINODE_ZERO_COPY=0``) a stage works on a
+host copy made with the device's own copies and copies its result back. A stage that needs
+a contiguous buffer that the tensor is not, makes one copy.
 
 :attr:`HostStaging.counts` counts the copies between spyre tensors and host buffers that the
 stages make (tests and the benchmark read it through the group's ``staging_counts``).
@@ -28,12 +30,13 @@ _SPYRE = "spyre"
 def zero_copy_available() -> bool:
     """Whether spyre tensors are host memory that gloo may use in place: the emulated device
     is active in this process (it steps aside for a real runtime, see
-    spyreccl_torch.device) and SPYRECCL_MULTINODE_ZERO_COPY is not 0."""
-    from .. import device
+    spyreccl_torch.device) and declared spyre memory host-addressable, and
+    SPYRECCL_MULTINODE_ZERO_COPY is not 0."""
+    from .. import _C, device
 
     if os.environ.get(ZERO_COPY_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    return device.is_registered()
+    return device.is_registered() and bool(_C._host_addressable(_SPYRE))
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,91 @@
+// staging.h — moving tensors the host cannot address through host buffers.
+//
+// The core reads and writes host memory. A tensor on a device whose memory is not
+// host-addressable (device_caps.h) is staged: its elements are copied into a (pinned, pooled)
+// host buffer with the device's own copy_ (the runtime's DMA on real cards), the core works
+// on the host buffer, and the result is copied back the same way.
+//
+//  - Small messages (at most one chunk) take the shortest route: CommBuffer::prepare copies
+//    the whole tensor in, the core runs once, CommBuffer::commit copies it out.
+//  - Larger all_reduce, broadcast, all_gather and reduce_scatter run as a pipeline of chunks
+//    along the flat buffer: while the core works on chunk k, a copy thread brings chunk k+1
+//    in and takes chunk k-1 out, so the copies hide behind the collective (or the reverse).
+//
+// Every rank must split an operation the same way: the decision and the chunk size depend
+// only on the element count and the chunk setting (SPYRECCL_STAGING_CHUNK_BYTES, the same on
+// every rank), never on pointers or timing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+namespace spyreccl_torch {
+
+class CommBuffer;
+
+// A contiguous host tensor of `numel` elements of `dtype` shaped like `sizes`, taken from a
+// process-wide pool of pinned host blocks (pageable where the device offers no pinning);
+// the block returns to the pool when the last view of it is dropped.
+at::Tensor acquireHostBuffer(at::IntArrayRef sizes, at::ScalarType dtype);
+
+// Bytes per pipeline chunk (of one rank's block); default 1 MiB, at least 4 KiB. A pipeline
+// has at most 8 chunks: larger messages get larger chunks.
+size_t stagingChunkBytes();
+void setStagingChunkBytes(size_t bytes);
+
+// What the staged path did in this process (tests and the benchmark read it).
+struct StagingCounters {
+  uint64_t stagedBuffers = 0;   // buffers staged whole (one copy each way)
+  uint64_t bytesToHost = 0;     // device -> host bytes copied
+  uint64_t bytesFromHost = 0;   // host -> device bytes copied
+  uint64_t pipelinedOps = 0;    // operations run as a chunk pipeline
+  uint64_t pipelineChunks = 0;  // chunks those pipelines ran
+};
+StagingCounters stagingCounters();
+void resetStagingCounters();
+void countCopy(bool toHost, size_t bytes);
+void countStagedBuffer();
+
+// Whether an operation whose driving buffer holds `bytes` runs as a pipeline.
+bool pipelineWanted(size_t bytes);
+
+// The sequence number of the operation whose steps this thread runs, for the pipeline's
+// error messages: its chunks are core calls of their own, which the core numbers one by one,
+// so the core's "seq" there is not the operation's. Set around each step's core call.
+class OpSeqScope {
+ public:
+  explicit OpSeqScope(uint64_t seq);
+  ~OpSeqScope();
+  OpSeqScope(const OpSeqScope&) = delete;
+  OpSeqScope& operator=(const OpSeqScope&) = delete;
+
+ private:
+  uint64_t previous_;
+};
+
+// The pipelined forms. `call` issues the core call for one chunk: host pointers, the
+// chunk's element count in core elements, and what to call it in an error message
+// ("allreduce seq 7, chunk 3 of 4"). Buffers are CommBuffers marked pipelined (their
+// prepare/commit do nothing; these functions do the copies).
+using InPlaceChunkCall = std::function<void(void* data, size_t count, const std::string& what)>;
+using ChunkCall =
+    std::function<void(const void* in, void* out, size_t count, const std::string& what)>;
+
+void pipelineAllReduce(const CommBuffer& buffer, const char* opName, const InPlaceChunkCall& call);
+// `source`: the root's input (nullptr on other ranks); `destination`: where the result goes
+// (the same buffer as `source` on the root unless it has a separate one).
+void pipelineBroadcast(const CommBuffer* source, const CommBuffer& destination, const char* opName,
+                       const ChunkCall& call);
+// `output` holds `size` blocks of `input`'s elements.
+void pipelineAllGather(const CommBuffer& input, const CommBuffer& output, int size,
+                       const char* opName, const ChunkCall& call);
+// `input` holds `size` blocks of `output`'s elements.
+void pipelineReduceScatter(const CommBuffer& input, const CommBuffer& output, int size,
+                           const char* opName, const ChunkCall& call);
+
+}  // namespace spyreccl_torch

@@ -1,0 +1,242 @@
+"""The staged path: spyre memory the host cannot address moves through host buffers.
+
+With ``SPYRECCL_SPYRE_MEMORY=discrete`` the emulated device declares spyre memory not
+host-addressable (``_C._host_addressable("spyre")`` is False) and the backend stages every
+spyre tensor through host buffers with the device's own copies: one copy each way up to one
+chunk, a chunk pipeline above it (all_reduce, broadcast, all_gather, reduce_scatter). These
+tests prove from the backend's staging counters that the staged path ran, how many chunks a
+pipeline split a message into, and that the default ``host`` mode stays zero-copy (counters
+stay 0) — always against float64 references computed on the host from every rank's inputs.
+The rest of the suite runs in discrete mode through ``nox -s tests_staged``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+CHUNK_BYTES = 4096
+DISCRETE = {"SPYRECCL_SPYRE_MEMORY": "discrete", "SPYRECCL_STAGING_CHUNK_BYTES": str(CHUNK_BYTES)}
+
+POOL = {"backend": "cpu:gloo,spyre:spyreccl", "set_device": True}
+pytestmark = pytest.mark.rank_pool_options(**POOL, env=DISCRETE)
+
+# Element counts: one element, one chunk exactly (int64, the widest dtype used), just over
+# one chunk, several chunks with an odd remainder.
+SMALL = [1, CHUNK_BYTES // 8]
+LARGE = [1025, 5001]
+
+
+def _counters():
+    from spyreccl_torch import _C
+
+    return _C._staging_counters()
+
+
+def _delta(before, after):
+    return {key: after[key] - before[key] for key in after}
+
+
+def _inputs(seed: int, world: int, numel: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Every rank's input, generated identically on each rank (fresh random values)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point or dtype.is_complex:
+        return [
+            torch.randn(numel, generator=g, dtype=torch.float64).to(dtype) for _ in range(world)
+        ]
+    return [torch.randint(-1000, 1000, (numel,), generator=g, dtype=dtype) for _ in range(world)]
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    actual = actual.cpu().to(torch.float64)
+    tol = {torch.bfloat16: 5e-2, torch.float32: 1e-5}.get(dtype, 0.0)
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol, msg=what)
+
+
+def _poisoned(numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+    return torch.full((numel,), 77, dtype=dtype, device=device)
+
+
+def staged_collectives(seed: int, numel: int, ctx):
+    """all_reduce (SUM, MAX, AVG), broadcast, all_gather_into_tensor, reduce_scatter_tensor,
+    all_to_all_single and send/recv on spyre tensors; returns the counter delta."""
+    from spyreccl_torch import _C
+
+    assert not _C._host_addressable("spyre"), "discrete mode must declare spyre not addressable"
+    assert _C._staging_chunk_bytes() == CHUNK_BYTES
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    before = _counters()
+    for i, dtype in enumerate((torch.float32, torch.bfloat16, torch.int64)):
+        inputs = _inputs(seed + i, world, numel, dtype)
+        exact = torch.stack([t.to(torch.float64) for t in inputs])
+        t = inputs[rank].to(dev)
+        dist.all_reduce(t)
+        _close(t, exact.sum(0), dtype, f"all_reduce SUM {dtype} n={numel}")
+        t = inputs[rank].to(dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        _close(t, exact.max(0).values, dtype, f"all_reduce MAX {dtype} n={numel}")
+        if dtype.is_floating_point:
+            t = inputs[rank].to(dev)
+            work = dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True)
+            work.wait()
+            _close(t, exact.mean(0), dtype, f"all_reduce AVG async {dtype} n={numel}")
+        # broadcast from the last rank
+        t = inputs[rank].to(dev) if rank == world - 1 else _poisoned(numel, dtype, dev)
+        dist.broadcast(t, src=world - 1)
+        _close(t, exact[world - 1], dtype, f"broadcast {dtype} n={numel}")
+        # all_gather into one tensor
+        out = _poisoned(numel * world, dtype, dev)
+        dist.all_gather_into_tensor(out, inputs[rank].to(dev))
+        _close(out, exact.reshape(-1), dtype, f"all_gather_into_tensor {dtype} n={numel}")
+        # reduce_scatter: each rank's input holds `world` blocks of numel
+        blocks = _inputs(seed + 100 + i, world, numel * world, dtype)
+        exact_blocks = torch.stack([b.to(torch.float64) for b in blocks]).sum(0)
+        out = _poisoned(numel, dtype, dev)
+        dist.reduce_scatter_tensor(out, blocks[rank].to(dev))
+        _close(
+            out, exact_blocks[rank * numel : (rank + 1) * numel], dtype, f"reduce_scatter {dtype}"
+        )
+    # all_to_all_single and a ring send/recv (one copy each way, not pipelined)
+    blocks = _inputs(seed + 200, world, numel * world, torch.float32)
+    out = _poisoned(numel * world, torch.float32, dev)
+    dist.all_to_all_single(out, blocks[rank].to(dev))
+    expected = torch.cat([blocks[r][rank * numel : (rank + 1) * numel] for r in range(world)])
+    _close(out, expected.to(torch.float64), torch.float32, "all_to_all_single")
+    if world > 1:
+        msg = _inputs(seed + 300, world, numel, torch.float32)
+        recv = _poisoned(numel, torch.float32, dev)
+        ops = [
+            dist.P2POp(dist.isend, msg[rank].to(dev), (rank + 1) % world),
+            dist.P2POp(dist.irecv, recv, (rank - 1) % world),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        _close(recv, msg[(rank - 1) % world].to(torch.float64), torch.float32, "ring send/recv")
+    dist.barrier()
+    return _delta(before, _counters())
+
+
+@pytest.mark.parametrize("numel", SMALL)
+def test_small_messages_take_one_copy_each_way(rank_pool, seeded, numel):
+    for delta in rank_pool.run(staged_collectives, seeded.seed, numel, timeout=300):
+        assert delta["staged_buffers"] > 0, delta
+        assert delta["bytes_to_host"] > 0 and delta["bytes_from_host"] > 0, delta
+        assert delta["pipelined_ops"] == 0, f"{numel} elements fit one chunk: {delta}"
+
+
+@pytest.mark.parametrize("numel", LARGE)
+def test_large_messages_run_as_chunk_pipelines(rank_pool, seeded, numel):
+    for delta in rank_pool.run(staged_collectives, seeded.seed, numel, timeout=300):
+        assert delta["pipelined_ops"] > 0, delta
+        assert delta["pipeline_chunks"] > delta["pipelined_ops"], delta
+
+
+def pipeline_chunks_of_all_reduce(seed: int, numel: int, ctx):
+    """One float32 all_reduce of `numel` elements, non-contiguous (a transposed view):
+    checked, and returns the counter delta."""
+    world, rank = ctx.world_size, ctx.rank
+    inputs = _inputs(seed, world, numel, torch.float32)
+    before = _counters()
+    # numel = 2 * k: a (2, k) tensor transposed to (k, 2) is not contiguous.
+    t = inputs[rank].view(2, -1).to(ctx.device).t()
+    assert not t.is_contiguous()
+    dist.all_reduce(t)
+    delta = _delta(before, _counters())
+    expected = torch.stack([x.to(torch.float64) for x in inputs]).sum(0).view(2, -1).t()
+    _close(t, expected, torch.float32, "non-contiguous all_reduce")
+    return delta
+
+
+# (elements, chunks): 20800 bytes of float32 make 6 chunks of at most 4096 bytes; 160000
+# bytes would make 40, but a pipeline has at most 8 (its chunks grow instead).
+@pytest.mark.parametrize(("numel", "chunks"), [(2 * 2600, 6), (2 * 20_000, 8)])
+def test_pipeline_splits_along_the_chunk_size(rank_pool, seeded, numel, chunks):
+    assert chunks == min(8, math.ceil(numel * 4 / CHUNK_BYTES))
+    for delta in rank_pool.run(pipeline_chunks_of_all_reduce, seeded.seed, numel, timeout=120):
+        assert delta["pipelined_ops"] == 1, delta
+        assert delta["pipeline_chunks"] == chunks, delta
+        assert delta["bytes_to_host"] == numel * 4 and delta["bytes_from_host"] == numel * 4
+
+
+def pipelined_timeout(ctx):
+    """Rank 0 runs a pipelined all_reduce on a 2 s group its peers never join: it must fail
+    within the timeout, not hang; the default group keeps working."""
+    group = dist.new_group(backend="spyreccl", timeout=datetime.timedelta(seconds=2))
+    elapsed = message = None
+    if ctx.rank == 0:
+        t = torch.randn(50_000, device=ctx.device)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError) as info:
+            dist.all_reduce(t, group=group)
+        elapsed, message = time.monotonic() - start, str(info.value)
+    check = torch.full((3,), float(ctx.rank + 1), device=ctx.device)
+    dist.all_reduce(check)
+    assert check.cpu().tolist() == [float(sum(range(1, ctx.world_size + 1)))] * 3
+    return elapsed, message
+
+
+def test_pipelined_operation_times_out(make_pool):
+    pool = make_pool(2, **POOL, env=DISCRETE)
+    elapsed, message = pool.run(pipelined_timeout, timeout=120)[0]
+    assert elapsed < 30, f"the pipelined all_reduce took {elapsed:.1f}s to fail"
+    assert "allreduce" in message.lower() or "all_reduce" in message.lower(), message
+
+
+def host_mode_is_zero_copy(seed: int, ctx):
+    from spyreccl_torch import _C
+
+    assert _C._host_addressable("spyre"), "host mode must declare spyre memory addressable"
+    world, rank = ctx.world_size, ctx.rank
+    before = _counters()
+    for numel in SMALL + LARGE:
+        inputs = _inputs(seed + numel, world, numel, torch.float32)
+        t = inputs[rank].to(ctx.device)
+        dist.all_reduce(t)
+        exact = torch.stack([x.to(torch.float64) for x in inputs]).sum(0)
+        _close(t, exact, torch.float32, f"host-mode all_reduce n={numel}")
+        out = _poisoned(numel * world, torch.float32, ctx.device)
+        dist.all_gather_into_tensor(out, inputs[rank].to(ctx.device))
+        _close(out, torch.cat(inputs).to(torch.float64), torch.float32, "host-mode all_gather")
+    return _delta(before, _counters())
+
+
+def test_host_mode_stays_zero_copy(make_pool, seeded):
+    pool = make_pool(2, **POOL, env={"SPYRECCL_SPYRE_MEMORY": "host"})
+    for delta in pool.run(host_mode_is_zero_copy, seeded.seed, timeout=120):
+        assert all(value == 0 for value in delta.values()), delta
+
+
+def test_capability_is_declared_not_guessed():
+    """CPU is host memory; a device type nobody declared is not; a declaration takes effect
+    and can be withdrawn; the emulated device declared spyre per its memory mode."""
+    from spyreccl_torch import _C
+    from spyreccl_torch.device._memory_mode import memory_mode
+
+    assert _C._host_addressable("cpu")
+    assert not _C._host_addressable("meta")
+    try:
+        _C._set_host_addressable("meta", True)
+        assert _C._host_addressable("meta")
+    finally:
+        _C._set_host_addressable("meta", False)
+    assert not _C._host_addressable("meta")
+    assert _C._host_addressable("spyre") == (memory_mode() == "host")
+    with pytest.raises(RuntimeError, match="nosuchdevice"):
+        _C._host_addressable("nosuchdevice")
+
+
+def test_memory_mode_reads_the_environment(monkeypatch):
+    from spyreccl_torch.device._memory_mode import MEMORY_ENV, memory_mode
+
+    monkeypatch.delenv(MEMORY_ENV, raising=False)
+    assert memory_mode() == "host"
+    monkeypatch.setenv(MEMORY_ENV, " Discrete ")
+    assert memory_mode() == "discrete"
+    monkeypatch.setenv(MEMORY_ENV, "device")
+    with pytest.raises(ValueError, match="SPYRECCL_SPYRE_MEMORY='device': expected one of host"):
+        memory_mode()
