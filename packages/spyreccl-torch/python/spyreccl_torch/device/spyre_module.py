@@ -36,6 +36,7 @@ __all__ = [
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
+    "memory_mode",
     "seed",
     "seed_all",
     "set_device",
@@ -62,7 +63,8 @@ __all__ += _memory_all
 _initialized = True
 
 # Default generators (see _random); _install_integrations() runs once the device is named.
-from . import _attention, _fsdp, _random  # noqa: E402
+from . import _attention, _fsdp, _memory_mode, _random  # noqa: E402
+from ._memory_mode import memory_mode  # noqa: E402, F401
 from ._import_hooks import after_import  # noqa: E402
 from ._random import _get_generator, default_generators  # noqa: E402, F401
 
@@ -75,6 +77,7 @@ def _install_integrations() -> None:
     _attention.install()
     _fsdp.install()
     _random.install()
+    _memory_mode.install_inductor_translation()
     after_import(
         "torch._inductor.compile_fx",
         _register_inductor,
