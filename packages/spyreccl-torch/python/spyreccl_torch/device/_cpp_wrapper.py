@@ -269,14 +269,21 @@ class SpyreCppWrapperCodegen(CppWrapperCpu):
         return super()._generate_kernel_call_helper(kernel_name, call_args, **kwargs)
 
     def _generate_extern_kernel_out_helper(
-        self, kernel: str, out: str, out_view: str | None, args: list[str], device: str, **kwargs: Any
+        self,
+        kernel: str,
+        out: str,
+        out_view: str | None,
+        args: list[str],
+        device: str,
+        *rest: Any,
+        **kwargs: Any,
     ) -> None:
         # out= extern kernels on spyre take the CPU shim (get_c_shim_func_name), whose kernel
         # reads the tensors' memory: in discrete memory mode it is given host views.
         self._spyre_host_args = _is_spyre(device) and _discrete_memory()
         try:
             super()._generate_extern_kernel_out_helper(
-                kernel, out, out_view, args, device, **kwargs
+                kernel, out, out_view, args, device, *rest, **kwargs
             )
         finally:
             self._spyre_host_args = False
