@@ -311,3 +311,36 @@ def pins(session: nox.Session) -> None:
     """spyreccl-torch's torch pin matches the torch the tests install; its spyreccl-core pin
     matches the core's version (pyproject and C header)."""
     session.run("python", str(ROOT / "ci" / "check_pins.py"), "--torch", TORCH_PINNED)
+
+
+# Device tests in the emulated device's discrete memory mode, where a spyre tensor's
+# data_ptr() faults when the host reads it (as on real Spyre cards).
+DISCRETE_MEMORY_TESTS = [
+    "test_device.py",
+    "test_device_autocast.py",
+    "test_device_inductor.py",
+    "test_device_memory_mode.py",
+    "test_random.py",
+    "test_attention.py",
+    "test_device_rnn.py",
+    "test_memory.py",
+    "test_host_view.py",
+    "test_sync_batch_norm.py",
+]
+
+
+@nox.session(default=False)
+def tests_discrete(session: nox.Session) -> None:
+    """The device's test files with SPYRECCL_SPYRE_MEMORY=discrete (rank pools inherit it)."""
+    _install_stack(session, TORCH_PINNED)
+    tests_dir = TORCH_PKG / "tests"
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *PYTEST_STRICT,
+        "--durations=10",
+        *(str(tests_dir / name) for name in DISCRETE_MEMORY_TESTS),
+        *session.posargs,
+        env={"SPYRECCL_SPYRE_MEMORY": "discrete"},
+    )

@@ -48,9 +48,9 @@ bool arena_enabled() {
 // Where a block's memory came from. Statistics put arena blocks in the "large pool"
 // and ordinary host memory in the "small pool", so memory_stats tells the two apart.
 enum class BlockKind : std::uint8_t {
-  kHost,     // posix_memalign, freed by release()
-  kArena,    // spyrecclMemAlloc, freed by release()
-  kAdopted,  // a CPU kernel's result relabelled as spyre memory, freed by release_adopted()
+  kHost,      // posix_memalign, freed by release()
+  kArena,     // spyrecclMemAlloc, freed by release()
+  kAdopted,   // a CPU kernel's result relabelled as spyre memory, freed by release_adopted()
   kDiscrete,  // discrete device memory (device_memory.h), freed by release()
 };
 

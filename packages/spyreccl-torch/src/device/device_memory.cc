@@ -92,9 +92,7 @@ class Pool {
     return base_ + off;
   }
 
-  bool owns(std::size_t window_offset) const {
-    return window_offset - base_ < size_;
-  }
+  bool owns(std::size_t window_offset) const { return window_offset - base_ < size_; }
 
   void release(std::size_t window_offset, int fd, std::size_t retain_budget) {
     std::size_t off = window_offset - base_;
@@ -208,8 +206,8 @@ class DiscreteMemory {
   }
 
   void release(void* device_ptr) {
-    const std::size_t offset = reinterpret_cast<std::uintptr_t>(device_ptr) -
-                               detail::g_window.device_base;
+    const std::size_t offset =
+        reinterpret_cast<std::uintptr_t>(device_ptr) - detail::g_window.device_base;
     (large_.owns(offset) ? large_ : small_).release(offset, fd_, retain_budget_);
   }
 
@@ -267,7 +265,8 @@ void create_discrete_memory() {
   // Sparse: only touched pages cost memory. Each half may hold as much as the machine has.
   const std::size_t half = round_up(physical_bytes(), std::size_t{2} << 20);
   const std::size_t size = 2 * half;
-  const int fd = static_cast<int>(::syscall(SYS_memfd_create, "spyreccl-spyre-device", MFD_CLOEXEC));
+  const int fd =
+      static_cast<int>(::syscall(SYS_memfd_create, "spyreccl-spyre-device", MFD_CLOEXEC));
   if (fd < 0) {
     fail("memfd_create", errno);
   }

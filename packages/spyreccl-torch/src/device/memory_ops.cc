@@ -56,8 +56,7 @@ int64_t op_translating_tensor_data_ptr(int64_t torch_function) {
 TORCH_LIBRARY_FRAGMENT(spyreccl_device, m) {
   m.def("memory_mode() -> str", &op_memory_mode);
   m.def("discrete_window() -> int[]", &op_discrete_window);
-  m.def("translating_tensor_data_ptr(int torch_function) -> int",
-        &op_translating_tensor_data_ptr);
+  m.def("translating_tensor_data_ptr(int torch_function) -> int", &op_translating_tensor_data_ptr);
 }
 
 }  // namespace spyreccl::device

@@ -64,8 +64,8 @@ _initialized = True
 
 # Default generators (see _random); _install_integrations() runs once the device is named.
 from . import _attention, _fsdp, _memory_mode, _random  # noqa: E402
-from ._memory_mode import memory_mode  # noqa: E402, F401
 from ._import_hooks import after_import  # noqa: E402
+from ._memory_mode import memory_mode  # noqa: E402
 from ._random import _get_generator, default_generators  # noqa: E402, F401
 
 
