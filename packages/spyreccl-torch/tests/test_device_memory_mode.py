@@ -79,6 +79,21 @@ def test_valid_values_import_torch_silently(value):
     assert result.stderr == ""
 
 
+def _memory_mode_case() -> str:  # module level: rank workers import it by name
+    import torch
+
+    return torch.spyre.memory_mode()
+
+
+def test_rank_pools_pass_the_memory_mode_to_their_ranks(make_pool):
+    # Spawned ranks inherit the test process's environment (so `SPYRECCL_SPYRE_MEMORY=discrete
+    # pytest ...` puts every rank in discrete mode), and a pool's env= chooses for its ranks.
+    inherited = make_pool(2, distributed=False, start_method="spawn")
+    assert inherited.run(_memory_mode_case) == [spyre_device.memory_mode()] * 2
+    chosen = make_pool(2, distributed=False, start_method="spawn", env={ENV: "discrete"})
+    assert chosen.run(_memory_mode_case) == ["discrete"] * 2
+
+
 _DISCRETE_OPERATIONS = """
 import os
 import numpy as np
