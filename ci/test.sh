@@ -11,7 +11,7 @@ trap 'rm -f "$LOG"' EXIT
 # CI kills the job at 90 minutes; stop a few minutes earlier so the summary is still printed.
 set +e
 timeout --kill-after=60 "${SPYRECCL_CI_TIMEOUT:-85m}" \
-  "$NOX" --non-interactive --no-color -f "$ROOT/noxfile.py" -s lint tests pins docs "$@" 2>&1 | tee "$LOG"
+  "$NOX" --non-interactive --no-color -f "$ROOT/noxfile.py" -s lint tests pins docs tests_discrete "$@" 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -eq 124 ]; then

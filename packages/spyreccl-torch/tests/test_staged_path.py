@@ -7,7 +7,7 @@ chunk, a chunk pipeline above it (all_reduce, broadcast, all_gather, reduce_scat
 tests prove from the backend's staging counters that the staged path ran, how many chunks a
 pipeline split a message into, and that the default ``host`` mode stays zero-copy (counters
 stay 0) — always against float64 references computed on the host from every rank's inputs.
-The rest of the suite runs in discrete mode through ``nox -s tests_staged``.
+The rest of the suite runs in discrete mode through ``nox -s tests_discrete``.
 """
 
 from __future__ import annotations
@@ -228,15 +228,3 @@ def test_capability_is_declared_not_guessed():
     assert _C._host_addressable("spyre") == (memory_mode() == "host")
     with pytest.raises(RuntimeError, match="nosuchdevice"):
         _C._host_addressable("nosuchdevice")
-
-
-def test_memory_mode_reads_the_environment(monkeypatch):
-    from spyreccl_torch.device._memory_mode import MEMORY_ENV, memory_mode
-
-    monkeypatch.delenv(MEMORY_ENV, raising=False)
-    assert memory_mode() == "host"
-    monkeypatch.setenv(MEMORY_ENV, " Discrete ")
-    assert memory_mode() == "discrete"
-    monkeypatch.setenv(MEMORY_ENV, "device")
-    with pytest.raises(ValueError, match="SPYRECCL_SPYRE_MEMORY='device': expected one of host"):
-        memory_mode()

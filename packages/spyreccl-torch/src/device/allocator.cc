@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "block_map.h"
+#include "device_memory.h"
 #include "device_state.h"
 #include "spyreccl/spyreccl.h"
 
@@ -47,21 +48,29 @@ bool arena_enabled() {
 // Where a block's memory came from. Statistics put arena blocks in the "large pool"
 // and ordinary host memory in the "small pool", so memory_stats tells the two apart.
 enum class BlockKind : std::uint8_t {
-  kHost,     // posix_memalign, freed by release()
-  kArena,    // spyrecclMemAlloc, freed by release()
-  kAdopted,  // a CPU kernel's result relabelled as spyre memory, freed by release_adopted()
+  kHost,      // posix_memalign, freed by release()
+  kArena,     // spyrecclMemAlloc, freed by release()
+  kAdopted,   // a CPU kernel's result relabelled as spyre memory, freed by release_adopted()
+  kDiscrete,  // discrete device memory (device_memory.h), freed by release()
 };
+
+// Large discrete blocks are whole pages like arena blocks, and count in the same pool, so
+// that the statistics read the same in both memory modes.
+bool page_granular(BlockKind kind, std::size_t nbytes) {
+  return kind == BlockKind::kArena ||
+         (kind == BlockKind::kDiscrete && nbytes >= kDiscretePageMinBytes);
+}
 
 // Bytes a block holds from the system: arena blocks are whole pages.
 std::size_t reserved_bytes_of(BlockKind kind, std::size_t nbytes) {
-  if (kind == BlockKind::kArena) {
+  if (page_granular(kind, nbytes)) {
     return (nbytes + kArenaPageBytes - 1) / kArenaPageBytes * kArenaPageBytes;
   }
   return nbytes;
 }
 
-StatType pool_of(BlockKind kind) {
-  return kind == BlockKind::kArena ? StatType::LARGE_POOL : StatType::SMALL_POOL;
+StatType pool_of(BlockKind kind, std::size_t nbytes) {
+  return page_granular(kind, nbytes) ? StatType::LARGE_POOL : StatType::SMALL_POOL;
 }
 
 void for_aggregate_and(StatArray& stats, StatType pool, bool increase, std::size_t amount) {
@@ -84,7 +93,7 @@ struct DeviceCounters {
   DeviceStats stats;
 
   void add(BlockKind kind, std::size_t nbytes, bool fresh_from_system) {
-    const StatType pool = pool_of(kind);
+    const StatType pool = pool_of(kind, nbytes);
     const std::size_t reserved = reserved_bytes_of(kind, nbytes);
     for_aggregate_and(stats.allocation, pool, true, 1);
     for_aggregate_and(stats.segment, pool, true, 1);
@@ -99,7 +108,7 @@ struct DeviceCounters {
   }
 
   void remove(BlockKind kind, std::size_t nbytes, bool back_to_system) {
-    const StatType pool = pool_of(kind);
+    const StatType pool = pool_of(kind, nbytes);
     const std::size_t reserved = reserved_bytes_of(kind, nbytes);
     for_aggregate_and(stats.allocation, pool, false, 1);
     for_aggregate_and(stats.segment, pool, false, 1);
@@ -231,13 +240,19 @@ AllocationRegistry& registry() {
 // The one deleter of both kinds of memory this allocator hands out (c10's
 // raw_deallocate calls raw_deleter() without the DataPtr, so the registry says which
 // kind `ptr` is).
+// In discrete mode it may be called with the accessible twin of a block (raw_deallocate of
+// the alias growth allocator passes the data pointer): the registry knows device addresses.
 void release(void* ptr) {
   if (ptr == nullptr) {
     return;
   }
-  if (registry().remove(ptr) == BlockKind::kArena) {
+  ptr = device_address(ptr);
+  const std::optional<BlockKind> kind = registry().remove(ptr);
+  if (kind == BlockKind::kArena) {
     // Cannot fail for a block the registry knows; a deleter must not throw anyway.
     (void)spyrecclMemFree(ptr);
+  } else if (kind == BlockKind::kDiscrete) {
+    discrete_free(ptr);
   } else {
     std::free(ptr);
   }
@@ -289,8 +304,9 @@ class SpyreHostAllocator final : public c10::DeviceAllocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
+  // Copy-on-write materialisation and Allocator::clone copy spyre memory here.
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
+    default_copy_data(host_address(dest), host_address(src), count);
   }
 
   // Host memory needs no initialisation: ready once the library is loaded.
@@ -300,7 +316,13 @@ class SpyreHostAllocator final : public c10::DeviceAllocator {
   // freed blocks resident for reuse (up to SPYRECCL_ARENA_RETAIN_BYTES), which is what
   // torch.spyre.empty_cache() / torch.accelerator.empty_cache() hand back to the system,
   // like a caching allocator's cache. Private pools (CUDA graphs) do not exist here.
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override { (void)spyrecclMemTrim(nullptr); }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    if (memory_mode() == MemoryMode::kDiscrete) {
+      (void)discrete_trim();
+    } else {
+      (void)spyrecclMemTrim(nullptr);
+    }
+  }
 
   // Every spyre operator completes on the calling thread: a block can never be in
   // use by a later stream operation, so there is no dependency to record.
@@ -330,8 +352,15 @@ class SpyreHostAllocator final : public c10::DeviceAllocator {
 
 class AliasGrowthAllocator final : public c10::Allocator {
  public:
+  // The CPU kernel works on the block, so its data pointer is the accessible twin in
+  // discrete mode; the context (what release() receives) stays the device address.
   c10::DataPtr allocate(std::size_t nbytes) override {
     c10::DataPtr data = allocate_on(current_device(), nbytes);
+    void* device_ptr = data.get();
+    if (host_address(device_ptr) != device_ptr) {
+      (void)data.release_context();  // the block lives on in the DataPtr below
+      return {host_address(device_ptr), device_ptr, &release, c10::Device(c10::kCPU)};
+    }
     data.unsafe_set_device(c10::Device(c10::kCPU));
     return data;
   }
@@ -358,6 +387,19 @@ c10::DataPtr allocate_on(c10::DeviceIndex index, std::size_t nbytes) {
     return {nullptr, nullptr, &release, device};
   }
   void* ptr = nullptr;
+  if (memory_mode() == MemoryMode::kDiscrete) {
+    // Discrete memory replaces both kinds below: its device addresses are not readable by
+    // the collective library (nor anyone), so sharing the arena with peers has no point.
+    ptr = discrete_allocate(nbytes);
+    if (ptr == nullptr) {
+      registry().count_oom(index);
+    }
+    TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "spyre allocator: cannot allocate ", nbytes,
+                     " bytes of discrete device memory for ", device,
+                     " (SPYRECCL_SPYRE_MEMORY=discrete: the device window is exhausted)");
+    registry().add(ptr, nbytes, index, BlockKind::kDiscrete);
+    return {ptr, ptr, &release, device};
+  }
   if (nbytes >= kArenaMinBytes && arena_enabled() &&
       spyrecclMemAlloc(&ptr, nbytes) == spyrecclSuccess) {
     registry().add(ptr, nbytes, index, BlockKind::kArena);
@@ -376,7 +418,27 @@ c10::DataPtr allocate_on(c10::DeviceIndex index, std::size_t nbytes) {
 }
 
 void adopt(c10::DataPtr& data, std::size_t nbytes, c10::Device device) {
-  if (device.type() == kSpyreDeviceType && data.get() != nullptr) {
+  if (device.type() == kSpyreDeviceType && data.get() != nullptr &&
+      memory_mode() == MemoryMode::kDiscrete) {
+    if (data.get_deleter() == &release) {
+      // One of our blocks, maybe seen through its accessible twin (the alias growth
+      // allocator's): the spyre storage holds its device address, which is the context.
+      void* device_ptr = device_address(data.get());
+      registry().relabel(device_ptr, device.index());
+      if (device_ptr != data.get()) {
+        void* context = data.release_context();
+        data = c10::DataPtr(device_ptr, context, &release, device);
+      }
+    } else {
+      // Host memory of another allocator (a CPU kernel's result) cannot become device
+      // memory by relabelling: copy it into a device block.
+      c10::DataPtr fresh = allocate_on(device.index(), nbytes);
+      if (nbytes > 0) {
+        std::memcpy(host_address(fresh.get()), data.get(), nbytes);
+      }
+      data = std::move(fresh);
+    }
+  } else if (device.type() == kSpyreDeviceType && data.get() != nullptr) {
     const c10::DeleterFnPtr deleter = data.get_deleter();
     if (deleter == &release || deleter == &release_adopted) {
       registry().relabel(data.get(), device.index());
@@ -405,7 +467,7 @@ void resize_storage_bytes(c10::StorageImpl& storage, std::size_t nbytes) {
   c10::DataPtr fresh = allocate_on(device.index(), nbytes);
   const std::size_t keep = std::min(nbytes, storage.nbytes());
   if (keep > 0) {
-    std::memcpy(fresh.get(), storage.data(), keep);
+    std::memcpy(host_address(fresh.get()), host_address(storage.data()), keep);
   }
   storage.set_data_ptr_noswap(std::move(fresh));
   storage.set_nbytes(nbytes);

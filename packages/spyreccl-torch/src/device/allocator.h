@@ -16,7 +16,9 @@ inline constexpr std::size_t kAllocationAlignment = 64;
 
 // The PrivateUse1 allocator (also registered with c10::SetAllocator). Data
 // pointers are plain host addresses, directly readable by the collective
-// library; the DataPtr is labelled with the calling thread's current device.
+// library — except in discrete memory mode (device_memory.h), where they are
+// device addresses that only host_address() makes readable; the DataPtr is
+// labelled with the calling thread's current device.
 // It is a c10::DeviceAllocator, so torch.accelerator.memory_* works: it keeps
 // per-device statistics of every block that backs a spyre storage (its own
 // blocks and CPU-kernel results adopted through adopt()).

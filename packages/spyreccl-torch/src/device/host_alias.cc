@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "allocator.h"
+#include "device_memory.h"
 #include "device_state.h"
 
 namespace spyreccl::device {
@@ -52,8 +53,10 @@ const c10::Storage& HostAliasScope::host_storage_for(const c10::Storage& spyre) 
   }
   c10::StorageImpl* impl = spyre.unsafeGetStorageImpl();
   // mutable_data_ptr() materialises copy-on-write storages, so that writes
-  // through the alias cannot reach a lazily cloned sibling.
-  void* data = impl->mutable_data_ptr().get();
+  // through the alias cannot reach a lazily cloned sibling. The CPU kernel
+  // works through the memory's host address (its accessible twin in discrete
+  // mode, device_memory.h).
+  void* data = host_address(impl->mutable_data_ptr().get());
   const size_t nbytes = impl->nbytes();
   // The borrowed DataPtr owns nothing; the spyre storage keeps the memory
   // alive for the whole call. Growth goes through the alias growth allocator

@@ -1,6 +1,7 @@
 // Zero-copy lending of spyre tensors to CPU kernels.
 //
-// Spyre storages are host memory, so a CPU kernel can work on them in place.
+// Spyre storages are host memory, so a CPU kernel can work on them in place
+// (through their host_address(), device_memory.h, in discrete memory mode).
 // A HostAliasScope lives for one operator call and
 //   * lends each spyre tensor as a CPU tensor over a CPU storage that borrows
 //     the spyre memory (one alias storage per spyre storage, so aliasing

@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "device_memory.h"
 #include "device_state.h"
 
 namespace spyreccl::device {
@@ -33,7 +34,9 @@ at::Tensor host_view(const at::Tensor& tensor) {
   c10::StorageImpl* impl = spyre.unsafeGetStorageImpl();
   // mutable_data_ptr() materialises a copy-on-write storage first: writes
   // through the view must not reach a lazily cloned sibling.
-  void* data = impl->mutable_data_ptr().get();
+  // In discrete mode (device_memory.h) the view is the one door from the host to device
+  // memory: it reads the accessible twin of the block, not the device address.
+  void* data = host_address(impl->mutable_data_ptr().get());
   // The DataPtr's context holds a reference to the spyre storage, released
   // with the view's storage: the memory is not freed while the view exists,
   // even after the last spyre tensor over it is gone. Not resizable: growing

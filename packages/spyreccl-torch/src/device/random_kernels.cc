@@ -31,6 +31,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "device_memory.h"
 #include "device_state.h"
 #include "generator.h"
 #include "philox.h"
@@ -97,11 +98,11 @@ void fill_elements(at::Tensor& self, const std::optional<at::Generator>& generat
       gen.get<SpyreGeneratorImpl>()->reserve_stream(static_cast<uint64_t>(n));
   const uint64_t seed = stream.seed;
   const uint64_t first = stream.first;
-  // Spyre memory is host memory: a contiguous tensor is written in place, any
-  // other layout through a contiguous staging buffer.
+  // The device's own kernel: a contiguous tensor is written in place (through
+  // its host address), any other layout through a contiguous staging buffer.
   const bool direct = self.is_contiguous();
   at::Tensor out = direct ? self : at::empty(self.sizes(), self.options().device(c10::kCPU));
-  scalar_t* data = static_cast<scalar_t*>(out.mutable_data_ptr());
+  scalar_t* data = static_cast<scalar_t*>(host_address(out.mutable_data_ptr()));
   at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const PhiloxBlock w = philox(seed, first + static_cast<uint64_t>(i));
@@ -213,10 +214,10 @@ at::Tensor& bernoulli_float_(at::Tensor& self, double p, std::optional<at::Gener
 
 at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p_,
                               std::optional<at::Generator> generator) {
-  // Probabilities in element order of `self`, as doubles in host memory (spyre
-  // tensors are host memory too, so data_ptr is directly readable).
+  // Probabilities in element order of `self`, as doubles (read through the host
+  // address when `p` is a spyre tensor).
   const at::Tensor p = p_.expand(self.sizes()).to(at::kDouble).contiguous();
-  const double* prob = p.const_data_ptr<double>();
+  const auto* prob = static_cast<const double*>(host_address(p.const_data_ptr<double>()));
   for (int64_t i = 0; i < p.numel(); ++i) {
     TORCH_CHECK(0.0 <= prob[i] && prob[i] <= 1.0,
                 "bernoulli_ expects all elements of p to be in [0, 1], found ", prob[i]);
@@ -345,7 +346,7 @@ at::Tensor reserve_keep_mask(c10::IntArrayRef sizes, double keep_prob, c10::Devi
 at::Tensor keep_mask(c10::IntArrayRef sizes, double keep_prob, c10::Device device, uint64_t seed,
                      uint64_t first) {
   at::Tensor mask = at::empty(sizes, at::TensorOptions().dtype(at::kBool).device(device));
-  bool* data = mask.mutable_data_ptr<bool>();
+  bool* data = static_cast<bool*>(host_address(mask.mutable_data_ptr<bool>()));
   at::parallel_for(0, mask.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       data[i] = unit_closed_open(philox(seed, first + static_cast<uint64_t>(i))) < keep_prob;

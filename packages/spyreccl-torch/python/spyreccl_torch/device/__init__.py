@@ -24,10 +24,20 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEVICE_NAME", "EMULATE_ENV", "host_view", "is_registered", "register"]
+__all__ = [
+    "DEVICE_NAME",
+    "EMULATE_ENV",
+    "MEMORY_ENV",
+    "host_view",
+    "is_registered",
+    "memory_mode",
+    "register",
+]
 
 DEVICE_NAME = "spyre"
 EMULATE_ENV = "SPYRECCL_EMULATE_SPYRE"
+# Selects the emulated device's memory model: "host" (default) or "discrete" (see memory_mode).
+MEMORY_ENV = "SPYRECCL_SPYRE_MEMORY"
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -93,14 +103,15 @@ def _register_locked() -> bool:
     import torch
     import torch.utils.backend_registration as backend_registration
 
-    from . import _loader, spyre_module
-    from ._memory_mode import memory_mode
-
-    memory_mode()  # a malformed SPYRECCL_SPYRE_MEMORY fails before anything is registered
+    from . import _loader, _memory_mode, spyre_module
 
     global _loaded_library
     # Hooks must exist before the rename, or torch._C._get_accelerator() raises.
     path = _loaded_library = _loader.load()
+    # The memory model (SPYRECCL_SPYRE_MEMORY): a value naming no mode warns and means host
+    # memory; discrete memory the system refuses fails the registration here, by name.
+    _memory_mode.check_env()
+    _memory_mode.memory_mode()
     torch.utils.rename_privateuse1_backend(DEVICE_NAME)
     torch._register_device_module(DEVICE_NAME, spyre_module)
     # generate_methods_for_privateuse1_backend raises when run twice.
@@ -142,6 +153,23 @@ def is_registered() -> bool:
     return bool(_active)
 
 
+def memory_mode() -> str | None:
+    """The memory model of the emulated spyre device, or None when it is not active.
+
+    ``"host"``: a spyre tensor's ``data_ptr()`` is host memory that any code may read (the
+    default). ``"discrete"`` (``SPYRECCL_SPYRE_MEMORY=discrete``): as on real Spyre cards,
+    ``data_ptr()`` is a device address that faults when the host dereferences it; spyre data
+    reaches the host only through the device's copies (``copy_``, ``.cpu()``) and
+    :func:`host_view`. None: the device in this process is not the emulation (a real Spyre
+    runtime, or none), whose memory must be assumed not host-addressable.
+    """
+    if not is_registered():
+        return None
+    from . import _memory_mode
+
+    return _memory_mode.memory_mode()
+
+
 def host_view(tensor: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the memory of the emulated-spyre tensor `tensor`, without copying.
 
@@ -155,6 +183,11 @@ def host_view(tensor: torch.Tensor) -> torch.Tensor:
 
     Only while the emulated device is active (:func:`is_registered`): a real Spyre runtime's
     memory is not host memory, so this raises there instead of returning a view of it.
+
+    In discrete memory mode (:func:`memory_mode`) the view is the device's own door to its
+    memory: it reads the block's accessible mapping, so its ``data_ptr()`` differs from the
+    spyre tensor's (which faults when read) while the two still share every byte. Code that
+    must behave as on real cards asks :func:`memory_mode` and copies instead.
     """
     import torch
 

@@ -14,6 +14,10 @@ emits what the CPU wrapper emits, except where the device matters:
   does, instead of a per-device C shim that does not exist for spyre; ``out=`` extern
   kernels (``mm_out``, ``addmm_out``, ...) write into spyre buffers that inductor allocated
   and take the CPU shim, whose kernels only see host pointers;
+* in discrete memory mode (``SPYRECCL_SPYRE_MEMORY=discrete``) a spyre tensor's data
+  pointer is a device address the host cannot read: the C++ kernels get host addresses
+  (``spyreccl_host_pointer``) and the CPU shims of ``out=`` extern kernels host views
+  (``spyreccl_host_arg``), both through the device's own operators;
 * the collectives reach spyreccl's ``_c10d_functional`` kernels through the dispatcher.
   Inductor hard-codes CPU shims for ``all_reduce(_)`` that call c10d directly (skipping
   the PrivateUse1 kernels, so a small collective would take the queued asynchronous path
@@ -101,6 +105,81 @@ SPYRECCL_ALL_REDUCE_SHIM(aoti_torch_spyre__c10d_functional_all_reduce_then_wait,
 """
 
 
+_DISCRETE_MEMORY_HELPER = r"""
+namespace {
+// spyreccl, SPYRECCL_SPYRE_MEMORY=discrete: a spyre tensor's data pointer is a device address
+// that faults when the host reads it. The device maps the same memory a second time; kernels
+// take that accessible address, CPU shims a host view (spyreccl_device::host_view).
+struct SpyrecclWindow {
+  uintptr_t device_base;
+  uintptr_t host_base;
+  uintptr_t size;
+};
+const SpyrecclWindow& spyreccl_window() {
+  static const SpyrecclWindow window = [] {
+    std::vector<c10::IValue> stack;
+    c10::Dispatcher::singleton()
+        .findSchemaOrThrow("spyreccl_device::discrete_window", "")
+        .callBoxed(&stack);
+    const std::vector<int64_t> v = stack.at(0).toIntVector();
+    return SpyrecclWindow{static_cast<uintptr_t>(v.at(0)), static_cast<uintptr_t>(v.at(1)),
+                          static_cast<uintptr_t>(v.at(2))};
+  }();
+  return window;
+}
+struct SpyrecclHostPointer {
+  void* pointer;
+  void* data_ptr() const { return pointer; }
+};
+template <class T>
+SpyrecclHostPointer spyreccl_host_pointer(const T& tensor) {
+  const SpyrecclWindow& w = spyreccl_window();
+  void* p = tensor.data_ptr();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  return {a - w.device_base < w.size ? reinterpret_cast<void*>(a - w.device_base + w.host_base)
+                                     : p};
+}
+RAIIAtenTensorHandle spyreccl_host_view(AtenTensorHandle handle) {
+  const at::Tensor& tensor = *torch::aot_inductor::tensor_handle_to_tensor_pointer(handle);
+  if (tensor.device().type() != c10::DeviceType::PrivateUse1) {
+    return RAIIAtenTensorHandle(torch::aot_inductor::new_tensor_handle(at::Tensor(tensor)));
+  }
+  static const auto op = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("spyreccl_device::host_view", "")
+      .typed<at::Tensor(const at::Tensor&)>();
+  return RAIIAtenTensorHandle(torch::aot_inductor::new_tensor_handle(op.call(tensor)));
+}
+struct SpyrecclOptionalHostView {
+  explicit SpyrecclOptionalHostView(AtenTensorHandle* given)
+      : present(given != nullptr && *given != nullptr),
+        view(present ? spyreccl_host_view(*given) : RAIIAtenTensorHandle()),
+        raw(view.get()) {}
+  operator AtenTensorHandle*() { return present ? &raw : nullptr; }
+  bool present;
+  RAIIAtenTensorHandle view;
+  AtenTensorHandle raw;
+};
+template <class T>
+decltype(auto) spyreccl_host_arg(T&& arg) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, RAIIAtenTensorHandle> || std::is_same_v<D, AtenTensorHandle>) {
+    return spyreccl_host_view(static_cast<AtenTensorHandle>(arg));
+  } else if constexpr (std::is_same_v<D, AtenTensorHandle*>) {
+    return SpyrecclOptionalHostView(arg);
+  } else {
+    return std::forward<T>(arg);
+  }
+}
+}  // namespace
+"""
+
+
+def _discrete_memory() -> bool:
+    from spyreccl_torch.device._memory_mode import memory_mode
+
+    return memory_mode() == "discrete"
+
+
 def _is_spyre(device: Any) -> bool:
     if isinstance(device, torch.device):
         return device.type == _DEVICE
@@ -137,6 +216,8 @@ class SpyreCppWrapperCodegen(CppWrapperCpu):
         self._collective_helpers_written = False
         self._spyre_waited_at_once: set[str] | None = None  # see _collectives_waited_at_once
         self._spyre_then_wait = False  # the collective being written is waited at once
+        self._discrete_helpers_written = False
+        self._spyre_host_args = False  # an out= extern kernel's CPU shim call is being written
 
     @staticmethod
     def create(
@@ -168,6 +249,55 @@ class SpyreCppWrapperCodegen(CppWrapperCpu):
         # out= extern kernels: inductor allocated the spyre output, the CPU kernel only
         # sees host pointers (fallback kernels never get here: generate_fallback_kernel).
         return CppWrapperCpu.get_c_shim_func_name(kernel, "cpu")
+
+    def _write_discrete_memory_helpers(self) -> None:
+        if self._discrete_helpers_written:
+            return
+        self._discrete_helpers_written = True
+        self.include_extra_header("ATen/core/dispatch/Dispatcher.h")
+        self.include_extra_header("torch/csrc/inductor/aoti_torch/utils.h")
+        self.header.splice(_DISCRETE_MEMORY_HELPER)
+
+    def _generate_kernel_call_helper(self, kernel_name: str, call_args: Any, **kwargs: Any) -> Any:
+        # C++ kernels (not triton) take raw pointers: in discrete memory mode their host
+        # addresses (the identity for CPU tensors).
+        arg_types = kwargs.get("arg_types")
+        if not kwargs.get("triton", True) and arg_types is not None and _discrete_memory():
+            self._write_discrete_memory_helpers()
+            call_args = [
+                f"spyreccl_host_pointer({arg})" if isinstance(kind, str) and "*" in kind else arg
+                for arg, kind in zip(call_args, arg_types, strict=True)
+            ]
+        return super()._generate_kernel_call_helper(kernel_name, call_args, **kwargs)
+
+    def _generate_extern_kernel_out_helper(
+        self,
+        kernel: str,
+        out: str,
+        out_view: str | None,
+        args: list[str],
+        device: str,
+        *rest: Any,
+        **kwargs: Any,
+    ) -> None:
+        # out= extern kernels on spyre take the CPU shim (get_c_shim_func_name), whose kernel
+        # reads the tensors' memory: in discrete memory mode it is given host views.
+        self._spyre_host_args = _is_spyre(device) and _discrete_memory()
+        try:
+            super()._generate_extern_kernel_out_helper(
+                kernel, out, out_view, args, device, *rest, **kwargs
+            )
+        finally:
+            self._spyre_host_args = False
+
+    def generate_c_shim_extern_kernel_call(
+        self, kernel: str, args: list[str], device: str, **kwargs: Any
+    ) -> None:
+        if self._spyre_host_args:
+            self._write_discrete_memory_helpers()
+            kwargs.setdefault("debug_args", list(args))
+            args = [f"spyreccl_host_arg({arg})" for arg in args]
+        super().generate_c_shim_extern_kernel_call(kernel, args, device, **kwargs)
 
     def _generate_extern_kernel_alloc_helper(self, extern_kernel: Any, args: list[str]) -> None:
         # The all_reduce(_) shims above: a collective whose wait comes next takes the

@@ -1,7 +1,9 @@
 """Inductor support for the emulated spyre device.
 
 Spyre memory is host memory, so inductor's C++ (CPU) backend can compile kernels for
-spyre tensors unchanged: the generated code only sees data pointers. Three pieces tell
+spyre tensors unchanged: the generated code only sees data pointers (in discrete memory
+mode, host addresses that the device translates: ``_memory_mode.install_inductor_translation``
+for the Python wrapper's kernel calls, ``_cpp_wrapper`` for the C++ wrapper's). Three pieces tell
 inductor so:
 
 * ``register_backend_for_device("spyre", CppScheduling, <wrapper>)``, where the wrapper
@@ -427,7 +429,8 @@ class CodegenIdentity(CustomGraphModulePass):
     generic collective calls after spyre's wrapper had learnt to mark the collectives it
     waits for at once). A pass is the only registration hook whose identity reaches the key
     (``register_backend_for_device(device_custom_pass=...)``); its ``__call__`` does
-    nothing. The key also tells :data:`DIRECT_COLLECTIVE_CALLS` apart."""
+    nothing. The key also tells :data:`DIRECT_COLLECTIVE_CALLS` and the memory mode
+    (``SPYRECCL_SPYRE_MEMORY``) apart."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         return None
@@ -436,7 +439,14 @@ class CodegenIdentity(CustomGraphModulePass):
         # The settings that change the generated code are part of it too: a graph compiled
         # with the stock collective calls must not be served to one that wants the direct
         # calls, or the other way round.
-        return codegen_uuid() + (b"direct" if DIRECT_COLLECTIVE_CALLS else b"stock")
+        # The memory mode too: the C++ wrapper translates pointers only in discrete mode.
+        from spyreccl_torch.device._memory_mode import memory_mode
+
+        return (
+            codegen_uuid()
+            + (b"direct" if DIRECT_COLLECTIVE_CALLS else b"stock")
+            + memory_mode().encode()
+        )
 
 
 def register() -> None:

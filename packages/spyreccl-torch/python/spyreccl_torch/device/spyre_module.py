@@ -31,6 +31,7 @@ __all__ = [
     "device_of",
     "is_available",
     "is_initialized",
+    "memory_mode",
     "set_device",
     "set_stream",
     "stream",
@@ -56,8 +57,9 @@ _initialized = True
 
 # Random state and default generators (see _random); _install_integrations() runs once the
 # device is named.
-from . import _attention, _fsdp, _random  # noqa: E402
+from . import _attention, _fsdp, _memory_mode, _random  # noqa: E402
 from ._import_hooks import after_import  # noqa: E402
+from ._memory_mode import memory_mode  # noqa: E402
 from ._random import *  # noqa: E402, F403
 from ._random import __all__ as _random_all  # noqa: E402
 from ._random import _get_generator  # noqa: E402, F401
@@ -73,6 +75,7 @@ def _install_integrations() -> None:
     _attention.install()
     _fsdp.install()
     _random.install()
+    _memory_mode.install_inductor_translation()
     after_import(
         "torch._inductor.compile_fx",
         _register_inductor,
