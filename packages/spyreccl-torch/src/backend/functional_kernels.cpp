@@ -39,6 +39,7 @@
 
 #include "backend/functional_scope.h"
 #include "backend/process_group_spyreccl.hpp"
+#include "backend/torch_compat.h"
 
 namespace spyreccl_torch {
 
@@ -96,10 +97,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> processGroup(const c10::IValue& group) {
 
 template <typename Fn>
 auto withGroup(const c10::IValue& group, Fn&& fn) {
-  if (group.isString()) {
-    return fn(std::string(group.toStringRef()));
+  if constexpr (compat::kFunctionalOpsTakeGroup) {
+    if (!group.isString()) {
+      return fn(processGroup(group));
+    }
   }
-  return fn(processGroup(group));
+  return fn(std::string(group.toStringRef()));
 }
 
 std::vector<at::Tensor> tensors(const c10::IValue& value) { return value.toTensorVector(); }
@@ -129,7 +132,7 @@ Lean leanTarget(const c10::IValue& group) {
   // A subclass may route collectives its own way (the multi-node group is a ProcessGroup
   // written in Python); only the plain ProcessGroup is known to hand them to its backend.
   if (typeid(*pg) != typeid(c10d::ProcessGroup) ||
-      !pg->hasBackendForDeviceType(c10::DeviceType::PrivateUse1)) {
+      !compat::hasBackendForDeviceType(*pg, c10::DeviceType::PrivateUse1)) {
     return {};
   }
   Lean lean;

@@ -582,10 +582,10 @@ void ProcessGroupSpyreccl::recordParamComms(const OpRecord& op, uint64_t seq) {
   if (!at::hasCallbacks()) {
     return;
   }
-  RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP(static_cast<int>(seq), std::make_tuple(pg_uid_, pg_desc_),
-                                        op.inputs, op.outputs, rank_, op.name, op.inNelems,
-                                        op.outNelems, op.dtype, op.inSplitSizes, op.outSplitSizes,
-                                        globalRankStart_, globalRankStride_, size_, op.asyncOp);
+  SPYRECCL_RECORD_PARAM_COMMS(static_cast<int>(seq), std::make_tuple(pg_uid_, pg_desc_), op.inputs,
+                              op.outputs, rank_, op.name, op.inNelems, op.outNelems, op.dtype,
+                              op.inSplitSizes, op.outSplitSizes, globalRankStart_,
+                              globalRankStride_, size_, op.asyncOp);
 }
 
 bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
@@ -857,7 +857,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupSpyreccl::split(
     if (opts) {
       newOptions->timeout = opts->timeout;
       newOptions->group_name = opts->group_name;
-      newOptions->group_desc = opts->group_desc;
+      newOptions->group_desc = compat::groupDesc(*opts);
       newOptions->global_ranks_in_group = opts->global_ranks_in_group;
     }
   }

@@ -35,6 +35,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "backend/progress_thread.h"
+#include "backend/torch_compat.h"
 #include "backend/tensor_translation.h"
 
 namespace spyreccl_torch {
@@ -121,7 +122,7 @@ const c10::intrusive_ptr<c10d::Work>& ranWithoutWork();
 
 class ProcessGroupSpyreccl : public c10d::Backend {
  public:
-  struct Options : c10d::Backend::Options {
+  struct Options : c10d::Backend::Options, compat::OptionsGroupDesc {
     explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout);
 
     static c10::intrusive_ptr<Options> create(
