@@ -392,6 +392,4 @@ def docs(session: nox.Session) -> None:
 def pins(session: nox.Session) -> None:
     """spyreccl-torch's torch range is exactly the matrix's minors (TORCH_MINORS); its
     spyreccl-core pin matches the core's version (pyproject and C header)."""
-    session.run(
-        "python", str(ROOT / "ci" / "check_pins.py"), "--torch-minors", *TORCH_MINORS
-    )
+    session.run("python", str(ROOT / "ci" / "check_pins.py"), "--torch-minors", *TORCH_MINORS)

@@ -35,8 +35,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "backend/progress_thread.h"
-#include "backend/torch_compat.h"
 #include "backend/tensor_translation.h"
+#include "backend/torch_compat.h"
 
 namespace spyreccl_torch {
 

@@ -7,12 +7,12 @@
 // "Adding a torch version").
 #pragma once
 
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/version.h>
 
 #include <string>
 
@@ -72,23 +72,28 @@ inline std::string groupDesc(const c10d::Backend::Options&) { return {}; }
 // says `str group_name`: a group argument is always a name.
 inline constexpr bool kFunctionalOpsTakeGroup = SPYRECCL_TORCH_AT_LEAST(2, 11);
 
+// torch 2.15 made the reduce_op of the all_reduce family (all_reduce, all_reduce_,
+// all_reduce_coalesced, all_reduce_coalesced_) `Any` too (a name or a ReduceOp), and
+// Functional.hpp's overloads of that family that take a group take a ReduceOp instead of a
+// name.
+inline constexpr bool kFunctionalAllReduceTakesReduceOp = SPYRECCL_TORCH_AT_LEAST(2, 15);
+
 }  // namespace spyreccl_torch::compat
 
 // torch 2.11 added RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP (the record_param_comms event says
 // whether the call was asynchronous); before, RECORD_PARAM_COMMS_DATA records without it.
 #if SPYRECCL_TORCH_AT_LEAST(2, 11)
-#define SPYRECCL_RECORD_PARAM_COMMS(seq, pgName, inputs, outputs, rank, name, inNelems,       \
-                                    outNelems, dtype, inSplits, outSplits, globalRankStart, \
-                                    globalRankStride, worldSize, asyncOp)                   \
-  RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP(seq, pgName, inputs, outputs, rank, name, inNelems, \
-                                        outNelems, dtype, inSplits, outSplits,              \
-                                        globalRankStart, globalRankStride, worldSize, asyncOp)
+#define SPYRECCL_RECORD_PARAM_COMMS(seq, pgName, inputs, outputs, rank, name, inNelems, outNelems, \
+                                    dtype, inSplits, outSplits, globalRankStart, globalRankStride, \
+                                    worldSize, asyncOp)                                            \
+  RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP(seq, pgName, inputs, outputs, rank, name, inNelems,        \
+                                        outNelems, dtype, inSplits, outSplits, globalRankStart,    \
+                                        globalRankStride, worldSize, asyncOp)
 #else
-#define SPYRECCL_RECORD_PARAM_COMMS(seq, pgName, inputs, outputs, rank, name, inNelems,       \
-                                    outNelems, dtype, inSplits, outSplits, globalRankStart, \
-                                    globalRankStride, worldSize, asyncOp)                   \
-  RECORD_PARAM_COMMS_DATA(seq, pgName, inputs, outputs, rank, name, inNelems, outNelems,    \
-                          dtype, inSplits, outSplits, globalRankStart, globalRankStride,    \
-                          worldSize);                                                       \
+#define SPYRECCL_RECORD_PARAM_COMMS(seq, pgName, inputs, outputs, rank, name, inNelems, outNelems, \
+                                    dtype, inSplits, outSplits, globalRankStart, globalRankStride, \
+                                    worldSize, asyncOp)                                            \
+  RECORD_PARAM_COMMS_DATA(seq, pgName, inputs, outputs, rank, name, inNelems, outNelems, dtype,    \
+                          inSplits, outSplits, globalRankStart, globalRankStride, worldSize);      \
   (void)(asyncOp)
 #endif
