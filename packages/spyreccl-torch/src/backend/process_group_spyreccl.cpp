@@ -557,7 +557,7 @@ void ProcessGroupSpyreccl::cacheConstants() {
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupSpyreccl::getBackendOptions() {
   // A copy: ProcessGroup::splitGroup renames and re-times the options it gets here for the
   // child group, which must not change this group's own options.
-  return c10::static_intrusive_pointer_cast<c10d::Backend::Options>(options_->clone());
+  return c10::static_intrusive_pointer_cast<c10d::Backend::Options>(options_->copy());
 }
 
 void ProcessGroupSpyreccl::checkUsable(const char* opName) const {
@@ -851,9 +851,9 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupSpyreccl::split(
   // The new group's options: ours, overridden by what the caller passed.
   c10::intrusive_ptr<Options> newOptions;
   if (auto* own = dynamic_cast<Options*>(opts.get())) {
-    newOptions = own->clone();
+    newOptions = own->copy();
   } else {
-    newOptions = options_->clone();
+    newOptions = options_->copy();
     if (opts) {
       newOptions->timeout = opts->timeout;
       newOptions->group_name = opts->group_name;

@@ -129,7 +129,9 @@ class ProcessGroupSpyreccl : public c10d::Backend {
         std::chrono::milliseconds timeout = kBackendDefaultTimeout) {
       return c10::make_intrusive<Options>(timeout);
     }
-    c10::intrusive_ptr<Options> clone() const { return c10::make_intrusive<Options>(*this); }
+    // A copy, as our Options (clone() is torch's, returning the base type from torch 2.14 on).
+    c10::intrusive_ptr<Options> copy() const { return c10::make_intrusive<Options>(*this); }
+    SPYRECCL_COMPAT_OPTIONS_CLONE_OVERRIDE
 
     // Staging bytes per rank per pipeline slot of the collectives; 0 = the core's default
     // (env SPYRECCL_CHUNK_BYTES or 1 MiB).

@@ -67,6 +67,16 @@ struct OptionsGroupDesc {
 inline std::string groupDesc(const c10d::Backend::Options&) { return {}; }
 #endif
 
+// torch 2.14 gave Backend::Options a virtual clone() (c10d's split clones a backend's options
+// through it; a subclass that does not override it is sliced). Our Options overrides it
+// there; its own typed copy is copy().
+#if SPYRECCL_TORCH_AT_LEAST(2, 14)
+#define SPYRECCL_COMPAT_OPTIONS_CLONE_OVERRIDE \
+  c10::intrusive_ptr<c10d::Backend::Options> clone() const override { return copy(); }
+#else
+#define SPYRECCL_COMPAT_OPTIONS_CLONE_OVERRIDE
+#endif
+
 // torch 2.11 made the _c10d_functional ops take `Any group_name` (a group name or a
 // ProcessGroup) and gave Functional.hpp an overload taking the group. Before, the schema
 // says `str group_name`: a group argument is always a name.
