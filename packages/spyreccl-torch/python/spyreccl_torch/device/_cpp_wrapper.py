@@ -31,6 +31,8 @@ from torch._inductor import ir
 from torch._inductor.codegen import cpp_utils
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
+from spyreccl_torch._torch_compat import CPP_WRAPPER_MINOR, require
+
 _DEVICE = "spyre"
 
 # The CPU shims inductor names for these collectives (ir._AllReduce_Kernel, _AllReduceKernel),
@@ -143,6 +145,11 @@ class SpyreCppWrapperCodegen(CppWrapperCpu):
         parent_wrapper: Any,
         partition_signatures: Any = None,
     ) -> SpyreCppWrapperCodegen:
+        require(
+            CPP_WRAPPER_MINOR,
+            "inductor's C++ wrapper (torch._inductor.config.cpp_wrapper=True) for spyre "
+            "graphs (the default Python wrapper works on every supported torch)",
+        )
         # Like CppWrapperCpu.create: subgraphs (control flow) are generated inline by the
         # same class.
         return SpyreCppWrapperCodegen()
