@@ -65,11 +65,21 @@ if(_spyreccl_torch_cxx11_abi STREQUAL "0")
   list(APPEND _spyreccl_torch_defs _GLIBCXX_USE_CXX11_ABI=0)
 endif()
 
+# The C++ standard torch's headers need (ATen.h says it in its #error): C++17 up to torch
+# 2.13, C++20 from 2.14 on. A compile feature raises our targets' CXX_STANDARD to it.
+set(_spyreccl_torch_cxx_std 17)
+file(STRINGS "${SPYRECCL_TORCH_PREFIX}/include/ATen/ATen.h" _spyreccl_aten_std
+  REGEX "C\\+\\+[0-9]+ or later")
+if(_spyreccl_aten_std MATCHES "C\\+\\+([0-9]+) or later")
+  set(_spyreccl_torch_cxx_std "${CMAKE_MATCH_1}")
+endif()
+
 add_library(spyreccl::torch INTERFACE IMPORTED)
 set_target_properties(spyreccl::torch PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES
     "${SPYRECCL_TORCH_PREFIX}/include;${SPYRECCL_TORCH_PREFIX}/include/torch/csrc/api/include"
   INTERFACE_COMPILE_DEFINITIONS "${_spyreccl_torch_defs}"
+  INTERFACE_COMPILE_FEATURES "cxx_std_${_spyreccl_torch_cxx_std}"
   INTERFACE_LINK_LIBRARIES
     "${SPYRECCL_TORCH_c10_LIBRARY};${SPYRECCL_TORCH_torch_cpu_LIBRARY}")
 
@@ -78,4 +88,4 @@ set_target_properties(spyreccl::torch_python PROPERTIES
   INTERFACE_LINK_LIBRARIES "spyreccl::torch;${SPYRECCL_TORCH_torch_python_LIBRARY}")
 
 message(STATUS "spyreccl-torch: building against torch ${SPYRECCL_TORCH_VERSION} "
-  "(${SPYRECCL_TORCH_PREFIX}; definitions: ${_spyreccl_torch_defs})")
+  "(${SPYRECCL_TORCH_PREFIX}; C++${_spyreccl_torch_cxx_std}; definitions: ${_spyreccl_torch_defs})")

@@ -877,7 +877,8 @@ def test_compile_inductor_matches_eager():
             assert out.device.type == "spyre", out.device
             torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(out.cpu(), f(x, w, b).cpu())
-            print("cpp_fused" in code, "device='spyre'" in code)
+            # torch 2.10 names the device with its index ('spyre:0'), later torches without.
+            print("cpp_fused" in code, "device='spyre" in code)
             """
         )
     )

@@ -22,27 +22,27 @@
 
 namespace spyreccl_torch::compat {
 
-// torch 2.11 renamed NCCLPreMulSumSupplement (the factor of ReduceOp.PREMUL_SUM) to
+// torch 2.13 renamed NCCLPreMulSumSupplement (the factor of ReduceOp.PREMUL_SUM) to
 // PreMulSumSupplement, keeping the old name as an alias.
-#if SPYRECCL_TORCH_AT_LEAST(2, 11)
+#if SPYRECCL_TORCH_AT_LEAST(2, 13)
 using PreMulSumSupplement = c10d::PreMulSumSupplement;
 #else
 using PreMulSumSupplement = c10d::NCCLPreMulSumSupplement;
 #endif
 
-// torch 2.11 added OpType::REDUCE_SCATTER_TENSOR_COALESCED; before, c10d recorded the
+// torch 2.12 added OpType::REDUCE_SCATTER_TENSOR_COALESCED; before, c10d recorded the
 // coalesced reduce_scatter_tensor as COALESCED (the OpType only labels the Work).
-#if SPYRECCL_TORCH_AT_LEAST(2, 11)
+#if SPYRECCL_TORCH_AT_LEAST(2, 12)
 inline constexpr c10d::OpType kReduceScatterTensorCoalesced =
     c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED;
 #else
 inline constexpr c10d::OpType kReduceScatterTensorCoalesced = c10d::OpType::COALESCED;
 #endif
 
-// torch 2.11 added ProcessGroup::hasBackendForDeviceType. Before, getBackend() is the only
+// torch 2.13 added ProcessGroup::hasBackendForDeviceType. Before, getBackend() is the only
 // query and throws for a device type without a backend.
 inline bool hasBackendForDeviceType(c10d::ProcessGroup& pg, c10::DeviceType type) {
-#if SPYRECCL_TORCH_AT_LEAST(2, 11)
+#if SPYRECCL_TORCH_AT_LEAST(2, 13)
   return pg.hasBackendForDeviceType(type);
 #else
   try {
@@ -77,10 +77,10 @@ inline std::string groupDesc(const c10d::Backend::Options&) { return {}; }
 #define SPYRECCL_COMPAT_OPTIONS_CLONE_OVERRIDE
 #endif
 
-// torch 2.11 made the _c10d_functional ops take `Any group_name` (a group name or a
+// torch 2.12 made the _c10d_functional ops take `Any group_name` (a group name or a
 // ProcessGroup) and gave Functional.hpp an overload taking the group. Before, the schema
 // says `str group_name`: a group argument is always a name.
-inline constexpr bool kFunctionalOpsTakeGroup = SPYRECCL_TORCH_AT_LEAST(2, 11);
+inline constexpr bool kFunctionalOpsTakeGroup = SPYRECCL_TORCH_AT_LEAST(2, 12);
 
 // torch 2.15 made the reduce_op of the all_reduce family (all_reduce, all_reduce_,
 // all_reduce_coalesced, all_reduce_coalesced_) `Any` too (a name or a ReduceOp), and
@@ -90,9 +90,9 @@ inline constexpr bool kFunctionalAllReduceTakesReduceOp = SPYRECCL_TORCH_AT_LEAS
 
 }  // namespace spyreccl_torch::compat
 
-// torch 2.11 added RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP (the record_param_comms event says
+// torch 2.12 added RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP (the record_param_comms event says
 // whether the call was asynchronous); before, RECORD_PARAM_COMMS_DATA records without it.
-#if SPYRECCL_TORCH_AT_LEAST(2, 11)
+#if SPYRECCL_TORCH_AT_LEAST(2, 12)
 #define SPYRECCL_RECORD_PARAM_COMMS(seq, pgName, inputs, outputs, rank, name, inNelems, outNelems, \
                                     dtype, inSplits, outSplits, globalRankStart, globalRankStride, \
                                     worldSize, asyncOp)                                            \
