@@ -9,11 +9,13 @@
     nox -s bench -- --help      benchmarks (arguments after `--` go to spyreccl-bench)
     nox -s docs                 checks the commands quoted in README.md and docs/
 
-Torch versions: the `tests` session is parametrized by torch minor (TORCH_MINORS). Each minor
-is installed as `torch==<minor>.*` into its own virtualenv; on this project's machines pip
-finds the CPU wheel of 2.13 locally, while any other minor is a multi-GB CUDA download from
-PyPI. To test another minor, add it to TORCH_MINORS (and widen spyreccl-torch's `torch==`
-pin, which the `pins` session checks against TORCH_PINNED).
+Torch versions: spyreccl-torch supports every torch minor in TORCH_MINORS (its pyproject
+declares the same range; the `pins` session checks both). `tests` runs the full suite on
+TORCH_PINNED, the minor whose CPU wheel lies on this project's machines; `smoke(torch=...)`
+builds against any minor and runs SMOKE_TESTS, a subset that exercises every layer
+(arguments after `--` replace the subset, e.g. a whole test directory). Every minor but the
+local one is a multi-GB CUDA build from PyPI; ci/test.sh keeps those venvs outside the
+checkout (nox --envdir) so that later runs reuse them. See docs/development.md.
 
 Native builds: spyreccl-core and spyreccl-torch are installed with --no-build-isolation (the
 torch extension must compile against the torch in the venv; isolation would download another
@@ -44,8 +46,35 @@ CORE = ROOT / "packages" / "spyreccl-core"
 TORCH_PKG = ROOT / "packages" / "spyreccl-torch"
 TESTING = ROOT / "packages" / "spyreccl-testing"
 
-TORCH_MINORS = ["2.13"]
-TORCH_PINNED = "2.13"  # the minor spyreccl-torch pins (`torch==2.13.*`); checked by `pins`
+# The torch minors spyreccl-torch supports: [project].dependencies says torch>=first,<next
+# after the last (checked by `pins`). 2.10 is the one torch-spyre pins.
+TORCH_MINORS = ["2.10", "2.11", "2.12", "2.13", "2.14", "2.15"]
+# The minor of the full suite, the demo and the bench: its CPU wheel is on the machines' disk.
+TORCH_PINNED = "2.13"
+# One test (or file) per layer for the other minors: ops on 2 and 3 ranks, registration and
+# autoload, the emulated device, functional collectives eager and compiled (inductor), DDP,
+# FSDP2, a multi-node job and the bench. Paths relative to packages/spyreccl-torch/tests.
+SMOKE_TESTS = [
+    "ops/test_all_reduce.py",
+    "ops/test_all_gather_into_tensor.py",
+    "ops/test_broadcast.py",
+    "ops/test_all_to_all_single.py",
+    "test_registration.py",
+    "test_backend_smoke.py",
+    "test_device.py",
+    "test_funcol_fast_path.py::test_every_functional_op_matches_float64",
+    "test_funcol_fast_path.py::test_lean_path_is_taken_and_agrees_with_torchs_path",
+    "test_funcol_fast_path.py::test_autograd_of_the_cpp_kernels",
+    "test_compile_collectives.py::test_compiled_collectives_match_eager",
+    "test_compile_collectives.py::test_inductor_really_ran",
+    "test_ddp.py::test_ddp_matches_single_process",
+    "test_fsdp2.py::test_fsdp2_loss_curve_matches_reference",
+    "multinode/test_multinode.py::test_two_nodes_two_ranks_every_operation",
+    "bench/test_bench_end_to_end.py::test_sweep_all_levels_odd_world_size",
+]
+# What one smoke run needs at most: a fresh CUDA torch venv (~7 GB on disk) and, with a cold
+# compiler cache, the build (see docs/development.md for measured times).
+SMOKE_VENV_GB = 9
 
 # Exact tool versions: a new formatter release must not turn CI red on unchanged code.
 RUFF = "ruff==0.17.6"
@@ -80,6 +109,9 @@ def _native_build_env(session: nox.Session) -> None:
     if shutil.which("ccache") and "CMAKE_CXX_COMPILER_LAUNCHER" not in os.environ:
         session.env["CMAKE_CXX_COMPILER_LAUNCHER"] = "ccache"
         session.env["CMAKE_C_COMPILER_LAUNCHER"] = "ccache"
+        # Paths under the checkout are hashed relative to it, so a fresh clone elsewhere
+        # (CI) hits the cache that earlier builds filled.
+        session.env.setdefault("CCACHE_BASEDIR", str(ROOT))
 
 
 def _install_native(session: nox.Session, package: Path) -> None:
@@ -180,7 +212,7 @@ def _ctest(
 
 
 @nox.session
-@nox.parametrize("torch", TORCH_MINORS)
+@nox.parametrize("torch", [TORCH_PINNED])
 def tests(session: nox.Session, torch: str) -> None:
     """Full suite against torch==<torch>.*: testing plugin, core (Python + C++), torch package."""
     _install_stack(session, torch)
@@ -193,6 +225,85 @@ def tests(session: nox.Session, torch: str) -> None:
             "spyreccl-core C++ tests": lambda: _ctest(session, CORE / "build" / "ctest"),
         },
     )
+
+
+def _torch_sources_digest() -> str:
+    """A digest of what a spyreccl-torch build compiles (sources, CMake files)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(
+        p
+        for top in (TORCH_PKG / "src", TORCH_PKG / "cmake", TORCH_PKG / "CMakeLists.txt")
+        for p in ([top] if top.is_file() else top.rglob("*"))
+        if p.is_file()
+    ):
+        digest.update(str(path.relative_to(TORCH_PKG)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _built_stamp(session: nox.Session) -> Path:
+    # In the venv, which outlives checkouts: the sources its last successful build compiled.
+    return Path(session.virtualenv.location) / ".spyreccl-built-sources"
+
+
+def _smoke_affordable(session: nox.Session, torch: str) -> None:
+    """Skips (with the reason) a smoke run that the disk or CI's time budget cannot take.
+
+    SPYRECCL_CI_DEADLINE (seconds since the epoch, set by ci/test.sh) is when CI must be done.
+    A run needs SPYRECCL_SMOKE_MINUTES (default 15) when this venv last built the same
+    sources (the compiler cache holds them), SPYRECCL_SMOKE_COLD_MINUTES (default 35, a
+    cold build on 2 shared cores) otherwise."""
+    venv = Path(session.virtualenv.location)
+    if not any(venv.glob("lib/python*/site-packages/torch/version.py")):
+        free_gb = shutil.disk_usage(venv).free / 2**30
+        if free_gb < SMOKE_VENV_GB + 5:
+            session.skip(
+                f"SKIPPED smoke(torch={torch}): a new torch {torch} venv needs ~{SMOKE_VENV_GB} GB "
+                f"and {free_gb:.0f} GB are free (keeping 5 GB for the others)"
+            )
+    deadline = os.environ.get("SPYRECCL_CI_DEADLINE")
+    if deadline:
+        import time
+
+        stamp = _built_stamp(session)
+        warm = stamp.is_file() and stamp.read_text() == _torch_sources_digest()
+        need_min = float(
+            os.environ.get("SPYRECCL_SMOKE_MINUTES", "15")
+            if warm
+            else os.environ.get("SPYRECCL_SMOKE_COLD_MINUTES", "35")
+        )
+        left_min = (float(deadline) - time.time()) / 60
+        if left_min < need_min:
+            session.skip(
+                f"SKIPPED smoke(torch={torch}): {left_min:.0f} min left of CI's budget, a smoke "
+                f"run with a {'warm' if warm else 'cold'} build may take {need_min:.0f} min"
+            )
+
+
+@nox.session(default=False)
+@nox.parametrize("torch", TORCH_MINORS)
+def smoke(session: nox.Session, torch: str) -> None:
+    """Build against torch==<torch>.* and run SMOKE_TESTS (or the pytest arguments given
+    after `--`). Every minor but TORCH_PINNED is a CUDA build of torch from PyPI."""
+    _smoke_affordable(session, torch)
+    # This machine's pip configuration may cap torch releases (a constraints file); the
+    # matrix installs every supported minor from PyPI, so this session reads no machine
+    # constraint. `torch==2.13.*` still takes the local CPU wheel: 2.13.0+cpu sorts above
+    # PyPI's 2.13.0. No pip cache: each CUDA minor is ~4 GB of wheels, kept once, in its venv.
+    session.env["PIP_CONSTRAINT"] = os.devnull
+    session.env["PIP_NO_CACHE_DIR"] = "1"
+    _install_stack(session, torch)
+    # What the compiler cache now holds for this torch (a heuristic for the budget check).
+    _built_stamp(session).write_text(_torch_sources_digest())
+    session.run(
+        "python",
+        "-c",
+        "import sys, torch; v = torch.__version__; print('torch', v); "
+        f"sys.exit(0 if v.startswith('{torch}.') else 'expected torch {torch}.*, got ' + v)",
+    )
+    tests = session.posargs or [str(TORCH_PKG / "tests" / test) for test in SMOKE_TESTS]
+    session.run("python", "-m", "pytest", *PYTEST_STRICT, "--durations=10", *tests)
 
 
 @nox.session
@@ -315,9 +426,9 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def pins(session: nox.Session) -> None:
-    """spyreccl-torch's torch pin matches the torch the tests install; its spyreccl-core pin
-    matches the core's version (pyproject and C header)."""
-    session.run("python", str(ROOT / "ci" / "check_pins.py"), "--torch", TORCH_PINNED)
+    """spyreccl-torch's torch range is exactly the matrix's minors (TORCH_MINORS); its
+    spyreccl-core pin matches the core's version (pyproject and C header)."""
+    session.run("python", str(ROOT / "ci" / "check_pins.py"), "--torch-minors", *TORCH_MINORS)
 
 
 # What runs with SPYRECCL_SPYRE_MEMORY=discrete in `tests_discrete`: a spyre tensor's

@@ -1,7 +1,9 @@
 """Checks that the version pins between the spyreccl packages agree.
 
-- spyreccl-torch pins `torch==<minor>.*` (in [project].dependencies and [build-system].requires)
-  and that minor must be the one the nox `tests` session installs (passed as --torch).
+- spyreccl-torch declares the torch range it supports, `torch>=<first>,<<next after last>`
+  (in [project].dependencies and [build-system].requires), and that range must be exactly the
+  torch minors the nox matrix builds and tests (TORCH_MINORS, passed as --torch-minors): no
+  minor declared that CI never builds, none built that pip would refuse to install.
 - spyreccl-torch pins `spyreccl-core==X`, and X must equal spyreccl-core's version, which must
   itself agree with the C header (SPYRECCL_MAJOR/MINOR/PATCH) and CMake's project() version.
 
@@ -41,6 +43,25 @@ def pins_of(requirements: list[str], name: str) -> list[str]:
     return found
 
 
+def torch_range(minors: list[str]) -> tuple[str, str | None]:
+    """The requirement that covers exactly `minors` (consecutive minors of one major, oldest
+    first), and a problem when they are not that."""
+    parsed = []
+    for minor in minors:
+        m = re.fullmatch(r"(\d+)\.(\d+)", minor)
+        if not m:
+            return "", f"torch matrix: '{minor}' is not a torch minor like 2.10"
+        parsed.append((int(m.group(1)), int(m.group(2))))
+    major = parsed[0][0]
+    expected = [(major, parsed[0][1] + i) for i in range(len(parsed))]
+    if parsed != expected:
+        return "", (
+            f"torch matrix: {' '.join(minors)} are not consecutive minors of one major, oldest "
+            "first; a gap would be declared supported and never tested"
+        )
+    return f">={minors[0]},<{major}.{parsed[-1][1] + 1}", None
+
+
 def core_versions() -> dict[str, str]:
     versions: dict[str, str] = {}
     project = tomllib.loads((CORE / "pyproject.toml").read_text())["project"]
@@ -62,7 +83,12 @@ def core_versions() -> dict[str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--torch", required=True, help="torch minor the tests install, e.g. 2.13")
+    parser.add_argument(
+        "--torch-minors",
+        nargs="+",
+        required=True,
+        help="the torch minors of the nox matrix, oldest first, e.g. 2.10 2.11 2.12",
+    )
     args = parser.parse_args()
 
     problems: list[str] = []
@@ -73,13 +99,16 @@ def main() -> int:
         "[build-system].requires": torch_toml.get("build-system", {}).get("requires", []),
     }
 
-    want_torch = f"=={args.torch}.*"
-    for where, reqs in sections.items():
+    want_torch, matrix_problem = torch_range(args.torch_minors)
+    if matrix_problem:
+        problems.append(matrix_problem)
+    for where, reqs in sections.items() if not matrix_problem else ():
         pins = pins_of(reqs, "torch")
         if pins != [want_torch]:
             problems.append(
-                f"spyreccl-torch {where}: torch pin is {pins or 'missing'}, expected "
-                f"['{want_torch}'] (the torch minor the nox tests session installs)"
+                f"spyreccl-torch {where}: torch requirement is {pins or 'missing'}, expected "
+                f"['{want_torch}'] (the torch minors the nox matrix tests: "
+                f"{' '.join(args.torch_minors)})"
             )
         else:
             good.append(f"spyreccl-torch {where}: torch{want_torch}")

@@ -1,22 +1,54 @@
 #!/usr/bin/env bash
-# The test job: lint, the full test suite, the version-pin check and the docs check, through nox.
+# The test job, through nox: lint, the full test suite on the torch minor whose CPU wheel is
+# on the machine (TORCH_PINNED), the version-pin and docs checks, the emulated device in its
+# discrete memory mode (tests_discrete), then the torch matrix: a build and
+# the smoke subset on every other supported torch minor (CUDA wheels from PyPI).
 #   bash ci/test.sh                 everything CI runs
 #   bash ci/test.sh -- -x -k ddp    extra arguments after `--` go to pytest in the tests session
+#   SPYRECCL_CI_SMOKE="2.10 2.15"   the matrix minors to smoke-test, in order (default: all
+#                                   but TORCH_PINNED, torch-spyre's 2.10 and the newest first;
+#                                   "" for none)
 # Exit status: non-zero when any nox session failed (a pytest run that collects no test fails).
+# A smoke session that the disk or the time budget cannot take is skipped and says why.
 source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
 
 LOG=$(mktemp "${TMPDIR:-/tmp}/spyreccl-ci-test.XXXXXX.log")
 trap 'rm -f "$LOG"' EXIT
 
 # CI kills the job at 90 minutes; stop a few minutes earlier so the summary is still printed.
+BUDGET_MIN=${SPYRECCL_CI_MINUTES:-85}
+DEADLINE=$(($(date +%s) + BUDGET_MIN * 60))
+# The venvs of the other torch minors (~7 GB each) live outside the checkout, so that every
+# later run, in any clone, reuses them instead of downloading torch again.
+MATRIX_ENVDIR=${SPYRECCL_MATRIX_ENVDIR:-${XDG_CACHE_HOME:-$HOME/.cache}/spyreccl-ci/nox}
+SMOKE_MINORS=${SPYRECCL_CI_SMOKE-2.10 2.15 2.14 2.12 2.11}
+
+_nox() {
+  local left=$((DEADLINE - $(date +%s)))
+  if [ "$left" -le 60 ]; then
+    echo "ci: SKIPPED nox $*: the ${BUDGET_MIN}-minute budget is spent" | tee -a "$LOG" >&2
+    return 1
+  fi
+  timeout --kill-after=60 "$left" \
+    "$NOX" --non-interactive --no-color -f "$ROOT/noxfile.py" "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 124 ]; then
+    echo "ci: nox $* was stopped at the end of the ${BUDGET_MIN}-minute budget" | tee -a "$LOG" >&2
+  fi
+  return "$rc"
+}
+
 set +e
-timeout --kill-after=60 "${SPYRECCL_CI_TIMEOUT:-85m}" \
-  "$NOX" --non-interactive --no-color -f "$ROOT/noxfile.py" -s lint tests pins docs tests_discrete "$@" 2>&1 | tee "$LOG"
-status=${PIPESTATUS[0]}
-set -e
-if [ "$status" -eq 124 ]; then
-  echo "ci: nox was stopped after ${SPYRECCL_CI_TIMEOUT:-85m}" >&2
+_nox -s lint tests pins docs tests_discrete "$@"
+status=$?
+if [ -n "$SMOKE_MINORS" ]; then
+  sessions=()
+  for minor in $SMOKE_MINORS; do sessions+=("smoke(torch='$minor')"); done
+  SPYRECCL_CI_DEADLINE=$DEADLINE _nox --envdir "$MATRIX_ENVDIR" -s "${sessions[@]}"
+  smoke_status=$?
+  [ "$status" -eq 0 ] && status=$smoke_status
 fi
+set -e
 
 "$CI_VENV/bin/python" "$ROOT/ci/summarize.py" "$LOG"
 exit "$status"

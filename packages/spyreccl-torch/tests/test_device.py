@@ -859,6 +859,11 @@ def test_compile_matches_eager(rng, backend):
     torch.testing.assert_close(out.cpu(), expected)
 
 
+@pytest.mark.xfail(
+    tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 15),
+    reason="inductor on spyre is not yet supported on torch 2.15 (No interface for device spyre)",
+    strict=True,
+)
 def test_compile_inductor_matches_eager():
     # Fresh interpreter: inductor compiles C++ and registers spyre lazily on first use.
     out = assert_fresh_ok(
@@ -882,7 +887,8 @@ def test_compile_inductor_matches_eager():
             assert out.device.type == "spyre", out.device
             torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(out.cpu(), f(x, w, b).cpu())
-            print("cpp_fused" in code, "device='spyre'" in code)
+            # torch 2.10 names the device with its index ('spyre:0'), later torches without.
+            print("cpp_fused" in code, "device='spyre" in code)
             """
         )
     )

@@ -111,6 +111,54 @@ def test_autoload_failure_only_warns() -> None:
     assert out.stdout.strip().endswith("ok")
 
 
+def test_build_records_the_torch_it_was_built_against() -> None:
+    _run(
+        """
+        import torch
+        from spyreccl_torch import _build_info
+        assert _build_info.TORCH_VERSION == torch.__version__, (
+            _build_info.TORCH_VERSION, torch.__version__)
+        """
+    )
+
+
+def test_another_torch_than_the_build_only_warns_at_import_torch() -> None:
+    # A build record naming another torch stands in for a torch upgraded after the build:
+    # `import torch` still succeeds and warns with both versions and the rebuild command;
+    # an explicit import raises the same; nothing of the backend is registered.
+    out = _run(
+        """
+        import sys, types, warnings
+        def fake_build(version):
+            info = types.ModuleType("spyreccl_torch._build_info")
+            info.TORCH_VERSION = version
+            sys.modules["spyreccl_torch._build_info"] = info
+        fake_build("2.9.1+cu128")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch
+        messages = [str(w.message) for w in caught if "spyreccl" in str(w.message)]
+        expected = (f"built against torch 2.9.1+cu128 but torch {torch.__version__} is "
+                    "installed")
+        assert any(expected in m for m in messages), messages
+        assert any("pip install --no-build-isolation" in m for m in messages), messages
+        assert any("torch==2.9.1" in m for m in messages), messages
+        assert "spyreccl_torch" not in sys.modules
+        import torch.distributed as dist
+        assert "SPYRECCL" not in dist.Backend._plugins
+        fake_build("2.9.1+cu128")
+        try:
+            import spyreccl_torch
+        except ImportError as error:
+            assert expected in str(error), error
+        else:
+            raise AssertionError("explicit import did not raise")
+        print("ok")
+        """
+    )
+    assert out.stdout.strip().endswith("ok")
+
+
 @pytest.mark.parametrize("backend", [None, "cpu:gloo,spyre:spyreccl"])
 def test_init_process_group_routes_spyre_tensors(backend) -> None:
     _run(

@@ -34,9 +34,12 @@ def _torch_is_importing() -> bool:
 
 try:
     import torch  # libtorch must be loaded before the extension
-    import torch.distributed  # noqa: F401  (registers the c10d types _C derives from)
+    import torch.distributed  # registers the c10d types _C derives from
 
+    from ._build_match import check_torch
     from ._loader import load_extension
+
+    check_torch(torch.__version__)
 
     _C = load_extension()
     ProcessGroupSpyreccl = _C.ProcessGroupSpyreccl

@@ -710,8 +710,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::reduce_scatter_tensor_coale
   }
 
   OpRecord op =
-      newOp(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, kOp,
-            "spyreccl:reduce_scatter_tensor_coalesced", opts.timeout, opts.asyncOp, devices);
+      newOp(compat::kReduceScatterTensorCoalesced, kOp, "spyreccl:reduce_scatter_tensor_coalesced",
+            opts.timeout, opts.asyncOp, devices);
   op.inputs = inputs;
   op.outputs = outputs;
   op.inNelems = totalNumel(inputs);

@@ -26,6 +26,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 namespace spyreccl_torch {
 namespace {
@@ -51,6 +52,40 @@ void waitTensorAutograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
 at::Tensor waitTensor(const at::Tensor& tensor) {
   static const c10::OperatorHandle op = functionalOp("_c10d_functional::wait_tensor");
   return callBelowAutograd(op, {tensor}).at(0).toTensor();
+}
+
+// The reduce_op argument as a name: from torch 2.15 on it may be a ReduceOp object.
+std::string reduceOpName(const c10::IValue& reduceOp) {
+  if (reduceOp.isString()) return reduceOp.toStringRef();
+  c10::intrusive_ptr<c10d::ReduceOp> op;
+  if (reduceOp.isObject()) {
+    op = reduceOp.toCustomClass<c10d::ReduceOp>();
+  } else if (reduceOp.isCapsule()) {
+    op = c10::dynamic_intrusive_pointer_cast<c10d::ReduceOp>(reduceOp.toCapsule());
+  }
+  TORCH_CHECK(op, "spyreccl: all_reduce's argument 'reduce_op' must be a name (str) or a ",
+              "ReduceOp, got ", reduceOp.tagKind());
+  using Type = c10d::ReduceOp::RedOpType;
+  switch (op->op_) {
+    case Type::SUM:
+      return "sum";
+    case Type::AVG:
+      return "avg";
+    case Type::PRODUCT:
+      return "product";
+    case Type::MIN:
+      return "min";
+    case Type::MAX:
+      return "max";
+    case Type::BAND:
+      return "band";
+    case Type::BOR:
+      return "bor";
+    case Type::BXOR:
+      return "bxor";
+    default:
+      return "premul_sum";
+  }
 }
 
 class AllReduceFunction : public torch::autograd::Function<AllReduceFunction> {
@@ -94,7 +129,7 @@ void allReduceAutograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
     return;
   }
   auto args = torch::jit::pop(*stack, 3);
-  at::Tensor output = AllReduceFunction::apply(args[0].toTensor(), args[1].toStringRef(), args[2]);
+  at::Tensor output = AllReduceFunction::apply(args[0].toTensor(), reduceOpName(args[1]), args[2]);
   torch::jit::push(*stack, std::move(output));
 }
 

@@ -39,6 +39,7 @@
 
 #include "backend/functional_scope.h"
 #include "backend/process_group_spyreccl.hpp"
+#include "backend/torch_compat.h"
 
 namespace spyreccl_torch {
 
@@ -96,10 +97,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> processGroup(const c10::IValue& group) {
 
 template <typename Fn>
 auto withGroup(const c10::IValue& group, Fn&& fn) {
-  if (group.isString()) {
-    return fn(std::string(group.toStringRef()));
+  if constexpr (compat::kFunctionalOpsTakeGroup) {
+    if (!group.isString()) {
+      return fn(processGroup(group));
+    }
   }
-  return fn(processGroup(group));
+  return fn(std::string(group.toStringRef()));
 }
 
 std::vector<at::Tensor> tensors(const c10::IValue& value) { return value.toTensorVector(); }
@@ -129,7 +132,7 @@ Lean leanTarget(const c10::IValue& group) {
   // A subclass may route collectives its own way (the multi-node group is a ProcessGroup
   // written in Python); only the plain ProcessGroup is known to hand them to its backend.
   if (typeid(*pg) != typeid(c10d::ProcessGroup) ||
-      !pg->hasBackendForDeviceType(c10::DeviceType::PrivateUse1)) {
+      !compat::hasBackendForDeviceType(*pg, c10::DeviceType::PrivateUse1)) {
     return {};
   }
   Lean lean;
@@ -163,12 +166,53 @@ struct LeanReduction {
   c10d::ReduceOp op;
 };
 
-std::optional<LeanReduction> leanReduction(const std::string& reduceOp, const c10::IValue& group) {
-  const auto op = leanReduceOp(reduceOp);
+// A ReduceOp object (the all_reduce family accepts one from torch 2.15 on) takes torch's path.
+std::optional<LeanReduction> leanReduction(const c10::IValue& reduceOp, const c10::IValue& group) {
+  if (!reduceOp.isString()) return std::nullopt;
+  const auto op = leanReduceOp(reduceOp.toStringRef());
   if (!op) return std::nullopt;
   Lean lean = leanTarget(group);
   if (!lean) return std::nullopt;
   return LeanReduction{std::move(lean), *op};
+}
+
+// The all_reduce family's reduce_op as a ReduceOp, for Functional.hpp's overloads that take
+// a group (torch 2.15 on): a name torch's functional collectives accept, or a ReduceOp object.
+c10::intrusive_ptr<c10d::ReduceOp> reduceOpObject(const c10::IValue& reduceOp) {
+  if (reduceOp.isString()) {
+    const auto op = leanReduceOp(reduceOp.toStringRef());
+    TORCH_CHECK(op, "spyreccl: a _c10d_functional all_reduce's argument 'reduce_op' must be one ",
+                "of sum, avg, product, min, max, band, bor, bxor or a ReduceOp, got '",
+                reduceOp.toStringRef(), "'");
+    return c10::make_intrusive<c10d::ReduceOp>(*op);
+  }
+  c10::intrusive_ptr<c10d::ReduceOp> op;
+  if (reduceOp.isObject()) {
+    op = reduceOp.toCustomClass<c10d::ReduceOp>();
+  } else if (reduceOp.isCapsule()) {
+    op = c10::dynamic_intrusive_pointer_cast<c10d::ReduceOp>(reduceOp.toCapsule());
+  }
+  TORCH_CHECK(op,
+              "spyreccl: a _c10d_functional all_reduce's argument 'reduce_op' must be a name "
+              "(str) or a ReduceOp, got ",
+              reduceOp.tagKind());
+  return op;
+}
+
+// Calls fn(reduce_op, group) for torch's implementation of the all_reduce family with a pair
+// Functional.hpp has an overload for: see compat::kFunctionalAllReduceTakesReduceOp.
+template <typename Fn>
+auto withReduceOpAndGroup(const c10::IValue& reduceOp, const c10::IValue& group, Fn&& fn) {
+  if constexpr (compat::kFunctionalAllReduceTakesReduceOp) {
+    if (reduceOp.isString() && group.isString()) {
+      return fn(std::string(reduceOp.toStringRef()), std::string(group.toStringRef()));
+    }
+    auto pg =
+        group.isString() ? c10d::resolve_process_group(group.toStringRef()) : processGroup(group);
+    return fn(reduceOpObject(reduceOp), std::move(pg));
+  } else {
+    return withGroup(group, [&](auto g) { return fn(std::string(reduceOp.toStringRef()), g); });
+  }
 }
 
 bool leanTensors(const std::vector<at::Tensor>& ts) {
@@ -287,7 +331,7 @@ void allReduce(const c10::OperatorHandle&, Stack* stack) {
   auto a = torch::jit::pop(*stack, 3);
   const at::Tensor& input = a[0].toTensor();
   if (!input.is_complex()) {
-    if (const auto r = leanReduction(a[1].toStringRef(), a[2])) {
+    if (const auto r = leanReduction(a[1], a[2])) {
       // A copy at the call, as torch's implementation makes, rather than the core's
       // out-of-place reduction: the result must be that of the input as it is now, and a
       // collective above the inline bound runs later on the progress thread, after the
@@ -298,8 +342,8 @@ void allReduce(const c10::OperatorHandle&, Stack* stack) {
       return;
     }
   }
-  auto out = withGroup(a[2], [&](auto group) {
-    return c10d::all_reduce(a[0].toTensor(), a[1].toStringRef(), std::move(group));
+  auto out = withReduceOpAndGroup(a[1], a[2], [&](auto op, auto group) {
+    return c10d::all_reduce(a[0].toTensor(), std::move(op), std::move(group));
   });
   torch::jit::push(*stack, std::move(out));
 }
@@ -310,14 +354,14 @@ void allReduceInplace(const c10::OperatorHandle&, Stack* stack) {
   auto a = torch::jit::pop(*stack, 3);
   at::Tensor input = a[0].toTensor();
   if (leanTensor(input)) {
-    if (const auto r = leanReduction(a[1].toStringRef(), a[2])) {
+    if (const auto r = leanReduction(a[1], a[2])) {
       leanAllReduceInplace(*r, input);
       torch::jit::push(*stack, std::move(input));
       return;
     }
   }
-  withGroup(a[2], [&](auto group) -> at::Tensor& {
-    return c10d::all_reduce_(input, a[1].toStringRef(), std::move(group));
+  withReduceOpAndGroup(a[1], a[2], [&](auto op, auto group) -> at::Tensor& {
+    return c10d::all_reduce_(input, std::move(op), std::move(group));
   });
   torch::jit::push(*stack, std::move(input));
 }
@@ -327,7 +371,7 @@ void allReduceCoalesced(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
   if (auto inputs = tensors(a[0]); leanTensors(inputs)) {
-    if (const auto r = leanReduction(a[1].toStringRef(), a[2])) {
+    if (const auto r = leanReduction(a[1], a[2])) {
       std::vector<at::Tensor> outputs;
       outputs.reserve(inputs.size());
       for (const auto& t : inputs) outputs.push_back(t.clone(at::MemoryFormat::Contiguous));
@@ -336,8 +380,8 @@ void allReduceCoalesced(const c10::OperatorHandle&, Stack* stack) {
       return;
     }
   }
-  auto out = withGroup(a[2], [&](auto group) {
-    return c10d::all_reduce_coalesced(tensors(a[0]), a[1].toStringRef(), std::move(group));
+  auto out = withReduceOpAndGroup(a[1], a[2], [&](auto op, auto group) {
+    return c10d::all_reduce_coalesced(tensors(a[0]), std::move(op), std::move(group));
   });
   torch::jit::push(*stack, std::move(out));
 }
@@ -347,14 +391,14 @@ void allReduceCoalescedInplace(const c10::OperatorHandle&, Stack* stack) {
   FunctionalCallScope scope;
   auto a = torch::jit::pop(*stack, 3);
   if (auto io = tensors(a[0]); leanTensors(io)) {
-    if (const auto r = leanReduction(a[1].toStringRef(), a[2])) {
+    if (const auto r = leanReduction(a[1], a[2])) {
       leanAllReduceCoalesced(*r, io);
       torch::jit::push(*stack, std::move(io));
       return;
     }
   }
-  auto out = withGroup(a[2], [&](auto group) {
-    return c10d::all_reduce_coalesced_(tensors(a[0]), a[1].toStringRef(), std::move(group));
+  auto out = withReduceOpAndGroup(a[1], a[2], [&](auto op, auto group) {
+    return c10d::all_reduce_coalesced_(tensors(a[0]), std::move(op), std::move(group));
   });
   torch::jit::push(*stack, std::move(out));
 }
@@ -430,7 +474,7 @@ void reduceScatterTensor(const c10::OperatorHandle&, Stack* stack) {
   const at::Tensor& input = a[0].toTensor();
   const int64_t groupSize = a[2].toInt();
   if (leanTensor(input) && scatterable(input, groupSize)) {
-    if (const auto r = leanReduction(a[1].toStringRef(), a[3])) {
+    if (const auto r = leanReduction(a[1], a[3])) {
       std::vector<at::Tensor> outputs{scatteredOutput(input, groupSize)};
       std::vector<at::Tensor> inputs{input};
       leanReduceScatter(*r, outputs, inputs);
@@ -453,7 +497,7 @@ void reduceScatterTensorOut(const c10::OperatorHandle&, Stack* stack) {
   at::Tensor output = a[4].toTensor();
   const at::Tensor& input = a[0].toTensor();
   if (leanTensor(input) && !output.is_complex()) {
-    if (const auto r = leanReduction(a[1].toStringRef(), a[3])) {
+    if (const auto r = leanReduction(a[1], a[3])) {
       std::vector<at::Tensor> outputs{output};
       std::vector<at::Tensor> inputs{input};
       leanReduceScatter(*r, outputs, inputs);
@@ -479,7 +523,7 @@ void reduceScatterTensorCoalesced(const c10::OperatorHandle&, Stack* stack) {
     return leanTensor(t) && scatterable(t, groupSize);
   });
   if (shaped) {
-    if (const auto r = leanReduction(a[1].toStringRef(), a[3])) {
+    if (const auto r = leanReduction(a[1], a[3])) {
       std::vector<at::Tensor> outputs;
       outputs.reserve(inputs.size());
       for (const auto& t : inputs) outputs.push_back(scatteredOutput(t, groupSize));

@@ -35,13 +35,13 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupSpyreccl::split(
   // The new group's options: ours, overridden by what the caller passed.
   c10::intrusive_ptr<Options> newOptions;
   if (auto* own = dynamic_cast<Options*>(opts.get())) {
-    newOptions = own->clone();
+    newOptions = own->copy();
   } else {
-    newOptions = options_->clone();
+    newOptions = options_->copy();
     if (opts) {
       newOptions->timeout = opts->timeout;
       newOptions->group_name = opts->group_name;
-      newOptions->group_desc = opts->group_desc;
+      newOptions->group_desc = compat::groupDesc(*opts);
       newOptions->global_ranks_in_group = opts->global_ranks_in_group;
     }
   }

@@ -203,7 +203,7 @@ void ProcessGroupSpyreccl::cacheConstants() {
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupSpyreccl::getBackendOptions() {
   // A copy: ProcessGroup::splitGroup renames and re-times the options it gets here for the
   // child group, which must not change this group's own options.
-  return c10::static_intrusive_pointer_cast<c10d::Backend::Options>(options_->clone());
+  return c10::static_intrusive_pointer_cast<c10d::Backend::Options>(options_->copy());
 }
 
 void ProcessGroupSpyreccl::checkUsable(const char* opName) const {

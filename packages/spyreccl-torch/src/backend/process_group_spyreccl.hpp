@@ -37,6 +37,7 @@
 #include "backend/flight_recorder.h"
 #include "backend/progress_thread.h"
 #include "backend/tensor_translation.h"
+#include "backend/torch_compat.h"
 
 namespace spyreccl_torch {
 
@@ -123,14 +124,16 @@ const c10::intrusive_ptr<c10d::Work>& ranWithoutWork();
 
 class ProcessGroupSpyreccl : public c10d::Backend {
  public:
-  struct Options : c10d::Backend::Options {
+  struct Options : c10d::Backend::Options, compat::OptionsGroupDesc {
     explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout);
 
     static c10::intrusive_ptr<Options> create(
         std::chrono::milliseconds timeout = kBackendDefaultTimeout) {
       return c10::make_intrusive<Options>(timeout);
     }
-    c10::intrusive_ptr<Options> clone() const { return c10::make_intrusive<Options>(*this); }
+    // A copy, as our Options (clone() is torch's, returning the base type from torch 2.14 on).
+    c10::intrusive_ptr<Options> copy() const { return c10::make_intrusive<Options>(*this); }
+    SPYRECCL_COMPAT_OPTIONS_CLONE_OVERRIDE
 
     // Staging bytes per rank per pipeline slot of the collectives; 0 = the core's default
     // (env SPYRECCL_CHUNK_BYTES or 1 MiB).

@@ -83,8 +83,8 @@ PYBIND11_MODULE(_C, module) {
           })
       .def_readwrite("group_desc", &Options::group_desc)
       // split_group deep-copies the parent's options.
-      .def("__copy__", [](const Options& self) { return self.clone(); })
-      .def("__deepcopy__", [](const Options& self, const py::dict&) { return self.clone(); })
+      .def("__copy__", [](const Options& self) { return self.copy(); })
+      .def("__deepcopy__", [](const Options& self, const py::dict&) { return self.copy(); })
       .def("__repr__", [](const Options& self) {
         return "ProcessGroupSpyreccl.Options(timeout=" + std::to_string(self.timeout.count()) +
                " ms, chunk_bytes=" + std::to_string(self.chunk_bytes) +

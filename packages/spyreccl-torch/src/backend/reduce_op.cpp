@@ -5,6 +5,7 @@
 
 #include "backend/errors.h"
 #include "backend/tensor_translation.h"
+#include "backend/torch_compat.h"
 
 namespace spyreccl_torch {
 namespace {
@@ -105,7 +106,7 @@ ReduceSpec checkReduceOp(const c10d::ReduceOp& reduceOp, at::ScalarType dtype, c
       if (!isFloating && !isComplex) {
         reject("PREMUL_SUM needs a floating-point (or complex) dtype");
       }
-      auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(reduceOp.supplement_.get());
+      auto* supplement = dynamic_cast<compat::PreMulSumSupplement*>(reduceOp.supplement_.get());
       TORCH_CHECK(supplement != nullptr, "spyreccl ", opName,
                   ": ReduceOp.PREMUL_SUM carries no factor; create it with "
                   "torch.distributed._make_nccl_premul_sum(factor)");

@@ -62,10 +62,10 @@ void ProcessGroupSpyreccl::recordParamComms(const OpRecord& op, uint64_t seq) {
   if (!at::hasCallbacks()) {
     return;
   }
-  RECORD_PARAM_COMMS_DATA_WITH_ASYNC_OP(static_cast<int>(seq), std::make_tuple(pg_uid_, pg_desc_),
-                                        op.inputs, op.outputs, rank_, op.name, op.inNelems,
-                                        op.outNelems, op.dtype, op.inSplitSizes, op.outSplitSizes,
-                                        globalRankStart_, globalRankStride_, size_, op.asyncOp);
+  SPYRECCL_RECORD_PARAM_COMMS(static_cast<int>(seq), std::make_tuple(pg_uid_, pg_desc_), op.inputs,
+                              op.outputs, rank_, op.name, op.inNelems, op.outNelems, op.dtype,
+                              op.inSplitSizes, op.outSplitSizes, globalRankStart_,
+                              globalRankStride_, size_, op.asyncOp);
 }
 
 bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {

@@ -15,6 +15,7 @@
 // CPU autocast run, value for value.
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 namespace spyreccl::device {
 namespace {
@@ -99,7 +100,6 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   KERNEL_PRIVATEUSEONE(fft_irfftn, fp32)
   KERNEL_PRIVATEUSEONE(fft_hfft, fp32)
   KERNEL_PRIVATEUSEONE(fft_ihfft, fp32)
-  KERNEL_PRIVATEUSEONE(cholesky, fp32)
   KERNEL_PRIVATEUSEONE(cholesky_inverse, fp32)
   KERNEL_PRIVATEUSEONE(cholesky_solve, fp32)
   KERNEL_PRIVATEUSEONE(inverse, fp32)
@@ -109,8 +109,12 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   KERNEL_PRIVATEUSEONE(orgqr, fp32)
   KERNEL_PRIVATEUSEONE(ormqr, fp32)
   KERNEL_PRIVATEUSEONE(geqrf, fp32)
-  KERNEL_PRIVATEUSEONE(qr, fp32)
   KERNEL_PRIVATEUSEONE(svd, fp32)
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14
+  // Deprecated for torch.linalg's and removed from ATen in torch 2.14 (so from CPU's list).
+  KERNEL_PRIVATEUSEONE(cholesky, fp32)
+  KERNEL_PRIVATEUSEONE(qr, fp32)
+#endif
   KERNEL_PRIVATEUSEONE(triangular_solve, fp32)
   KERNEL_PRIVATEUSEONE(linalg_cond, fp32)
   KERNEL_PRIVATEUSEONE(linalg_cond, p_str, fp32)

@@ -98,7 +98,19 @@ def _check_coalesced(dtype, shape, async_op, seed, ctx, what):
         check_exact(output, torch.cat(inputs[i]), seed, world, f"{what}: output {i}")
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(
+            kind,
+            marks=pytest.mark.skipif(
+                kind == "single" and not hasattr(dist, "all_gather_single"),
+                reason=f"dist.all_gather_single is new in torch 2.13 (this is {torch.__version__})",
+            ),
+        )
+        for kind in KINDS
+    ],
+)
 def test_all_gather_into_tensor(rank_pool, kind):
     cases = [
         (kind, dtype, shape, async_op)

@@ -35,6 +35,7 @@ from torch._inductor import ir
 from torch._inductor.codegen import cpp_utils
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
+from spyreccl_torch._torch_compat import CPP_WRAPPER_MINOR, require
 from spyreccl_torch.device._wait_placement import waited_at_once_or_none
 
 _DEVICE = "spyre"
@@ -226,6 +227,11 @@ class SpyreCppWrapperCodegen(CppWrapperCpu):
         parent_wrapper: Any,
         partition_signatures: Any = None,
     ) -> SpyreCppWrapperCodegen:
+        require(
+            CPP_WRAPPER_MINOR,
+            "inductor's C++ wrapper (torch._inductor.config.cpp_wrapper=True) for spyre "
+            "graphs (the default Python wrapper works on every supported torch)",
+        )
         # Like CppWrapperCpu.create: subgraphs (control flow) are generated inline by the
         # same class.
         return SpyreCppWrapperCodegen()

@@ -1,0 +1,29 @@
+"""The Python-side differences between the torch releases spyreccl-torch supports (2.10 to
+2.15), each decided here once from the running torch's version.
+
+Each name says which release brought what it needs; what an older torch cannot do raises
+:func:`require`'s error naming the release it needs (the user guide's "torch versions"
+table lists them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# (major, minor) of the running torch, e.g. (2, 10) for "2.10.0+cu128".
+TORCH_MINOR: tuple[int, int] = tuple(  # type: ignore[assignment]
+    int(part) for part in torch.__version__.split("+")[0].split(".")[:2]
+)
+
+# Inductor's C++ wrapper (cpp_wrapper=True) for spyre graphs: written against the wrapper
+# codegen of torch 2.13 (per-mode device headers, the collective shims it emits).
+CPP_WRAPPER_MINOR = (2, 13)
+
+
+def require(minor: tuple[int, int], what: str) -> None:
+    """Raises a RuntimeError saying that `what` needs torch >= `minor` when torch is older."""
+    if minor > TORCH_MINOR:
+        raise RuntimeError(
+            f"spyreccl: {what} needs torch >= {minor[0]}.{minor[1]}; this is torch "
+            f"{torch.__version__}"
+        )
