@@ -19,6 +19,10 @@ TORCH_MINOR: tuple[int, int] = tuple(  # type: ignore[assignment]
 # codegen of torch 2.13 (per-mode device headers, the collective shims it emits).
 CPP_WRAPPER_MINOR = (2, 13)
 
+# Graph-safe RNG devices (torch._functorch._aot_autograd.utils.register_graphsafe_rng_device_type),
+# which compiled graphs that checkpoint random ops need: torch 2.13.
+GRAPHSAFE_RNG_MINOR = (2, 13)
+
 
 def require(minor: tuple[int, int], what: str) -> None:
     """Raises a RuntimeError saying that `what` needs torch >= `minor` when torch is older."""

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from .._torch_compat import GRAPHSAFE_RNG_MINOR, TORCH_MINOR
 from ._devices import _device_index, _DeviceLike, device_count
 from ._import_hooks import after_import
 
@@ -154,6 +155,8 @@ def install() -> None:
     """Fetches the default generators (see :func:`_fetch_generators`) and registers spyre
     as a graph-safe RNG device once compile's autograd utilities are imported."""
     _fetch_generators()
+    if GRAPHSAFE_RNG_MINOR > TORCH_MINOR:
+        return  # no graph-safe RNG devices before it (the user guide's torch versions table)
     after_import(
         "torch._functorch._aot_autograd.utils",
         _register_graphsafe_rng,
