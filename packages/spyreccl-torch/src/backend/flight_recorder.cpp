@@ -131,6 +131,9 @@ std::string analyzerOpName(const char* profilingTitle) {
       {"_allgather_base", "_all_gather_base"},
       {"all_gather_coalesced", "ALLGATHER_coalesced"},
       {"all_reduce_coalesced", "allreduce_coalesced"},
+      // NCCL's name for its barrier (an all_reduce of one element): every analyzer from torch
+      // 2.10 on knows it, while torch 2.10's rejects "barrier" ("not a supported operation").
+      {"barrier", "all_reduce_barrier"},
   };
   const auto it = renamed.find(name);
   return it == renamed.end() ? name : it->second;

@@ -240,7 +240,7 @@ def test_healthy_job_leaves_no_dump_and_reads_clean(launcher):
         assert names[:5] == ["nccl:all_reduce"] * 4 + ["nccl:all_gather"], (rank, names)
         assert f"nccl:send {rank}->{(rank + 1) % WORLD_SIZE}" in names, (rank, names)
         assert f"nccl:recv {rank}<-{(rank - 1) % WORLD_SIZE}" in names, (rank, names)
-        assert names[5] == "nccl:barrier", (rank, names)
+        assert names[5] == "nccl:all_reduce_barrier", (rank, names)
         assert all(state == "completed" for _, state, *_ in entries), (rank, entries)
         # Collective numbers count collectives only; p2p numbers count sends and receives.
         collective = [c for name, _, c, _ in entries if "send" not in name and "recv" not in name]

@@ -75,7 +75,7 @@ _COLLECTIVES: dict[str, tuple[str, Callable, Callable, bool, bool]] = {
     "scatter": ("scatter", lambda a: _flat(a[1]), lambda a: a[0], False, False),
     "alltoall_base": ("all_to_all", lambda a: [a[1]], lambda a: [a[0]], False, False),
     "alltoall": ("all_to_all", lambda a: a[1], lambda a: a[0], False, False),
-    "barrier": ("barrier", lambda a: [], lambda a: [], False, False),
+    "barrier": ("all_reduce_barrier", lambda a: [], lambda a: [], False, False),
 }
 
 
