@@ -201,16 +201,22 @@ def _install_registration_watch() -> None:
         return
     _register_backend_unwatched = current
 
+    # Every argument goes through as given: torch's signature grows between releases (2.15
+    # passes `_backend_type` for its built-in backends).
+    signature = inspect.signature(current)
+
     @functools.wraps(current)
-    def register_backend(name, func, extended_api=False, devices=None):
-        current(name, func, extended_api=extended_api, devices=devices)
+    def register_backend(*args, **kwargs):
+        result = current(*args, **kwargs)
         try:
+            arguments = signature.bind(*args, **kwargs).arguments
             # The live module: a re-import of the package replaces this one's state.
             hook = getattr(sys.modules.get(__name__), "_on_registration", None)
             if hook is not None:
-                hook(str(name), func, devices)
+                hook(str(arguments["name"]), arguments["func"], arguments.get("devices"))
         except Exception as error:  # never break another package's registration
             _log.debug("spyreccl_torch: registration watch failed: %r", error)
+        return result
 
     register_backend._spyreccl_watch = True  # type: ignore[attr-defined]
     # A staticmethod in place of the classmethod: every caller writes
