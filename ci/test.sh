@@ -5,9 +5,9 @@
 # the smoke subset on every other supported torch minor (CUDA wheels from PyPI).
 #   bash ci/test.sh                 everything CI runs
 #   bash ci/test.sh -- -x -k ddp    extra arguments after `--` go to pytest in the tests session
-#   SPYRECCL_CI_SMOKE="2.10 2.15"   the matrix minors to smoke-test, in order (default: all
-#                                   but TORCH_PINNED, torch-spyre's 2.10 and the newest first;
-#                                   "" for none)
+#   SPYRECCL_CI_SMOKE="2.10 2.15"   the matrix minors to smoke-test, in order (default: the
+#                                   two ends, torch-spyre's 2.10 and the newest; "" for none;
+#                                   "2.10 2.15 2.14 2.12 2.11" for every minor)
 # Exit status: non-zero when any nox session failed (a pytest run that collects no test fails).
 # A smoke session that the disk or the time budget cannot take is skipped and says why.
 source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
@@ -21,7 +21,11 @@ DEADLINE=$(($(date +%s) + BUDGET_MIN * 60))
 # The venvs of the other torch minors (~7 GB each) live outside the checkout, so that every
 # later run, in any clone, reuses them instead of downloading torch again.
 MATRIX_ENVDIR=${SPYRECCL_MATRIX_ENVDIR:-${XDG_CACHE_HOME:-$HOME/.cache}/spyreccl-ci/nox}
-SMOKE_MINORS=${SPYRECCL_CI_SMOKE-2.10 2.15 2.14 2.12 2.11}
+# The ends of the supported range by default: on 2 cores a first (cold) build against another
+# torch takes about 21 minutes, so the minors in between do not fit CI's budget beside the
+# full suite; the run names them as skipped (run them with SPYRECCL_CI_SMOKE).
+ALL_SMOKE_MINORS="2.10 2.15 2.14 2.12 2.11"
+SMOKE_MINORS=${SPYRECCL_CI_SMOKE-2.10 2.15}
 
 _nox() {
   local left=$((DEADLINE - $(date +%s)))
@@ -41,6 +45,12 @@ _nox() {
 set +e
 _nox -s lint tests pins docs tests_discrete "$@"
 status=$?
+for minor in $ALL_SMOKE_MINORS; do
+  case " $SMOKE_MINORS " in
+    *" $minor "*) ;;
+    *) echo "ci: SKIPPED smoke(torch='$minor'): not in SPYRECCL_CI_SMOKE=\"$SMOKE_MINORS\" (a cold build against another torch takes about 21 minutes on 2 cores; see docs/development.md, Torch versions)" | tee -a "$LOG" ;;
+  esac
+done
 if [ -n "$SMOKE_MINORS" ]; then
   sessions=()
   for minor in $SMOKE_MINORS; do sessions+=("smoke(torch='$minor')"); done
