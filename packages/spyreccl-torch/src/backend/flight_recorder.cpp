@@ -515,6 +515,17 @@ int64_t registerPythonGroup(const std::string& name, const std::string& desc, in
   return static_cast<int64_t>(group->id_);
 }
 
+void unregisterPythonGroup(int64_t group) noexcept {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto& groups = reg.pythonGroups;
+  groups.erase(std::remove_if(groups.begin(), groups.end(),
+                              [group](const std::shared_ptr<GroupTrace>& trace) {
+                                return static_cast<int64_t>(trace->id_) == group;
+                              }),
+               groups.end());
+}
+
 Ref recordPython(int64_t group, const std::string& name, bool isP2P, bool flattenInputs,
                  bool flattenOutputs, const std::vector<at::Tensor>& inputs,
                  const std::vector<at::Tensor>& outputs) {

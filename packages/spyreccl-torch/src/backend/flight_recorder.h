@@ -91,6 +91,9 @@ int64_t registerPythonGroup(const std::string& name, const std::string& desc, in
                             const std::vector<uint64_t>& globalRanks,
                             std::chrono::milliseconds timeout,
                             c10::intrusive_ptr<c10d::Store> store);
+// Forgets a Python group (its Python object is gone): its entries stay in the ring, and its
+// store, which holds a connection to the job's store server, is released.
+void unregisterPythonGroup(int64_t group) noexcept;
 Ref recordPython(int64_t group, const std::string& name, bool isP2P, bool flattenInputs,
                  bool flattenOutputs, const std::vector<at::Tensor>& inputs,
                  const std::vector<at::Tensor>& outputs);

@@ -205,6 +205,7 @@ PYBIND11_MODULE(_C, module) {
       spyreccl_torch::flight::markStarted(ref);
     }
   });
+  module.def("_fr_unregister_group", &spyreccl_torch::flight::unregisterPythonGroup);
   module.def("_fr_group_failed", &spyreccl_torch::flight::groupFailed,
              py::call_guard<py::gil_scoped_release>());
   module.def("_reset_flight_recorder", &spyreccl_torch::flight::reset,

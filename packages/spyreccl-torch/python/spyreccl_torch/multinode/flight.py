@@ -92,11 +92,12 @@ def register(
     from .. import _C
 
     desc = group.getGroupDesc() if hasattr(group, "getGroupDesc") else ""
-    setattr(
-        group,
-        _ID_ATTR,
-        _C._fr_register_group(name, desc, rank, size, list(global_ranks), timeout, store),
-    )
+    group_id = _C._fr_register_group(name, desc, rank, size, list(global_ranks), timeout, store)
+    setattr(group, _ID_ATTR, group_id)
+    if group_id >= 0:
+        # The recorder holds the group's store (to tell the other ranks of a failure): let
+        # it go with the group, or its connection to the store server outlives the job.
+        weakref.finalize(group, _C._fr_unregister_group, group_id)
 
 
 def _group_id(group: Any) -> int:
