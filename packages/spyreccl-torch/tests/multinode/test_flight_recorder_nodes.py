@@ -10,9 +10,8 @@ the missed all_reduce's sequence number.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
+from _flight_support import analyze
 from _launch import run_job
 
 from spyreccl_testing.inputs import fresh_seed
@@ -51,15 +50,7 @@ def test_rank_that_skips_an_all_reduce_on_two_nodes_is_named(tmp_path):
             assert report["error"] and "DistBackendError" in report["error"], (rank, report)
         assert report["seconds"] <= PG_TIMEOUT_S + SLACK_S, (rank, report)
     assert sorted(os.listdir(dumps)) == [f"fr_rank_{r}" for r in range(4)], context
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dumps)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
+    output = analyze(str(dumps))
     assert f"Not all ranks joining collective, sequence number: {missed}" in output, output
     assert f"missing ranks: {{{SKIPPER}}}" in output, output
     assert "collective: nccl:all_reduce" in output, output

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import subprocess
-import sys
 import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from _flight_support import analyze
 
 from spyreccl_testing.accuracy import assert_close_dtype, reference_reduce
 from spyreccl_testing.forked import ForkedGroup, results
@@ -62,20 +61,6 @@ def _timed_failure(call) -> tuple[float, str, str]:
     raise AssertionError(f"expected a failure, got none after {time.monotonic() - start:.1f}s")
 
 
-def _analyze(folder: str) -> str:
-    """torch's analyzer over `folder`: everything it prints (its report goes to stderr)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", folder],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    return output
-
-
 def _dump_env(folder: str) -> dict[str, str]:
     return {"TORCH_FR_DUMP_TEMP_FILE": os.path.join(folder, PREFIX)}
 
@@ -109,7 +94,7 @@ def test_rank_that_skips_an_all_reduce_is_named_by_torch_analyzer(launcher):
     with tempfile.TemporaryDirectory() as folder:
         reports = launcher.run(_skip_scenario, fresh_seed(), folder, timeout=180)[0]
         dumps = sorted(os.listdir(folder))
-        output = _analyze(folder)
+        output = analyze(folder)
     assert dumps == [f"{PREFIX}{r}" for r in range(WORLD_SIZE)], dumps
     missed = reports[0][0]
     for rank, (seq, elapsed, kind, message, dumped_while_waiting) in enumerate(reports):
@@ -164,7 +149,7 @@ def test_mismatched_collective_is_named_by_torch_analyzer(launcher):
     with tempfile.TemporaryDirectory() as folder:
         reports = launcher.run(_mismatch_scenario, fresh_seed(), folder, timeout=180)[0]
         dumps = sorted(os.listdir(folder))
-        output = _analyze(folder)
+        output = analyze(folder)
     assert dumps == [f"{PREFIX}{r}" for r in range(WORLD_SIZE)], dumps
     missed = reports[0][0]
     for rank, (_seq, _elapsed, kind, message) in enumerate(reports):
@@ -233,7 +218,7 @@ def test_healthy_job_leaves_no_dump_and_reads_clean(launcher):
     with tempfile.TemporaryDirectory() as folder:
         reports = launcher.run(_healthy_scenario, fresh_seed(), folder, timeout=180)[0]
         left = sorted(os.listdir(folder))
-        output = _analyze(os.path.join(folder, "on_demand"))
+        output = analyze(os.path.join(folder, "on_demand"))
     assert left == ["on_demand"], f"a healthy job left dumps: {left}"
     for rank, (entries, pg_config) in enumerate(reports):
         names = [name for name, *_ in entries]
