@@ -521,6 +521,23 @@ void Communicator::throwPeerFailure(int peer, const std::string& waitingFor) con
   } else {
     what = format("rank %d (pid %d) died during %s", peer, pid, opLabel().c_str());
   }
+  // A peer that failed with spyrecclRemoteError failed because of another rank. When a rank
+  // died without a word, that death is the root cause: name it first. (The peer we waited
+  // for may be a bystander: the dead rank had already passed this step when it was killed,
+  // so only the bystander's failure shows on the step we wait on.)
+  if (status == transport::kStatusFailed &&
+      pc->failCode.load(std::memory_order_relaxed) == spyrecclRemoteError) {
+    for (int q = 0; q < nranks_; ++q) {
+      if (q == rank_ || q == peer) continue;
+      const RankControl* qc = control(q);
+      if (qc->status.load(std::memory_order_acquire) == transport::kStatusActive &&
+          watches_[q].dead()) {
+        what = format("rank %d (pid %d) died during %s; %s after it", q,
+                      qc->pid.load(std::memory_order_relaxed), opLabel().c_str(), what.c_str());
+        break;
+      }
+    }
+  }
   std::string msg =
       format("%s (%s was waiting for %s)", what.c_str(), who_.c_str(), waitingFor.c_str());
   throw Error(spyrecclRemoteError, withDump(msg), __FILE__, __LINE__);

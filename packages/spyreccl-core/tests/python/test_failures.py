@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import threading
 import time
@@ -322,6 +323,68 @@ def test_sigkilled_rank_raises_remote_error_and_leaves_no_segments():
                 proc.join()
     assert procs[1].exitcode == -signal.SIGKILL
     assert_no_leftovers(before, ours)
+
+
+def _bystander_chain(rank, size, uid, conn):
+    """Rank 1 dies silently; rank 2 fails waiting for it; rank 0 waits only for rank 2."""
+    with spyreccl_core.Communicator(
+        rank, size, spyreccl_core.UniqueId.from_bytes(uid), timeout=30.0
+    ) as comm:
+        comm.barrier()
+        conn.send(("ready",))
+        if rank == 1:
+            time.sleep(60)  # killed by the parent
+        buf = np.full(64, np.nan, dtype=np.float32)
+        error, _ = _catch(comm.recv, buf, 1 if rank == 2 else 2, tag=5)
+        conn.send(("result", error, str(error)))
+        if rank == 2:
+            conn.recv()  # stays alive (and failed) until rank 0 has reported
+    conn.close()
+    os._exit(0)
+
+
+def test_a_bystander_failure_names_the_dead_rank_first():
+    """The rank a wait is missing failed only because another rank died: the death leads.
+
+    Rank 0 never waits for rank 1, so without the root-cause search it could only say that
+    rank 2 failed. That happens for real when a rank is killed just after it passed the step
+    the others wait on (a survivor then fails first and becomes the awaited peer).
+    """
+    size = 3
+    uid = spyreccl_core.UniqueId().to_bytes()
+    ctx = multiprocessing.get_context("fork")
+    pipes, procs = [], []
+    for rank in range(size):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_bystander_chain, args=(rank, size, uid, child), daemon=True)
+        proc.start()
+        child.close()
+        pipes.append(parent)
+        procs.append(proc)
+    try:
+        for conn in pipes:
+            assert conn.poll(30), "rank did not form the communicator"
+            conn.recv()
+        os.kill(procs[1].pid, signal.SIGKILL)
+        assert pipes[2].poll(10), "rank 2 still blocked after rank 1 died"
+        _, error2, text2 = pipes[2].recv()
+        assert isinstance(error2, spyreccl_core.RemoteError), text2
+        assert re.search(r"^rank 1 \(pid \d+\) died during point-to-point", text2, re.M), text2
+        assert pipes[0].poll(10), "rank 0 still blocked after rank 2 failed"
+        _, error0, text0 = pipes[0].recv()
+        assert isinstance(error0, spyreccl_core.RemoteError), text0
+        first = text0.splitlines()[0]
+        assert re.match(r"rank 1 \(pid \d+\) died during point-to-point", first), text0
+        assert re.search(r"rank 2 \(pid \d+\) failed with spyrecclRemoteError", first), text0
+        assert "waiting for" in first and "rank 2" in first.split("waiting for")[1], text0
+        pipes[2].send("done")
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    assert procs[1].exitcode == -signal.SIGKILL
 
 
 def _solo_init(rank, size, uid, conn):
