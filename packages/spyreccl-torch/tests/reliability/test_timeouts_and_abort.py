@@ -124,11 +124,15 @@ def _rank0_lonely_p2p(kind, abort_after_s, ctx):
     """Rank 0 posts an isend/irecv that rank 1 never matches and waits for it; with
     abort_after_s, a thread aborts the backend meanwhile."""
     x = torch.ones(IN_FLIGHT_NUMEL, device="spyre")
+    # The group timeout counts from the posting, so the clock starts before it: a posting
+    # slowed by a loaded machine must not make the timeout look early.
+    posted_at = time.monotonic()
     work = dist.irecv(x, src=1) if kind == "irecv" else dist.isend(x, dst=1)
     timer = threading.Timer(abort_after_s, _backend().abort) if abort_after_s else None
     if timer:
         timer.start()
-    report = _describe(*_timed_call(work.wait))
+    exc, _ = _timed_call(work.wait)
+    report = _describe(exc, time.monotonic() - posted_at)
     if timer:
         timer.join()
     report["is_completed"] = work.is_completed()
