@@ -134,6 +134,9 @@ std::string analyzerOpName(const char* profilingTitle) {
       // NCCL's name for its barrier (an all_reduce of one element): every analyzer from torch
       // 2.10 on knows it, while torch 2.10's rejects "barrier" ("not a supported operation").
       {"barrier", "all_reduce_barrier"},
+      // A barrier too (the core's barrier, bounded by the given timeout); the second word,
+      // which the analyzer ignores for collectives, tells the two apart in its report.
+      {"monitoredBarrier", "all_reduce_barrier monitored"},
   };
   const auto it = renamed.find(name);
   return it == renamed.end() ? name : it->second;
@@ -403,7 +406,9 @@ std::string profilingName(const Entry& e) {
     return std::string(kLibraryPrefix) + "send " + std::to_string(e.rank) + "->" +
            std::to_string(e.peer);
   }
-  if (e.type == c10d::OpType::RECV) {
+  // A receive from any source whose source is not known yet reads "recv 1<--1" (c10d's -1
+  // for "any"): the analyzer parses it, and pairs it with no send.
+  if (e.type == c10d::OpType::RECV || e.type == c10d::OpType::RECVANYSOURCE) {
     return std::string(kLibraryPrefix) + "recv " + std::to_string(e.rank) + "<-" +
            std::to_string(e.peer);
   }
@@ -466,7 +471,7 @@ Ref recordIn(GroupTrace& group, const char* title, std::string name, c10d::OpTyp
   describeTensors(inputs, flattenInputs, e.sizes, e.inputDims, e.inputDtypes);
   describeTensors(outputs, flattenOutputs, e.sizes, e.outputDims, e.outputDtypes);
   e.thread = std::this_thread::get_id();
-  return Ref{id, r.epoch, group.id_, true};
+  return Ref{id, r.epoch, group.id_, true, isP2P ? group.p2pSeq_ : group.collectiveSeq_};
 }
 
 }  // namespace
@@ -484,7 +489,7 @@ void GroupSlot::init(std::string name, int rank, int size, std::vector<uint64_t>
 Ref GroupSlot::record(const c10d::Backend& backend, const char* profilingTitle, c10d::OpType type,
                       const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                       int peer) {
-  if (!enabled() || type == c10d::OpType::RECVANYSOURCE || disabled_.load()) {
+  if (!enabled() || disabled_.load()) {
     return {};
   }
   std::call_once(registered_, [&] {
@@ -495,7 +500,8 @@ Ref GroupSlot::record(const c10d::Backend& backend, const char* profilingTitle, 
   if (!group_) {
     return {};
   }
-  const bool isP2P = type == c10d::OpType::SEND || type == c10d::OpType::RECV;
+  const bool isP2P = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
+                     type == c10d::OpType::RECVANYSOURCE;
   return recordIn(*group_, profilingTitle, {}, type, peer, isP2P,
                   type == c10d::OpType::REDUCE_SCATTER, type == c10d::OpType::ALLGATHER, inputs,
                   outputs);
@@ -565,6 +571,17 @@ void markStarted(const Ref& ref) noexcept {
     if (it != r.pgStatus.end()) {
       it->second->lastStarted = static_cast<int64_t>(entry->collectiveSeq);
     }
+  }
+}
+
+void setPeer(const Ref& ref, int peer) noexcept {
+  if (!ref.valid) {
+    return;
+  }
+  Ring& r = ring();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (Entry* entry = r.find(ref)) {
+    entry->peer = peer;
   }
 }
 

@@ -177,7 +177,7 @@ PYBIND11_MODULE(_C, module) {
       "This process's flight recorder in torch's dump format (see "
       "spyreccl_torch.flight_recorder).");
   // Recording for the groups implemented in Python (multinode/flight.py); a record is
-  // handed to Python as (id, epoch, group) or None.
+  // handed to Python as (id, epoch, group, sequence number) or None.
   module.def("_fr_register_group",
              [](const std::string& name, const std::string& desc, int rank, int size,
                 const std::vector<uint64_t>& globalRanks, std::chrono::milliseconds timeout,
@@ -194,7 +194,7 @@ PYBIND11_MODULE(_C, module) {
                if (!ref.valid) {
                  return py::none();
                }
-               return py::make_tuple(ref.id, ref.epoch, ref.group);
+               return py::make_tuple(ref.id, ref.epoch, ref.group, ref.seq);
              });
   module.def("_fr_mark", [](const py::tuple& record, bool completed) {
     spyreccl_torch::flight::Ref ref{record[0].cast<size_t>(), record[1].cast<size_t>(),
