@@ -197,22 +197,9 @@ class GroupTrace {
         store_(std::move(store)),
         status_(std::make_shared<GroupStatus>()) {}
 
-  // Dumps once per group and tells the others (through the store) when `tell`.
-  void fail(bool tell) noexcept {
-    if (failed_.exchange(true)) {
-      return;
-    }
-    if (!dumpPrefix().empty()) {
-      writeDump(globalRank_);
-    }
-    if (tell && store_) {
-      try {
-        store_->set(kFailedKey, std::string("1"));
-      } catch (const std::exception&) {
-        // The store may be gone with the rank that hosted it; the dump above still holds.
-      }
-    }
-  }
+  // Dumps once per group and tells the others (through the store) when `tell`; a stage
+  // group's failure is its parent's (see GroupSlot::setParent).
+  void fail(bool tell) noexcept;
 
   // Whether another rank reported the group failed (store poll by the watcher).
   bool peerFailed() const {
@@ -228,6 +215,8 @@ class GroupTrace {
 
   bool hasStore() const { return static_cast<bool>(store_); }
 
+  std::atomic<int64_t> parent_{-1};
+
   const size_t id_;
   const std::tuple<std::string, std::string> name_;
   const int rank_;
@@ -240,6 +229,7 @@ class GroupTrace {
 
  private:
   const c10::intrusive_ptr<c10d::Store> store_;
+  std::mutex dumpMutex_;
   std::atomic<bool> failed_{false};
 
  public:
@@ -274,6 +264,36 @@ std::shared_ptr<GroupTrace> findGroup(size_t id) {
   const auto it = reg.groups.find(id);
   return it == reg.groups.end() ? nullptr : it->second.lock();
 }
+
+}  // namespace
+
+void GroupTrace::fail(bool tell) noexcept {
+  // Held while dumping: a second thread that sees the failure (the watcher, or a stage
+  // group and its parent) returns once the dump is written, not while it is.
+  std::lock_guard<std::mutex> dumping(dumpMutex_);
+  if (failed_.exchange(true)) {
+    return;
+  }
+  const int64_t parent = parent_.load();
+  if (parent >= 0) {
+    if (auto group = findGroup(static_cast<size_t>(parent))) {
+      group->fail(tell);  // one dump for the call and its stages
+      return;
+    }
+  }
+  if (!dumpPrefix().empty()) {
+    writeDump(globalRank_);
+  }
+  if (tell && store_) {
+    try {
+      store_->set(kFailedKey, std::string("1"));
+    } catch (const std::exception&) {
+      // The store may be gone with the rank that hosted it; the dump above still holds.
+    }
+  }
+}
+
+namespace {
 
 void watch() {
   auto& reg = registry();
@@ -486,6 +506,13 @@ void GroupSlot::init(std::string name, int rank, int size, std::vector<uint64_t>
   store_ = std::move(store);
 }
 
+void GroupSlot::setParent(int64_t parent) noexcept {
+  parent_.store(parent);
+  if (registeredDone_.load() && group_) {
+    group_->parent_.store(parent);
+  }
+}
+
 Ref GroupSlot::record(const c10d::Backend& backend, const char* profilingTitle, c10d::OpType type,
                       const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                       int peer) {
@@ -496,6 +523,8 @@ Ref GroupSlot::record(const c10d::Backend& backend, const char* profilingTitle, 
     const std::string& uid = backend.getGroupUid();
     group_ = registerGroup(uid.empty() ? name_ : uid, backend.getGroupDesc(), rank_, size_,
                            globalRanks_, timeout_, store_);
+    group_->parent_.store(parent_.load());
+    registeredDone_.store(true);
   });
   if (!group_) {
     return {};

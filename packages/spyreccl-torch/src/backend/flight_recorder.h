@@ -63,6 +63,9 @@ class GroupSlot {
 
   // Stops recording this group's operations (a group that is plumbing of another one).
   void disable() noexcept { disabled_.store(true); }
+  // Makes this group a stage of the Python group `parent` (registerPythonGroup): a failure
+  // seen here is that group's failure, dumped once for both and told through its store.
+  void setParent(int64_t parent) noexcept;
 
   // Records one operation of `backend` as scheduled. `profilingTitle` is the backend's title
   // ("spyreccl:all_reduce"); `peer` the group rank of a send's destination or a receive's
@@ -80,7 +83,9 @@ class GroupSlot {
   std::chrono::milliseconds timeout_{0};
   c10::intrusive_ptr<c10d::Store> store_;
   std::atomic<bool> disabled_{false};
+  std::atomic<int64_t> parent_{-1};
   std::once_flag registered_;
+  std::atomic<bool> registeredDone_{false};
   std::shared_ptr<GroupTrace> group_;
 };
 

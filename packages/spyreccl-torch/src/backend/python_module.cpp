@@ -116,6 +116,9 @@ PYBIND11_MODULE(_C, module) {
           py::arg("device"))
       .def("_disable_flight_recorder", &ProcessGroupSpyreccl::disableFlightRecorder,
            "Leaves this group out of the flight recorder (internal groups of another one).")
+      .def("_set_flight_parent", &ProcessGroupSpyreccl::setFlightParent, py::arg("parent"),
+           "Makes this group a stage of the multi-node group `parent` (its flight recorder "
+           "id): a failure here dumps once, as that group's.")
       .def("dump_state", &ProcessGroupSpyreccl::dumpState, py::call_guard<py::gil_scoped_release>(),
            "The core's human readable state of this group's communicator (recent operations "
            "with sequence numbers and states, what each peer last announced).");

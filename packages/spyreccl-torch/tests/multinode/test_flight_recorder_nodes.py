@@ -57,15 +57,28 @@ def _run_skip(tmp_path, check: str) -> tuple[int, str, dict]:
             assert report["error"] and "DistBackendError" in report["error"], (rank, report)
         assert report["seconds"] <= PG_TIMEOUT_S + SLACK_S, (rank, report)
     assert sorted(os.listdir(dumps)) == [f"fr_rank_{r}" for r in range(4)], context
+    # Once per failure: the call's group and its on-node stage group dump as one (the
+    # sleeping rank's count may miss its log line: it reports once its file exists).
+    writes = _dump_writes(result)
+    assert writes[:SKIPPER] == [1] * SKIPPER and writes[SKIPPER] <= 1, (writes, context)
     for rank, report in sorted(result.reports.items()):
         # The healthy calls went scheduled -> started -> completed, the job-level ones too.
         calls = [h for h in report["healthy"] if h[0] == "0"]
-        assert [h[1:4] for h in calls] == [
+        assert [tuple(h[1:4]) for h in calls] == [
             ("nccl:all_reduce", "completed", seq) for seq in (1, 2, 3)
         ], (rank, report["healthy"])
         assert all(started for *_, started in report["healthy"]), (rank, report["healthy"])
     output = analyze(str(dumps))
     return missed, output, result.reports
+
+
+def _dump_writes(result, ranks: int = 4) -> list[int]:
+    """How many times each rank wrote its dump (the recorder logs every write)."""
+    logs = "\n".join(result.logs)
+    return [
+        len(re.findall(rf"wrote the flight recorder dump to \S*fr_rank_{r}\b", logs))
+        for r in range(ranks)
+    ]
 
 
 def _job_level_block(output: str, missed: int) -> str:
@@ -94,7 +107,7 @@ def test_hang_in_a_stage_between_nodes_names_its_call(tmp_path):
     # Each healthy call's stage between the nodes: an entry of the leaders' gloo group,
     # numbered in that group, naming its call, completed.
     for rank in (0, 2):
-        stages = [h[1:4] for h in reports[rank]["healthy"] if h[0] == "0/cross0"]
+        stages = [tuple(h[1:4]) for h in reports[rank]["healthy"] if h[0] == "0/cross0"]
         assert len(stages) == 3, (rank, reports[rank]["healthy"])
         for seq, (name, state, stage_seq) in enumerate(stages, start=1):
             assert re.fullmatch(
@@ -136,6 +149,7 @@ def test_mismatch_found_by_the_check_exchange_dumps_on_every_rank(tmp_path):
         assert report["error"] and report["error"].startswith("MismatchError"), (rank, report)
         assert report["dumped"], f"rank {rank} had no dump when its call failed; {context}"
         assert report["seconds"] <= 30 + SLACK_S, (rank, report)
+    assert _dump_writes(result) == [1] * 4, context
     output = analyze(str(dumps))
     assert f"Collective sequence number: {missed} has errors" in output, output
     assert re.search(

@@ -287,7 +287,7 @@ def test_any_source_receive_and_monitored_barrier_are_recorded(launcher):
         reports = launcher.run(_any_source_scenario, fresh_seed(), folder, timeout=180)[0]
         left = sorted(os.listdir(folder))
     assert left == ["pending_dumped"], f"a healthy job left dumps: {left}"
-    waiting, received, final = reports[0]
+    waiting, received, _ = reports[0]
     # While it waits, the receive names no sender ("-1", c10d's "any").
     pending = _view(waiting)[-1]
     assert pending[0] == "nccl:recv 0<--1" and pending[1] != "completed", _view(waiting)

@@ -133,6 +133,10 @@ def _group_id(group: Any) -> int:
         control = getattr(group, "_check_local", None)
         if control is not None:
             control._disable_flight_recorder()
+        # The on-node stage group's failures are this group's: one dump per failure.
+        local = getattr(group, "_local", None)
+        if local is not None and group_id >= 0:
+            local._set_flight_parent(group_id)
         board = getattr(group, "_board", None)
         if board is not None and group_id >= 0:
             ref = weakref.ref(group)
@@ -176,7 +180,7 @@ def leave(previous: tuple[tuple, str] | None) -> None:
 
 
 def running_call() -> str | None:
-    """"all_reduce seq 4": the recorded call whose job runs on this thread, if any."""
+    """The recorded call whose job runs on this thread ("all_reduce seq 4"), if any."""
     call = getattr(_calls, "running", None)
     return None if call is None else f"{call[1]} seq {call[0][3]}"
 
