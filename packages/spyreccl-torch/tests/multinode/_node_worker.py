@@ -757,7 +757,11 @@ def staging_check(ctx: Ctx, base_seed: int) -> list[str]:
     copying = _group_with_env(ctx, {"SPYRECCL_MULTINODE_ZERO_COPY": "0"})
     if not isinstance(copying, HierarchicalProcessGroup):
         return [f"rank {r}: staging_check: group is {type(copying).__name__}"]
-    gloo_groups = [weakref.ref(g) for g in (copying._cross, copying._flat, copying._check_group)]
+    # The gloo groups themselves (the data groups are wrapped to record their stages).
+    gloo_groups = [
+        weakref.ref(getattr(g, "_gloo", g))
+        for g in (copying._cross, copying._flat, copying._check_group)
+    ]
     routes_before = dict(world.route_counts)
     before = dict(world.staging_counts)
     in_place = _staged_ops(ctx, world, seed)
