@@ -25,14 +25,21 @@ from typing import Any
 
 from . import flight
 
-# id(gloo Work) -> its stage's record, from posting until its wait returns (or it is
-# abandoned): gloo's Works take no attributes.
-_PENDING: dict[int, tuple] = {}
+# gloo Work -> its stage's record, from posting until its wait returns (or it is abandoned):
+# gloo's Works take no attributes. Weak keys: a Work nobody waits for takes its entry along.
+_PENDING: weakref.WeakKeyDictionary[Any, tuple] = weakref.WeakKeyDictionary()
+
+
+def _pop(work: Any) -> tuple | None:
+    try:
+        return _PENDING.pop(work, None)
+    except TypeError:  # not a Work that can be a key (the check exchange waits for others)
+        return None
 
 
 def completed(work: Any) -> None:
-    """The stage `work` (any gloo Work) completed: its entry, if it has one, too."""
-    record = _PENDING.pop(id(work), None)
+    """The stage `work` (any Work) completed: its entry, if it has one, too."""
+    record = _pop(work)
     if record is not None:
         from .. import _C
 
@@ -41,7 +48,7 @@ def completed(work: Any) -> None:
 
 def forget(work: Any) -> None:
     """This rank no longer waits for `work`: its entry stays started."""
-    _PENDING.pop(id(work), None)
+    _pop(work)
 
 
 class RecordedGloo:
@@ -106,7 +113,7 @@ def _recorded(method_name: str, spec: tuple) -> Callable:
         work = method(*args)
         if record is not None:
             _C._fr_mark(record, False)  # posted: gloo runs it from here on
-            _PENDING[id(work)] = record
+            _PENDING[work] = record
         return work
 
     call.__name__ = method_name
