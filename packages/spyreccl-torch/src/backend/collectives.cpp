@@ -907,15 +907,25 @@ void ProcessGroupSpyreccl::monitoredBarrier(const c10d::BarrierOptions& opts,
                                             bool /*waitAllRanks*/) {
   static constexpr const char* kOp = "monitoredBarrier";
   const std::chrono::milliseconds timeout = effectiveTimeout(opts.timeout);
+  // Numbered and recorded like the other collectives (it runs without a Work, so the
+  // flight recorder's entry is driven here: started when the core call starts).
+  ++seq_;
+  const flight::Ref trace =
+      trace_.record(*this, "spyreccl:monitoredBarrier", c10d::OpType::BARRIER, {}, {}, -1);
   try {
-    runSynchronously(kOp, timeout,
-                     [](spyrecclComm_t comm) { checkCore(spyrecclBarrier(comm), comm, kOp); });
+    runSynchronously(kOp, timeout, [trace](spyrecclComm_t comm) {
+      flight::markStarted(trace);
+      checkCore(spyrecclBarrier(comm), comm, kOp);
+    });
   } catch (const c10::Error& e) {
-    std::rethrow_exception(makeDistBackendError(
+    const std::exception_ptr error = makeDistBackendError(
         "spyreccl monitoredBarrier: not all ranks of " + label() + " reached the barrier within " +
         std::to_string(timeout.count()) + " ms (rank " + std::to_string(rank_) +
-        " reports): " + e.what_without_backtrace()));
+        " reports): " + e.what_without_backtrace());
+    flight::markFailed(trace, error);  // dumps, once per group
+    std::rethrow_exception(error);
   }
+  flight::markCompleted(trace);
 }
 
 }  // namespace spyreccl_torch

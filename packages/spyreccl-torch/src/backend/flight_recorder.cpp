@@ -1,5 +1,6 @@
 // flight_recorder.cpp — see flight_recorder.h.
 #include "backend/flight_recorder.h"
+#include "backend/flight_ring.h"
 
 #include <algorithm>
 #include <atomic>
@@ -27,86 +28,7 @@
 #include <spyreccl/spyreccl.h>
 
 namespace spyreccl_torch::flight {
-namespace {
-
-// The analyzer accepts only a fixed list of library prefixes in profiling names
-// ("nccl:all_reduce"); spyreccl's collectives have NCCL's semantics, so they use its prefix.
-constexpr const char* kLibraryPrefix = "nccl:";
-// Store key (in the group's own prefix store) a rank sets when it saw the group fail.
-constexpr const char* kFailedKey = "spyreccl/flight_recorder/failed";
-constexpr std::chrono::milliseconds kWatchInterval{250};
-
-// The counters torch dumps as pg_status.
-struct GroupStatus {
-  int64_t lastEnqueued = -1;
-  int64_t lastStarted = -1;
-  int64_t lastCompleted = -1;
-};
-
-// One recorded operation: the fields of torch's FlightRecorder<>::Entry that the dump holds,
-// kept as cheaply as torch keeps them (no allocation for the usual few small tensors; names
-// are spelled out at dump time), since every operation writes one.
-struct Entry {
-  size_t id = 0;
-  size_t epoch = 0;
-  size_t pgId = 0;
-  size_t collectiveSeq = 0;
-  size_t p2pSeq = 0;
-  size_t opId = 0;
-  // The op: a backend's profiling title (a string literal, spelled for the analyzer at dump
-  // time), or where that is null, `name` (groups implemented in Python).
-  const char* title = nullptr;
-  std::string name;
-  c10d::OpType type = c10d::OpType::UNKNOWN;
-  int rank = -1;  // group ranks of a send's / receive's two ends
-  int peer = -1;
-  std::shared_ptr<torch::CapturedTraceback> traceback;
-  int64_t created = 0;
-  int64_t timeoutMs = 0;
-  bool isP2P = false;
-  bool retired = false;
-  std::optional<int64_t> started;
-  std::optional<int64_t> completed;
-  // As torch keeps them: each tensor's number of dims, and all dims one after the other.
-  c10::SmallVector<int64_t, 8> sizes;
-  c10::SmallVector<int64_t, 4> inputDims;
-  c10::SmallVector<int64_t, 4> outputDims;
-  c10::SmallVector<c10::ScalarType, 4> inputDtypes;
-  c10::SmallVector<c10::ScalarType, 4> outputDtypes;
-  std::thread::id thread;
-};
-
-// The process-wide ring: torch's FlightRecorder layout (a vector filled up to max, then
-// overwritten from next), with torch's settings. torch's own instance is out of reach (see
-// flight_recorder.h), and its member functions are defined in a header the wheel does not
-// ship (FlightRecorderDetail.hpp needs nlohmann/json), so the few that matter are here.
-struct Ring {
-  Ring()
-      : maxEntries(static_cast<size_t>(std::max(
-            0, c10d::getCvarInt({"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000)))),
-        captureCppStack(
-            c10d::getCvarBool({"TORCH_FR_CPP_STACK", "TORCH_NCCL_TRACE_CPP_STACK"}, false)) {}
-  const size_t maxEntries;
-  const bool captureCppStack;
-  std::mutex mutex;
-  std::vector<Entry> entries;
-  size_t next = 0;
-  size_t nextId = 0;
-  size_t epoch = 0;
-  std::map<std::tuple<std::string, std::string>, std::vector<uint64_t>> pgRanks;
-  std::map<size_t, std::tuple<std::string, std::string>> pgNames;
-  std::map<size_t, std::shared_ptr<GroupStatus>> pgStatus;
-  std::map<std::thread::id, std::string> threadNames;
-
-  // Under mutex.
-  Entry* find(const Ref& ref) {
-    if (ref.epoch != epoch || ref.id % maxEntries >= entries.size()) {
-      return nullptr;
-    }
-    Entry& entry = entries[ref.id % maxEntries];
-    return entry.id == ref.id ? &entry : nullptr;
-  }
-};
+namespace detail {
 
 Ring& ring() {
   // Leaked on purpose, like torch's: the watcher and late Works may use it during exit.
@@ -120,34 +42,19 @@ bool captureStacks() {
   return value;
 }
 
-// "all_reduce" from "spyreccl:all_reduce", in the analyzer's spelling.
-std::string analyzerOpName(const char* profilingTitle) {
-  std::string name(profilingTitle);
-  const auto colon = name.find(':');
-  if (colon != std::string::npos) {
-    name = name.substr(colon + 1);
-  }
-  static const std::map<std::string, std::string> renamed = {
-      {"_allgather_base", "_all_gather_base"},
-      {"all_gather_coalesced", "ALLGATHER_coalesced"},
-      {"all_reduce_coalesced", "allreduce_coalesced"},
-      // NCCL's name for its barrier (an all_reduce of one element): every analyzer from torch
-      // 2.10 on knows it, while torch 2.10's rejects "barrier" ("not a supported operation").
-      {"barrier", "all_reduce_barrier"},
-  };
-  const auto it = renamed.find(name);
-  return it == renamed.end() ? name : it->second;
-}
+}  // namespace detail
 
-// "[0, 1, 2]", as torch's ranks_str writes it (not called: it needs fmt's compiled part,
-// which libtorch does not export).
-std::string ranksText(const std::vector<uint64_t>& ranks) {
-  std::string text = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
-  }
-  return text + "]";
-}
+using detail::captureStacks;
+using detail::Entry;
+using detail::GroupStatus;
+using detail::Ring;
+using detail::ring;
+
+namespace {
+
+// Store key (in the group's own prefix store) a rank sets when it saw the group fail.
+constexpr const char* kFailedKey = "spyreccl/flight_recorder/failed";
+constexpr std::chrono::milliseconds kWatchInterval{250};
 
 std::string dumpPrefix() {
   for (const char* name : {"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}) {
@@ -194,22 +101,9 @@ class GroupTrace {
         store_(std::move(store)),
         status_(std::make_shared<GroupStatus>()) {}
 
-  // Dumps once per group and tells the others (through the store) when `tell`.
-  void fail(bool tell) noexcept {
-    if (failed_.exchange(true)) {
-      return;
-    }
-    if (!dumpPrefix().empty()) {
-      writeDump(globalRank_);
-    }
-    if (tell && store_) {
-      try {
-        store_->set(kFailedKey, std::string("1"));
-      } catch (const std::exception&) {
-        // The store may be gone with the rank that hosted it; the dump above still holds.
-      }
-    }
-  }
+  // Dumps once per group and tells the others (through the store) when `tell`; a stage
+  // group's failure is its parent's (see GroupSlot::setParent).
+  void fail(bool tell) noexcept;
 
   // Whether another rank reported the group failed (store poll by the watcher).
   bool peerFailed() const {
@@ -225,6 +119,8 @@ class GroupTrace {
 
   bool hasStore() const { return static_cast<bool>(store_); }
 
+  std::atomic<int64_t> parent_{-1};
+
   const size_t id_;
   const std::tuple<std::string, std::string> name_;
   const int rank_;
@@ -237,6 +133,7 @@ class GroupTrace {
 
  private:
   const c10::intrusive_ptr<c10d::Store> store_;
+  std::mutex dumpMutex_;
   std::atomic<bool> failed_{false};
 
  public:
@@ -271,6 +168,36 @@ std::shared_ptr<GroupTrace> findGroup(size_t id) {
   const auto it = reg.groups.find(id);
   return it == reg.groups.end() ? nullptr : it->second.lock();
 }
+
+}  // namespace
+
+void GroupTrace::fail(bool tell) noexcept {
+  // Held while dumping: a second thread that sees the failure (the watcher, or a stage
+  // group and its parent) returns once the dump is written, not while it is.
+  std::lock_guard<std::mutex> dumping(dumpMutex_);
+  if (failed_.exchange(true)) {
+    return;
+  }
+  const int64_t parent = parent_.load();
+  if (parent >= 0) {
+    if (auto group = findGroup(static_cast<size_t>(parent))) {
+      group->fail(tell);  // one dump for the call and its stages
+      return;
+    }
+  }
+  if (!dumpPrefix().empty()) {
+    writeDump(globalRank_);
+  }
+  if (tell && store_) {
+    try {
+      store_->set(kFailedKey, std::string("1"));
+    } catch (const std::exception&) {
+      // The store may be gone with the rank that hosted it; the dump above still holds.
+    }
+  }
+}
+
+namespace {
 
 void watch() {
   auto& reg = registry();
@@ -394,22 +321,6 @@ void describeTensors(const std::vector<at::Tensor>& tensors, bool flatten,
   }
 }
 
-// The profiling name the analyzer parses: "nccl:all_reduce", "nccl:send 0->1" (group ranks).
-std::string profilingName(const Entry& e) {
-  if (e.title == nullptr) {
-    return kLibraryPrefix + e.name;
-  }
-  if (e.type == c10d::OpType::SEND) {
-    return std::string(kLibraryPrefix) + "send " + std::to_string(e.rank) + "->" +
-           std::to_string(e.peer);
-  }
-  if (e.type == c10d::OpType::RECV) {
-    return std::string(kLibraryPrefix) + "recv " + std::to_string(e.rank) + "<-" +
-           std::to_string(e.peer);
-  }
-  return kLibraryPrefix + analyzerOpName(e.title);
-}
-
 // Records one operation: `title` (C++ groups) or `name` (Python groups) names it.
 Ref recordIn(GroupTrace& group, const char* title, std::string name, c10d::OpType type, int peer,
              bool isP2P, bool flattenInputs, bool flattenOutputs,
@@ -466,7 +377,7 @@ Ref recordIn(GroupTrace& group, const char* title, std::string name, c10d::OpTyp
   describeTensors(inputs, flattenInputs, e.sizes, e.inputDims, e.inputDtypes);
   describeTensors(outputs, flattenOutputs, e.sizes, e.outputDims, e.outputDtypes);
   e.thread = std::this_thread::get_id();
-  return Ref{id, r.epoch, group.id_, true};
+  return Ref{id, r.epoch, group.id_, true, isP2P ? group.p2pSeq_ : group.collectiveSeq_};
 }
 
 }  // namespace
@@ -481,21 +392,31 @@ void GroupSlot::init(std::string name, int rank, int size, std::vector<uint64_t>
   store_ = std::move(store);
 }
 
+void GroupSlot::setParent(int64_t parent) noexcept {
+  parent_.store(parent);
+  if (registeredDone_.load() && group_) {
+    group_->parent_.store(parent);
+  }
+}
+
 Ref GroupSlot::record(const c10d::Backend& backend, const char* profilingTitle, c10d::OpType type,
                       const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                       int peer) {
-  if (!enabled() || type == c10d::OpType::RECVANYSOURCE || disabled_.load()) {
+  if (!enabled() || disabled_.load()) {
     return {};
   }
   std::call_once(registered_, [&] {
     const std::string& uid = backend.getGroupUid();
     group_ = registerGroup(uid.empty() ? name_ : uid, backend.getGroupDesc(), rank_, size_,
                            globalRanks_, timeout_, store_);
+    group_->parent_.store(parent_.load());
+    registeredDone_.store(true);
   });
   if (!group_) {
     return {};
   }
-  const bool isP2P = type == c10d::OpType::SEND || type == c10d::OpType::RECV;
+  const bool isP2P = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
+                     type == c10d::OpType::RECVANYSOURCE;
   return recordIn(*group_, profilingTitle, {}, type, peer, isP2P,
                   type == c10d::OpType::REDUCE_SCATTER, type == c10d::OpType::ALLGATHER, inputs,
                   outputs);
@@ -568,6 +489,17 @@ void markStarted(const Ref& ref) noexcept {
   }
 }
 
+void setPeer(const Ref& ref, int peer) noexcept {
+  if (!ref.valid) {
+    return;
+  }
+  Ring& r = ring();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (Entry* entry = r.find(ref)) {
+    entry->peer = peer;
+  }
+}
+
 void markCompleted(const Ref& ref) noexcept {
   if (!ref.valid) {
     return;
@@ -632,134 +564,6 @@ void onBreakingError() noexcept {
   if (auto group = findGroup(ref.group)) {
     group->fail(/*tell=*/true);
   }
-}
-
-std::string dumpPickle(bool includeCollectives, bool includeStackTraces, bool onlyActive) {
-  using c10d::new_dict;
-  using c10d::new_list;
-  Ring& r = ring();
-  std::vector<Entry> entries;
-  std::map<size_t, std::tuple<std::string, std::string>> pgNames;
-  std::map<std::thread::id, std::string> threadNames;
-  auto pgConfig = new_dict();
-  auto pgStatus = new_dict();
-  {
-    std::lock_guard<std::mutex> lock(r.mutex);
-    // Oldest first, as torch dumps them.
-    entries.insert(entries.end(), r.entries.begin() + static_cast<std::ptrdiff_t>(r.next),
-                   r.entries.end());
-    entries.insert(entries.end(), r.entries.begin(),
-                   r.entries.begin() + static_cast<std::ptrdiff_t>(r.next));
-    pgNames = r.pgNames;
-    threadNames = r.threadNames;
-    for (const auto& [pgName, ranks] : r.pgRanks) {
-      auto info = new_dict();
-      info.insert("name", std::get<0>(pgName));
-      info.insert("desc", std::get<1>(pgName));
-      info.insert("ranks", ranksText(ranks));
-      pgConfig.insert(std::get<0>(pgName), info);
-    }
-    for (const auto& [pgId, status] : r.pgStatus) {
-      auto info = new_dict();
-      info.insert("last_enqueued_collective", status->lastEnqueued);
-      info.insert("last_started_collective", status->lastStarted);
-      info.insert("last_completed_collective", status->lastCompleted);
-      pgStatus.insert(std::to_string(pgId), info);
-    }
-  }
-  // Stacks exist only when they were captured (a null traceback cannot be symbolised).
-  const bool withStacks = includeStackTraces && captureStacks();
-  torch::SymbolizedTracebacks symbolized;
-  std::vector<c10::IValue> frames;
-  if (includeCollectives && withStacks) {
-    std::vector<torch::CapturedTraceback*> tracebacks;
-    for (auto& e : entries) {
-      tracebacks.push_back(e.traceback.get());
-    }
-    symbolized = torch::symbolize(tracebacks);
-    for (const auto& f : symbolized.all_frames) {
-      auto d = new_dict();
-      d.insert(c10d::name_key, f.funcname);
-      d.insert(c10d::filename_key, f.filename);
-      d.insert(c10d::line_key, int64_t(f.lineno));
-      frames.emplace_back(std::move(d));
-    }
-  }
-  // Each tensor's sizes from torch's flat layout (see Entry), advancing `it`.
-  auto toSizes = [](const c10::SmallVector<int64_t, 4>& dims, const int64_t*& it) {
-    auto list = new_list();
-    for (const int64_t dim : dims) {
-      auto inner = new_list();
-      for (int64_t d = 0; d < dim; ++d) {
-        inner.push_back(*it++);
-      }
-      list.push_back(inner);
-    }
-    return list;
-  };
-  auto toDtypes = [](const c10::SmallVector<c10::ScalarType, 4>& all) {
-    std::vector<std::string> names;
-    names.reserve(all.size());
-    for (const auto dtype : all) {
-      names.emplace_back(c10::toString(dtype));
-    }
-    return names;
-  };
-  auto list = new_list();
-  for (const auto i : c10::irange(entries.size())) {
-    const Entry& e = entries[i];
-    if (!includeCollectives || (onlyActive && e.completed)) {
-      continue;
-    }
-    auto dict = new_dict();
-    if (withStacks) {
-      auto entryFrames = new_list();
-      for (const auto frame : symbolized.tracebacks.at(i)) {
-        entryFrames.push_back(frames.at(frame));
-      }
-      dict.insert(c10d::frames_key, entryFrames);
-    }
-    dict.insert(c10d::record_id_key, int64_t(e.id));
-    dict.insert(c10d::pg_id_key, int64_t(e.pgId));
-    dict.insert(c10d::pg_name_key, pgNames[e.pgId]);
-    dict.insert(c10d::thread_name_key, threadNames[e.thread]);
-    dict.insert(c10d::thread_id_key, c10::str(e.thread));
-    dict.insert(c10d::collective_seq_id_key, int64_t(e.collectiveSeq));
-    dict.insert(c10d::p2p_seq_id_key, int64_t(e.p2pSeq));
-    dict.insert(c10d::op_id_key, int64_t(e.opId));
-    dict.insert(c10d::profiling_name_key, profilingName(e));
-    dict.insert(c10d::time_created_key, e.created);
-    if (e.started && e.completed) {
-      dict.insert(c10d::duration_key, static_cast<double>(*e.completed - *e.started) / 1e6);
-    }
-    const int64_t* it = e.sizes.data();
-    dict.insert(c10d::input_sizes_key, toSizes(e.inputDims, it));
-    dict.insert(c10d::input_dtypes_key, toDtypes(e.inputDtypes));
-    dict.insert(c10d::output_sizes_key, toSizes(e.outputDims, it));
-    dict.insert(c10d::output_dtypes_key, toDtypes(e.outputDtypes));
-    dict.insert(c10d::state_key, e.completed ? c10d::completed_state
-                                 : e.started ? c10d::started_state
-                                             : c10d::scheduled_state);
-    dict.insert(c10d::time_discovered_started_key,
-                e.started ? c10::IValue(*e.started) : c10::IValue());
-    dict.insert(c10d::time_discovered_completed_key,
-                e.completed ? c10::IValue(*e.completed) : c10::IValue());
-    dict.insert(c10d::retired_key, e.retired);
-    dict.insert(c10d::timeout_key, e.timeoutMs);
-    dict.insert(c10d::is_p2p_key, e.isP2P);
-    list.push_back(dict);
-  }
-  auto result = new_dict();
-  result.insert(c10d::version_key, c10d::version_val);
-  result.insert(c10d::pg_config_key, pgConfig);
-  result.insert(c10d::comm_lib_version_key, "spyreccl " + std::to_string(SPYRECCL_MAJOR) + "." +
-                                                std::to_string(SPYRECCL_MINOR) + "." +
-                                                std::to_string(SPYRECCL_PATCH));
-  result.insert(c10d::pg_status_key, pgStatus);
-  if (includeCollectives) {
-    result.insert(c10d::entries_key, list);
-  }
-  return c10d::pickle_str(result);
 }
 
 void reset() noexcept {

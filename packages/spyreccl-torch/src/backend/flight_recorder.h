@@ -42,6 +42,7 @@ struct Ref {
   size_t epoch = 0;  // reset() starts a new one
   size_t group = 0;  // the group's pg_id
   bool valid = false;
+  size_t seq = 0;  // the entry's collective (or p2p) sequence number in its group
 };
 
 // Whether recording is on (buffer size > 0). Read once.
@@ -60,13 +61,16 @@ class GroupSlot {
   void init(std::string name, int rank, int size, std::vector<uint64_t> globalRanks,
             std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store);
 
-  // Records one operation of `backend` as scheduled. `profilingTitle` is the backend's title
-  // ("spyreccl:all_reduce"); `peer` the group rank of a send's destination or a receive's
-  // source (-1 for collectives). A receive from any source is not recorded: the analyzer's
-  // format has no way to name an unknown source.
   // Stops recording this group's operations (a group that is plumbing of another one).
   void disable() noexcept { disabled_.store(true); }
+  // Makes this group a stage of the Python group `parent` (registerPythonGroup): a failure
+  // seen here is that group's failure, dumped once for both and told through its store.
+  void setParent(int64_t parent) noexcept;
 
+  // Records one operation of `backend` as scheduled. `profilingTitle` is the backend's title
+  // ("spyreccl:all_reduce"); `peer` the group rank of a send's destination or a receive's
+  // source (-1 for collectives and for a receive from any source, whose source is filled in
+  // by setPeer once it is known).
   Ref record(const c10d::Backend& backend, const char* profilingTitle, c10d::OpType type,
              const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
              int peer);
@@ -79,7 +83,9 @@ class GroupSlot {
   std::chrono::milliseconds timeout_{0};
   c10::intrusive_ptr<c10d::Store> store_;
   std::atomic<bool> disabled_{false};
+  std::atomic<int64_t> parent_{-1};
   std::once_flag registered_;
+  std::atomic<bool> registeredDone_{false};
   std::shared_ptr<GroupTrace> group_;
 };
 
@@ -100,6 +106,9 @@ Ref recordPython(int64_t group, const std::string& name, bool isP2P, bool flatte
 void groupFailed(int64_t group) noexcept;
 
 void markStarted(const Ref& ref) noexcept;
+// The source of a receive from any source, once it is known (the entry then reads as a
+// plain receive from `peer`, which the analyzer pairs with the sender's send).
+void setPeer(const Ref& ref, int peer) noexcept;
 void markCompleted(const Ref& ref) noexcept;
 // The operation ended with `error`. A c10d DistBackendError (the group is broken: timeout,
 // mismatch, peer failure, abort) dumps the recorder, once per group, and tells the group's

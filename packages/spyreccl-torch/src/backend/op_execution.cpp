@@ -59,6 +59,9 @@ void issuePeerCall(const Step& step, spyrecclComm_t comm) {
   if (result != spyrecclSuccess) {
     throwCoreError(result, comm, describePeerCall(call, step.seq));
   }
+  if (call.kind == PeerCall::Kind::kRecvAnySource) {
+    flight::setPeer(step.trace, *call.source);  // the recorded receive names its sender now
+  }
 }
 
 // Posts the send or receive of `step` without waiting for it (spyrecclIsend/Irecv).

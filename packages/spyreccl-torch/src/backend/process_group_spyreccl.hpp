@@ -237,6 +237,9 @@ class ProcessGroupSpyreccl : public c10d::Backend {
   std::string dumpState() const;
   // Leaves this group out of the flight recorder (see flight_recorder.h).
   void disableFlightRecorder() { trace_.disable(); }
+  // Makes this group a stage of a multi-node group in the flight recorder (see
+  // flight_recorder.h): its failures dump once, as that group's.
+  void setFlightParent(int64_t parent) { trace_.setParent(parent); }
 
  private:
   struct SplitTag {};

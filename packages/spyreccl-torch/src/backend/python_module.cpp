@@ -116,6 +116,9 @@ PYBIND11_MODULE(_C, module) {
           py::arg("device"))
       .def("_disable_flight_recorder", &ProcessGroupSpyreccl::disableFlightRecorder,
            "Leaves this group out of the flight recorder (internal groups of another one).")
+      .def("_set_flight_parent", &ProcessGroupSpyreccl::setFlightParent, py::arg("parent"),
+           "Makes this group a stage of the multi-node group `parent` (its flight recorder "
+           "id): a failure here dumps once, as that group's.")
       .def("dump_state", &ProcessGroupSpyreccl::dumpState, py::call_guard<py::gil_scoped_release>(),
            "The core's human readable state of this group's communicator (recent operations "
            "with sequence numbers and states, what each peer last announced).");
@@ -177,7 +180,7 @@ PYBIND11_MODULE(_C, module) {
       "This process's flight recorder in torch's dump format (see "
       "spyreccl_torch.flight_recorder).");
   // Recording for the groups implemented in Python (multinode/flight.py); a record is
-  // handed to Python as (id, epoch, group) or None.
+  // handed to Python as (id, epoch, group, sequence number) or None.
   module.def("_fr_register_group",
              [](const std::string& name, const std::string& desc, int rank, int size,
                 const std::vector<uint64_t>& globalRanks, std::chrono::milliseconds timeout,
@@ -194,7 +197,7 @@ PYBIND11_MODULE(_C, module) {
                if (!ref.valid) {
                  return py::none();
                }
-               return py::make_tuple(ref.id, ref.epoch, ref.group);
+               return py::make_tuple(ref.id, ref.epoch, ref.group, ref.seq);
              });
   module.def("_fr_mark", [](const py::tuple& record, bool completed) {
     spyreccl_torch::flight::Ref ref{record[0].cast<size_t>(), record[1].cast<size_t>(),

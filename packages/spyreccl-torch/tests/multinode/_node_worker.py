@@ -757,7 +757,11 @@ def staging_check(ctx: Ctx, base_seed: int) -> list[str]:
     copying = _group_with_env(ctx, {"SPYRECCL_MULTINODE_ZERO_COPY": "0"})
     if not isinstance(copying, HierarchicalProcessGroup):
         return [f"rank {r}: staging_check: group is {type(copying).__name__}"]
-    gloo_groups = [weakref.ref(g) for g in (copying._cross, copying._flat, copying._check_group)]
+    # The gloo groups themselves (the data groups are wrapped to record their stages).
+    gloo_groups = [
+        weakref.ref(getattr(g, "_gloo", g))
+        for g in (copying._cross, copying._flat, copying._check_group)
+    ]
     routes_before = dict(world.route_counts)
     before = dict(world.staging_counts)
     in_place = _staged_ops(ctx, world, seed)
@@ -1759,6 +1763,17 @@ def mode_skip() -> None:
     report["missed"] = 1 + max(
         e["collective_seq_id"] for e in entries if e["process_group"][0] == name
     )
+    # What the recorder holds of the healthy calls (the job-level group and its stages).
+    report["healthy"] = [
+        (
+            e["process_group"][0],
+            e["profiling_name"],
+            e["state"],
+            e["collective_seq_id"],
+            e["time_discovered_started_ns"] is not None,
+        )
+        for e in entries
+    ]
     start = time.monotonic()
     if ctx.rank == skipper:
         own = f"{os.environ['TORCH_FR_DUMP_TEMP_FILE']}{ctx.rank}"
@@ -1773,6 +1788,51 @@ def mode_skip() -> None:
         except Exception as exc:
             report["error"] = f"{type(exc).__name__}: {exc}"
     report["seconds"] = time.monotonic() - start
+    report["failures"] = failures
+    _write(report)
+    os._exit(0)  # the group is broken: skip destroy
+
+
+def mode_mismatch_dump() -> None:
+    """Flight recorder: checked all_reduces on the world group, then rank
+    $SPYRECCL_MN_SKIPPER broadcasts where the others all-reduce; the check exchange finds the
+    mismatch and every rank must fail with MismatchError and dump ($TORCH_FR_DUMP_TEMP_FILE +
+    rank)."""
+    from spyreccl_torch import flight_recorder
+
+    ctx = _init()
+    culprit = int(os.environ["SPYRECCL_MN_SKIPPER"])
+    report = _base_report(ctx)
+    seed = int(os.environ.get("SPYRECCL_MN_SEED", "1"))
+    failures = []
+    for step in range(2):
+        inputs = [
+            random_tensor(9 + step, torch.float32, seed=rank_seed(seed + step, r))
+            for r in range(ctx.world_size)
+        ]
+        t = inputs[ctx.rank].to(_dev(ctx))
+        dist.all_reduce(t)
+        want = reference_reduce(inputs, "sum")
+        if not torch.allclose(t.cpu(), want.to(torch.float32), rtol=1e-5, atol=1e-5):
+            failures.append(f"all_reduce {step}: {t.cpu().tolist()} != {want.tolist()}")
+    entries = pickle.loads(flight_recorder.dump())["entries"]
+    name = dist.group.WORLD.group_name
+    report["missed"] = 1 + max(
+        e["collective_seq_id"] for e in entries if e["process_group"][0] == name
+    )
+    t = _poisoned(8, torch.float32, _dev(ctx))
+    start = time.monotonic()
+    try:
+        if ctx.rank == culprit:
+            dist.broadcast(t, src=culprit)
+        else:
+            dist.all_reduce(t)
+        report["error"] = None
+    except Exception as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    report["seconds"] = time.monotonic() - start
+    own = f"{os.environ['TORCH_FR_DUMP_TEMP_FILE']}{ctx.rank}"
+    report["dumped"] = os.path.exists(own)  # written by the failing call itself, not later
     report["failures"] = failures
     _write(report)
     os._exit(0)  # the group is broken: skip destroy
@@ -1794,5 +1854,7 @@ if __name__ == "__main__":
         mode_nojoin()
     elif mode == "skip":
         mode_skip()
+    elif mode == "mismatch_dump":
+        mode_mismatch_dump()
     else:
         raise SystemExit(f"unknown mode {mode!r}")

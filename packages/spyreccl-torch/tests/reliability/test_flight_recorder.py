@@ -9,6 +9,7 @@ calls) must leave no dump, and its on-demand dumps must read as one consistent r
 
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
 import re
@@ -233,6 +234,112 @@ def test_healthy_job_leaves_no_dump_and_reads_clean(launcher):
         assert [p for name, _, _, p in entries if "send" in name or "recv" in name] == [1, 2]
         assert any(cfg["ranks"] == "[0, 1, 2]" for cfg in pg_config.values()), pg_config
     assert "has errors" not in output and "Not all ranks" not in output, output
+
+
+# -- a receive from any source and the monitored barrier --------------------------------------
+
+
+def _entries() -> list[dict]:
+    from spyreccl_torch import flight_recorder
+
+    return pickle.loads(flight_recorder.dump())["entries"]
+
+
+def rank_any_source_and_monitored(ctx, seed: int, folder: str):
+    """Rank 1 sends to rank 0, which receives from any source; rank 0 dumps while its
+    receive waits (rank 1 sends only once that dump is written), then again after it; then
+    every rank passes a monitored barrier. Returns the three views of the recorder."""
+    _checked_all_reduces(ctx, seed, 2)
+    sent = random_tensor(7, torch.float32, seed=rank_seed(seed, 1))
+    marker = os.path.join(folder, "pending_dumped")
+    waiting: list[dict] = []
+    if ctx.rank == 0:
+        received = poison_(torch.empty(7, device="spyre"))
+        work = dist.irecv(received)  # no src: a receive from any source
+        waiting = _entries()
+        open(marker, "w").close()
+        work.wait()
+        assert torch.equal(received.cpu(), sent)
+    elif ctx.rank == 1:
+        start = time.monotonic()
+        while not os.path.exists(marker) and time.monotonic() < start + SLACK_S:
+            time.sleep(0.05)
+        dist.send(sent.to("spyre"), 0)
+    received_view = _entries()
+    backend = dist.group.WORLD._get_backend(torch.device("spyre"))
+    backend.monitored_barrier(datetime.timedelta(seconds=30), False)
+    return waiting, received_view, _entries()
+
+
+def _any_source_scenario(seed: int, folder: str):
+    group = ForkedGroup(
+        WORLD_SIZE, rank_any_source_and_monitored, seed, folder, env=_dump_env(folder)
+    )
+    return results(group.finish(120))
+
+
+def _view(entries: list[dict]) -> list[tuple]:
+    return [(e["profiling_name"], e["state"], e["collective_seq_id"]) for e in entries]
+
+
+def test_any_source_receive_and_monitored_barrier_are_recorded(launcher):
+    with tempfile.TemporaryDirectory() as folder:
+        reports = launcher.run(_any_source_scenario, fresh_seed(), folder, timeout=180)[0]
+        left = sorted(os.listdir(folder))
+    assert left == ["pending_dumped"], f"a healthy job left dumps: {left}"
+    waiting, received, _ = reports[0]
+    # While it waits, the receive names no sender ("-1", c10d's "any").
+    pending = _view(waiting)[-1]
+    assert pending[0] == "nccl:recv 0<--1" and pending[1] != "completed", _view(waiting)
+    # Once done, the same entry names the rank that sent.
+    assert _view(received)[-1][:2] == ("nccl:recv 0<-1", "completed"), _view(received)
+    assert _view(reports[1][1])[-1][:2] == ("nccl:send 1->0", "completed"), reports[1][1]
+    for rank, (_, _, after) in enumerate(reports):
+        # The monitored barrier is the group's next collective (two all_reduces before it).
+        assert _view(after)[-1] == ("nccl:all_reduce_barrier monitored", "completed", 3), (
+            rank,
+            _view(after),
+        )
+
+
+def rank_skips_monitored_barrier(ctx, seed: int, folder: str):
+    _checked_all_reduces(ctx, seed, 2)
+    missed = _last_collective_seq() + 1
+    if ctx.rank == 2:
+        own_dump = os.path.join(folder, f"{PREFIX}{ctx.rank}")
+        start = time.monotonic()
+        while not os.path.exists(own_dump) and time.monotonic() < start + GROUP_TIMEOUT_S + SLACK_S:
+            time.sleep(0.1)
+        return missed, "dumped while sleeping", os.path.exists(own_dump)
+    backend = dist.group.WORLD._get_backend(torch.device("spyre"))
+    _, kind, message = _timed_failure(
+        lambda: backend.monitored_barrier(datetime.timedelta(seconds=GROUP_TIMEOUT_S), False)
+    )
+    return missed, kind, "not all ranks" in message
+
+
+def _monitored_skip_scenario(seed: int, folder: str):
+    group = ForkedGroup(
+        WORLD_SIZE, rank_skips_monitored_barrier, seed, folder, env=_dump_env(folder)
+    )
+    return results(group.finish(120))
+
+
+def test_rank_that_skips_a_monitored_barrier_is_named_by_torch_analyzer(launcher):
+    with tempfile.TemporaryDirectory() as folder:
+        reports = launcher.run(_monitored_skip_scenario, fresh_seed(), folder, timeout=180)[0]
+        dumps = sorted(os.listdir(folder))
+        output = analyze(folder)
+    assert dumps == [f"{PREFIX}{r}" for r in range(WORLD_SIZE)], (dumps, reports)
+    missed = reports[0][0]
+    assert reports == [
+        (missed, "DistBackendError", True),
+        (missed, "DistBackendError", True),
+        (missed, "dumped while sleeping", True),
+    ], reports
+    assert f"Not all ranks joining collective, sequence number: {missed}" in output, output
+    assert "collective: nccl:all_reduce_barrier monitored" in output, output
+    assert "missing ranks: {2}" in output, output
 
 
 def rank_recording_off(ctx, seed: int):

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from . import flight, stage_flight
 from .failures import FailureBoard, PeerFailure
 from .fingerprint import MismatchError, PendingCheck
 from .stages import _Stage
@@ -87,8 +88,12 @@ class FailureHandling:
         # This node's ranks that wait for this one in an on-node stage fail at once (the
         # core reports the abort to them), the other nodes' through the published failure.
         self._abort_children()
+        if mismatched:
+            # Every rank sees a mismatch in the exchange: nothing to publish, nobody silent to
+            # wait for; the flight recorder dumps here (once per group) on every rank.
+            flight.failed(self)
         if isinstance(error, MismatchError):
-            return error  # every rank sees a mismatch in the exchange: nothing to publish
+            return error
         if mismatch is not None and mismatch.message is not None:
             # A stage stopped because the checker aborted it: the mismatch is the cause.
             return MismatchError(mismatch.message)
@@ -168,6 +173,7 @@ class FailureHandling:
         """Notes a gloo Work that this rank no longer waits for (see shutdown)."""
         if work is None:
             return  # a check that posted no gloo operation on this rank (node_check.py)
+        stage_flight.forget(work)  # its flight recorder entry stays started
         self._abandoned = [w for w in self._abandoned if not w.is_completed()]
         if not work.is_completed():
             self._abandoned.append(work)

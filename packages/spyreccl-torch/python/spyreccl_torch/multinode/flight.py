@@ -4,19 +4,25 @@ The on-node stages of a hierarchical call are spyreccl groups, which record them
 spyreccl_torch.flight_recorder). This module records the call itself in the same ring, under
 the hierarchical group's own name, description and global ranks, so that torch's analyzer
 sees every rank's view of the job-level collective: the call is recorded when it is issued
-(state "scheduled") and completed with its Work; a call that never completes stays
-"scheduled". A failure of the group (failures.py) dumps the ring once and tells the other
+(state "scheduled"), started when its job starts running and completed with its Work; a call
+that fails stays "started" (one queued behind a hung call: "scheduled"). A failure of the
+group (failures.py, a mismatch: failure_handling.py) dumps the ring once and tells the other
 ranks through the group's store, like the on-node groups do.
 
 :func:`instrument` wraps the collective and point-to-point methods of the group class once;
 the wrappers cost one C++ call per operation, nothing when recording is off
 (``TORCH_FR_BUFFER_SIZE=0``).
+
+The wrapper hands the call's record to the group's dispatch on the same thread
+(:func:`take_issued`); the job that runs the call marks it started (:func:`enter`), and while
+that job runs, the gloo stages it posts are recorded as its children (stage_flight.py).
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +34,11 @@ _ID_ATTR = "_flight_recorder_id"
 # Attribute of a Work holding its record (see track).
 RECORD_ATTR = "flight_record"
 
+# Per thread: `issued`, the call a wrapper is issuing (its record and op name) until the
+# group's dispatch takes it; `running`, the call whose job runs on this thread (the parent
+# of the gloo stages it posts).
+_calls = threading.local()
+
 
 def _flat(lists: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
     return [t for inner in lists for t in inner]
@@ -35,7 +46,7 @@ def _flat(lists: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
 
 # method -> (analyzer op name, inputs(args), outputs(args), flatten inputs, flatten outputs).
 # Names and flattening as NCCL records them (the analyzer checks sizes that way).
-_COLLECTIVES: dict[str, tuple[str, Callable, Callable, bool, bool]] = {
+COLLECTIVES: dict[str, tuple[str, Callable, Callable, bool, bool]] = {
     "allreduce": ("all_reduce", lambda a: a[0], lambda a: a[0], False, False),
     "allreduce_coalesced": ("allreduce_coalesced", lambda a: a[0], lambda a: a[0], False, False),
     "reduce": ("reduce", lambda a: a[0], lambda a: a[0], False, False),
@@ -122,6 +133,10 @@ def _group_id(group: Any) -> int:
         control = getattr(group, "_check_local", None)
         if control is not None:
             control._disable_flight_recorder()
+        # The on-node stage group's failures are this group's: one dump per failure.
+        local = getattr(group, "_local", None)
+        if local is not None and group_id >= 0:
+            local._set_flight_parent(group_id)
         board = getattr(group, "_board", None)
         if board is not None and group_id >= 0:
             ref = weakref.ref(group)
@@ -136,6 +151,46 @@ def failed(group: Any) -> None:
         from .. import _C
 
         _C._fr_group_failed(group_id)
+
+
+def take_issued() -> tuple[tuple, str] | None:
+    """The (record, op name) of the call this thread is issuing, once: the group's dispatch
+    takes it when it queues the call's job (None: recording is off, or not a recorded call)."""
+    call = getattr(_calls, "issued", None)
+    if call is not None:
+        _calls.issued = None
+    return call
+
+
+def enter(call: tuple[tuple, str] | None) -> tuple[tuple, str] | None:
+    """The job of `call` (from take_issued) starts on this thread: its entry is started and
+    the gloo stages posted until leave() are its children. Returns what leave() restores
+    (a job may run nested inside another one's callback)."""
+    previous = getattr(_calls, "running", None)
+    _calls.running = call
+    if call is not None:
+        from .. import _C
+
+        _C._fr_mark(call[0], False)
+    return previous
+
+
+def leave(previous: tuple[tuple, str] | None) -> None:
+    _calls.running = previous
+
+
+def running_call() -> str | None:
+    """The recorded call whose job runs on this thread ("all_reduce seq 4"), if any."""
+    call = getattr(_calls, "running", None)
+    return None if call is None else f"{call[1]} seq {call[0][3]}"
+
+
+def _issue(method: Callable, record: tuple, op_name: str, *args: Any, **kwargs: Any) -> Any:
+    _calls.issued = (record, op_name)
+    try:
+        return method(*args, **kwargs)
+    finally:
+        _calls.issued = None
 
 
 def completed(work: Any) -> None:
@@ -178,8 +233,9 @@ def _wrap_collective(method: Callable, spec: tuple) -> Callable:
             list(inputs_of(args)),
             list(outputs_of(args)),
         )
-        work = method(self, *args, **kwargs)
-        return work if record is None else _track(work, record)
+        if record is None:
+            return method(self, *args, **kwargs)
+        return _track(_issue(method, record, op_name, self, *args, **kwargs), record)
 
     return recorded
 
@@ -204,8 +260,9 @@ def _wrap_p2p(method: Callable, sends: bool) -> Callable:
             list(tensors) if sends else empty,
             empty if sends else list(tensors),
         )
-        work = method(self, tensors, peer, *args, **kw)
-        return work if record is None else _track(work, record)
+        if record is None:
+            return method(self, tensors, peer, *args, **kw)
+        return _track(_issue(method, record, name, self, tensors, peer, *args, **kw), record)
 
     return recorded
 
@@ -214,7 +271,7 @@ def instrument(cls: type) -> type:
     """Wraps the operations of the group class `cls` (once)."""
     if getattr(cls, "_flight_recorder_instrumented", False):
         return cls
-    for method_name, spec in _COLLECTIVES.items():
+    for method_name, spec in COLLECTIVES.items():
         method = getattr(cls, method_name, None)
         if method is not None:
             setattr(cls, method_name, _wrap_collective(method, spec))

@@ -73,6 +73,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import flight
 from .all_to_all import AllToAllRoutes, _A2ALayout
 from .executor import OrderedExecutor
 from .failure_handling import FailureHandling
@@ -101,6 +102,7 @@ from .settings import (
 # Read from here by importers of this module (the tests among them).
 from .settings import YIELD_NS_ENV as YIELD_NS_ENV
 from .splitting import Splitting
+from .stage_flight import RecordedGloo
 from .stages import _SPYRE, Stages
 from .staging import HostStaging, zero_copy_available
 from .topology import Topology
@@ -254,20 +256,31 @@ class HierarchicalProcessGroup(
         cross_ranks = topology.cross_ranks(topology.local_rank)
         self._cross_ranks = cross_ranks
         self._cross = None
+        # The data groups between nodes record their stages (stage_flight.py).
         if len(cross_ranks) > 1:
-            self._cross = gloo_group(
-                dist.PrefixStore(f"spyreccl/cross{topology.local_rank}/", store),
-                cross_ranks.index(topology.rank),
-                len(cross_ranks),
+            self._cross = RecordedGloo(
+                gloo_group(
+                    dist.PrefixStore(f"spyreccl/cross{topology.local_rank}/", store),
+                    cross_ranks.index(topology.rank),
+                    len(cross_ranks),
+                    self._timeout,
+                    self,
+                ),
+                self,
+                f"cross{topology.local_rank}",
+                [self._global_ranks[r] for r in cross_ranks],
+            )
+        self._flat = RecordedGloo(
+            gloo_group(
+                dist.PrefixStore("spyreccl/flat/", store),
+                topology.rank,
+                topology.size,
                 self._timeout,
                 self,
-            )
-        self._flat = gloo_group(
-            dist.PrefixStore("spyreccl/flat/", store),
-            topology.rank,
-            topology.size,
-            self._timeout,
+            ),
             self,
+            "flat",
+            self._global_ranks,
         )
         # The control group: barriers without checking, and gathering the calls of a
         # mismatch (see fingerprint.py); a gloo group of its own, so that the data groups'
@@ -400,8 +413,16 @@ class HierarchicalProcessGroup(
         seq = self._seq
         work = AsyncWork(op_name, seq, self._timeout, self._timed_out)
         checker = self._checker
+        call = flight.take_issued()  # this call's flight recorder entry, if recorded
 
         def job() -> None:
+            previous = flight.enter(call)  # started; its gloo stages are its children
+            try:
+                run()
+            finally:
+                flight.leave(previous)
+
+        def run() -> None:
             if self._failed is not None:
                 work.fail(
                     dist.DistBackendError(

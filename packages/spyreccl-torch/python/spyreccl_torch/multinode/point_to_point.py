@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import flight
 from .works import AsyncWork, ThenWork
 
 
@@ -34,13 +35,17 @@ class PointToPoint:
         getter for the posted Work."""
         posted: list[Any] = []
         work = AsyncWork(what, self._p2p_seq, self._timeout, self._timed_out)
+        call = flight.take_issued()  # the transfer's flight recorder entry, if recorded
 
         def job() -> None:
+            previous = flight.enter(call)  # started when posted to its sub-group
             try:
                 posted.append(post())
             except Exception as error:
                 work.fail(error)
                 return
+            finally:
+                flight.leave(previous)
             work.complete(None)
 
         self._executor.submit(job, inline_ok=True)

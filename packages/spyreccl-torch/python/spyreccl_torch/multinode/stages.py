@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
+from . import stage_flight
 from .failures import wait_sliced
 from .node_check import NodeChecker
 from .reduction import combine_in_order as _combine_in_order
@@ -107,7 +108,12 @@ class Stages:
                 self._abandon(work)
                 raise why
 
-        wait_sliced(work, between)
+        try:
+            wait_sliced(work, between)
+        except BaseException:
+            stage_flight.forget(work)
+            raise
+        stage_flight.completed(work)
 
     @staticmethod
     def _on_spyre(tensors: Sequence[torch.Tensor]) -> bool:
