@@ -735,9 +735,8 @@ std::string Communicator::dumpState() const {
                 static_cast<unsigned long long>(cmaBytes_.load(std::memory_order_relaxed)));
   out += format("  copy paths: %s\n", cmaCalibration_.c_str());
   // What this rank's estimates say where the ranks vote (its vote; the ranks' votes combine).
-  out += advisor_.describe([](uint32_t kind) {
-    return kind == 0 ? "send/recv" : algorithms::kindName(kind);
-  });
+  out += advisor_.describe(
+      [](uint32_t kind) { return kind == 0 ? "send/recv" : algorithms::kindName(kind); });
   out += "  peers:\n";
   static const char* const kStatus[] = {"active", "aborted", "failed", "departed"};
   for (int p = 0; p < nranks_; ++p) {

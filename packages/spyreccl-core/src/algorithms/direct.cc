@@ -146,17 +146,19 @@ bool beginDirect(Communicator& c, OpScope& scope, size_t bytes, std::optional<Di
                  const void* a, size_t aBytes, const void* b, size_t bBytes) {
   bool announced = false;
   const Kind kind = static_cast<Kind>(scope.desc()->kind);
-  const int64_t startNs = nowNs();
   // SPYRECCL_CMA_MIN_BYTES fixes the path; otherwise the ranks vote from the vote floor up,
   // at every size (every rank computes the same window: it depends on the size and the
   // communicator's agreed settings only, the floor included, never on a rank's own advisor
   // mode).
   const bool cma = c.cmaOn() && cmaFixed(c, bytes);
   const bool voted = !cma && c.cmaOn() && bytes >= cmaVoteThreshold(c, kind);
+  // Read the clock only for a voted collective: a small one (an 8-byte broadcast takes
+  // about 0.4 us) would pay it for nothing.
+  const int64_t startNs = voted ? nowNs() : 0;
   if (!c.directCapable(bytes, cma || voted, scope.desc(), &announced)) return false;
   const bool arena = c.directOn() && bytes >= c.config().directMinBytes;
   const uint64_t vote =
-      voted ? cmaVote(c, scope.desc()->kind, bytes, nowNs(), bytes >= cmaThreshold(c, kind),
+      voted ? cmaVote(c, scope.desc()->kind, bytes, startNs, bytes >= cmaThreshold(c, kind),
                       bytes >= cmaBusyThreshold(c, kind))
             : 0;
   x.emplace(c, scope, announced, arena, cma, vote, a, aBytes, b, bBytes);

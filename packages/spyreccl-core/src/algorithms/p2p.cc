@@ -120,8 +120,8 @@ DirectSource directSource(P2POp& op, size_t total) {
     op.timedKind = PathAdvisor::kSmallP2P + 1;
     const int64_t now = nowNs();
     // Contended CPUs count from kSmallP2PMinBytes, as before the floor could be lower.
-    if (!PathAdvisor::decide(cmaVote(c, PathAdvisor::kSmallP2P, total, now, false,
-                                     total >= kSmallP2PMinBytes))) {
+    if (!PathAdvisor::decide(
+            cmaVote(c, PathAdvisor::kSmallP2P, total, now, false, total >= kSmallP2PMinBytes))) {
       return {};
     }
     const std::atomic<uint64_t>& waitingSeq = outbox(c, op.peer)->waitingSeq;

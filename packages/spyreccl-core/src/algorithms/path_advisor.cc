@@ -27,13 +27,15 @@ int PathAdvisor::sizeClass(size_t bytes) {
   // [16K, 32K) -> 1, [32K, 64K) -> 2, [64K, 128K) -> 3; factors of 4 above: [128K, 512K) -> 4,
   // ..., >= 512 MiB -> 10.
   if (bytes < (size_t{16} << 10)) return 0;
-  if (bytes < (size_t{128} << 10)) return bytes < (size_t{32} << 10) ? 1 : bytes < (size_t{64} << 10) ? 2 : 3;
+  if (bytes < (size_t{128} << 10))
+    return bytes < (size_t{32} << 10) ? 1 : bytes < (size_t{64} << 10) ? 2 : 3;
   int cls = 4;
   for (size_t b = bytes >> 19; b != 0 && cls < kClasses - 1; b >>= 2) ++cls;
   return cls;
 }
 
-size_t PathAdvisor::voteFloor(const int64_t stagedNs[kProbeSizes], const int64_t cmaNs[kProbeSizes]) {
+size_t PathAdvisor::voteFloor(const int64_t stagedNs[kProbeSizes],
+                              const int64_t cmaNs[kProbeSizes]) {
   size_t floor = kDefaultVoteFloor;
   // From the largest probe size down, while the single copy keeps winning.
   for (int i = kProbeSizes - 1; i >= 0; --i) {
@@ -134,9 +136,9 @@ double PathAdvisor::estimate(uint32_t kind, size_t bytes, bool cma) const {
 }
 
 std::string PathAdvisor::describe(const char* (*kindName)(uint32_t kind)) const {
-  static const char* const kFrom[kClasses] = {"< 16 KiB",    "16 KiB",  "32 KiB", "64 KiB",
-                                              "128 KiB",     "512 KiB", "2 MiB",  "8 MiB",
-                                              "32 MiB",      "128 MiB", "512 MiB"};
+  static const char* const kFrom[kClasses] = {"< 16 KiB", "16 KiB",  "32 KiB", "64 KiB",
+                                              "128 KiB",  "512 KiB", "2 MiB",  "8 MiB",
+                                              "32 MiB",   "128 MiB", "512 MiB"};
   std::string out;
   for (int k = 0; k < kKinds; ++k) {
     for (int cls = 0; cls < kClasses; ++cls) {
@@ -149,7 +151,9 @@ std::string PathAdvisor::describe(const char* (*kindName)(uint32_t kind)) const 
                     "    %-22s from %-8s staged %8.1f ns/KiB, single copy %8.1f ns/KiB: %s\n",
                     k == static_cast<int>(kSmallP2P) ? "send/recv (small)" : kindName(k),
                     kFrom[cls], staged, cma,
-                    staged <= 0 || cma <= 0 ? "measuring" : cma < staged ? "single copy" : "staged");
+                    staged <= 0 || cma <= 0 ? "measuring"
+                    : cma < staged          ? "single copy"
+                                            : "staged");
       out += line;
     }
   }

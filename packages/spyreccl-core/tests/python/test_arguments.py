@@ -297,7 +297,7 @@ def test_set_thread_yield_changes_how_this_thread_waits(rank_pool):
     results = rank_pool.run(rank_waits_with_thread_yield, seed)
     for rank, (sleeping, yielding) in enumerate(results[:-1]):
         what = (rank, "(cpu s, wall s, off-queue s, blocked)", sleeping, yielding)
-        sleep_cpu, sleep_wall, sleep_off, sleep_blocked = sleeping
+        sleep_cpu, sleep_wall, _, sleep_blocked = sleeping
         yield_cpu, yield_wall, yield_off, yield_blocked = yielding
         assert min(sleep_wall, yield_wall) >= 0.99 * LATE_S, what
         # A sleeping wait uses the CPU for its spin and its wake-ups only, however loaded the
