@@ -87,6 +87,7 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
     c.directMinBytes = envBytes("SPYRECCL_DIRECT_MIN_BYTES", c.directMinBytes);
     c.cma = envFlag("SPYRECCL_CMA", c.cma);
     c.cmaMinBytes = envBytes("SPYRECCL_CMA_MIN_BYTES", c.cmaMinBytes);
+    c.cmaVoteProposal = envBytes("SPYRECCL_CMA_VOTE_MIN_BYTES", c.cmaVoteProposal);
     c.spinMaxNs =
         static_cast<int64_t>(envBytes("SPYRECCL_SPIN_MAX_NS", static_cast<size_t>(c.spinMaxNs)));
     c.yieldNs = static_cast<int64_t>(envBytes("SPYRECCL_YIELD_NS", static_cast<size_t>(c.yieldNs)));
@@ -409,10 +410,8 @@ void Communicator::probeCma() {
   }
   // This rank's proposal of the vote floor: SPYRECCL_CMA_VOTE_MIN_BYTES when set (tests:
   // ranks that propose different floors must still agree), else its probe's.
-  size_t proposal = PathAdvisor::voteFloor(stagedNs, cmaNs);
-  if (envString("SPYRECCL_CMA_VOTE_MIN_BYTES")) {
-    proposal = std::max<size_t>(1, envBytes("SPYRECCL_CMA_VOTE_MIN_BYTES", proposal));
-  }
+  const size_t proposal = config_.cmaVoteProposal != 0 ? config_.cmaVoteProposal
+                                                       : PathAdvisor::voteFloor(stagedNs, cmaNs);
   // Step 2: agree. Every rank publishes its verdict; CMA is used only if all succeeded. The
   // vote floor is the smallest proposal: the ranks vote wherever one rank's probe found the
   // single copy worth measuring (their votes then decide, as above the floor).
@@ -454,7 +453,7 @@ void Communicator::probeCma() {
         "the ranks vote staged/single copy from %zu bytes (rank %d's proposal; this rank's: "
         "%zu bytes%s; its probe of rank %d, staged/single copy: %s)",
         floor, floorRank, proposal,
-        envString("SPYRECCL_CMA_VOTE_MIN_BYTES") ? ", from SPYRECCL_CMA_VOTE_MIN_BYTES" : "", peer,
+        config_.cmaVoteProposal != 0 ? ", from SPYRECCL_CMA_VOTE_MIN_BYTES" : "", peer,
         timing ? times.c_str() : "not timed");
   } else {
     cmaCalibration_ = "staged at every size (no single copy)";

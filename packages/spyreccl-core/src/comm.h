@@ -55,6 +55,10 @@ struct CommConfig {
   // operation (SPYRECCL_CMA_MIN_BYTES).
   bool cma = true;
   size_t cmaMinBytes = 0;
+  // This rank's proposal of where the ranks start voting between staged and single copy
+  // instead of its init probe's (SPYRECCL_CMA_VOTE_MIN_BYTES; 0: the probe's). Read with the
+  // other settings, so that a malformed value fails this rank before any collective step.
+  size_t cmaVoteProposal = 0;
   // Longest extended spin of a wait (transport/wait.h, SpinAdvisor), SPYRECCL_SPIN_MAX_NS;
   // 2000 or less: waits yield after the base 2 us spin, as before the extension existed.
   int64_t spinMaxNs = transport::kSpinMaxNs;

@@ -198,3 +198,9 @@ def test_the_probed_floor_is_agreed_and_the_advisor_decides_above_it(size, seede
         # any floor), so its estimates are in the dump.
         assert re.search(r"broadcast\s+from 64 KiB\s+staged\s+[\d.]+ ns/KiB", r["dump"]), r["dump"]
     _check_exact(results, staged, seed)
+
+
+def test_a_malformed_floor_proposal_fails_communicator_creation(monkeypatch):
+    monkeypatch.setenv("SPYRECCL_CMA_VOTE_MIN_BYTES", "lots")
+    with pytest.raises(spyreccl_core.SpyrecclError, match="SPYRECCL_CMA_VOTE_MIN_BYTES"):
+        spyreccl_core.Communicator(0, 1, spyreccl_core.UniqueId(), timeout=10.0)
