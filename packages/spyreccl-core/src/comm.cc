@@ -732,7 +732,8 @@ std::string Communicator::dumpState() const {
                 cmaState_.c_str(),
                 static_cast<unsigned long long>(cmaReads_.load(std::memory_order_relaxed)),
                 static_cast<unsigned long long>(cmaBytes_.load(std::memory_order_relaxed)));
-  out += format("  copy paths: %s\n", cmaCalibration_.c_str());
+  out += format("  copy paths: %s; CPUs contended now (the load vote, from 64 KiB): %s\n",
+                cmaCalibration_.c_str(), transport::cpusContended() ? "yes" : "no");
   // What this rank's estimates say where the ranks vote (its vote; the ranks' votes combine).
   out += advisor_.describe(
       [](uint32_t kind) { return kind == 0 ? "send/recv" : algorithms::kindName(kind); });

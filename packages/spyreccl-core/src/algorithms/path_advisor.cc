@@ -146,14 +146,16 @@ std::string PathAdvisor::describe(const char* (*kindName)(uint32_t kind)) const 
       const double staged = e.path[0].nsPerKiB.load(std::memory_order_relaxed);
       const double cma = e.path[1].nsPerKiB.load(std::memory_order_relaxed);
       if (staged <= 0 && cma <= 0) continue;
-      char line[160];
-      std::snprintf(line, sizeof line,
-                    "    %-22s from %-8s staged %8.1f ns/KiB, single copy %8.1f ns/KiB: %s\n",
+      char staged_s[32] = "not measured", cma_s[32] = "not measured";
+      if (staged > 0) std::snprintf(staged_s, sizeof staged_s, "%.1f ns/KiB", staged);
+      if (cma > 0) std::snprintf(cma_s, sizeof cma_s, "%.1f ns/KiB", cma);
+      char line[192];
+      std::snprintf(line, sizeof line, "    %-22s from %-8s staged %-16s single copy %-16s %s\n",
                     k == static_cast<int>(kSmallP2P) ? "send/recv (small)" : kindName(k),
-                    kFrom[cls], staged, cma,
-                    staged <= 0 || cma <= 0 ? "measuring"
-                    : cma < staged          ? "single copy"
-                                            : "staged");
+                    kFrom[cls], staged_s, cma_s,
+                    staged <= 0 || cma <= 0 ? ""
+                    : cma < staged          ? "faster: single copy"
+                                            : "faster: staged");
       out += line;
     }
   }
