@@ -87,6 +87,7 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
     c.directMinBytes = envBytes("SPYRECCL_DIRECT_MIN_BYTES", c.directMinBytes);
     c.cma = envFlag("SPYRECCL_CMA", c.cma);
     c.cmaMinBytes = envBytes("SPYRECCL_CMA_MIN_BYTES", c.cmaMinBytes);
+    c.cmaVoteProposal = envBytes("SPYRECCL_CMA_VOTE_MIN_BYTES", c.cmaVoteProposal);
     c.spinMaxNs =
         static_cast<int64_t>(envBytes("SPYRECCL_SPIN_MAX_NS", static_cast<size_t>(c.spinMaxNs)));
     c.yieldNs = static_cast<int64_t>(envBytes("SPYRECCL_YIELD_NS", static_cast<size_t>(c.yieldNs)));
@@ -320,15 +321,50 @@ void Communicator::probeDirect(const Descriptor* announce) {
 
 void Communicator::probeCma() {
   if (nranks_ < 2) return;
+  using algorithms::PathAdvisor;
+  constexpr int kSizes = PathAdvisor::kProbeSizes;
+  // The timing probe needs a staging slot that holds every probe size side by side, and an
+  // advisor that will use what it finds; SPYRECCL_CMA_MIN_BYTES fixes the path instead.
+  const bool timing = config_.cma && config_.cmaMinBytes == 0 && advisor_.enabled() &&
+                      layout_.chunkBytes() >= PathAdvisor::kProbeRegionBytes;
+  // Our probe buffer: ordinary memory a peer reads with process_vm_readv, written (so
+  // resident and in our cache, as a buffer just computed) before we publish it.
+  std::vector<uint8_t> mineBuf(timing ? PathAdvisor::kProbeRegionBytes : 0);
+  std::vector<uint8_t> scratch(mineBuf.size());
+  for (size_t i = 0; i < mineBuf.size(); ++i) mineBuf[i] = static_cast<uint8_t>(i * 131 + rank_);
   // Step 1: the address of a word of our memory and the value it holds (0: this rank does
-  // not offer CMA, SPYRECCL_CMA=0). The word lives in this object, so it is valid for as
-  // long as a peer could read it (until step 2 completes).
+  // not offer CMA, SPYRECCL_CMA=0), and of the probe buffer (0: no timing). The word lives
+  // in this object and the buffer in this frame, so both are valid for as long as a peer
+  // could read them (until step 2 completes).
   const uint64_t magic = 0x5350434d41000000ull ^ static_cast<uint64_t>(::getpid());
   volatile uint64_t word = magic;
   if (config_.cma) transport::allowPeerAccess();
   const uint32_t s = beginStep();
+  const int peer = (rank_ + 1) % nranks_;
+  int64_t stagedNs[kSizes] = {}, cmaNs[kSizes] = {};
+  if (timing) {
+    // The staged path's first copy, into our staging slot, as a staged broadcast's root
+    // does it; the slot's pages and the peer's slot are touched first (a real call finds
+    // them mapped), so that the times hold copies, not page faults.
+    uint8_t* slot = staging(rank_, s);
+    std::memset(slot, 0, PathAdvisor::kProbeRegionBytes);
+    const uint8_t* theirs = staging(peer, s);
+    uint8_t sink = 0;
+    for (size_t off = 0; off < PathAdvisor::kProbeRegionBytes; off += transport::kPage) {
+      sink ^= reinterpret_cast<const volatile uint8_t*>(theirs)[off];
+    }
+    (void)sink;
+    size_t off = 0;
+    for (int i = 0; i < kSizes; ++i) {
+      const int64_t t0 = nowNs();
+      kernels::copy(slot + off, mineBuf.data() + off, PathAdvisor::kProbeBytes[i]);
+      stagedNs[i] = nowNs() - t0;
+      off += PathAdvisor::kProbeBytes[i];
+    }
+  }
   control(rank_)->xfer[s & 1][0] = config_.cma ? reinterpret_cast<uintptr_t>(&word) : 0;
   control(rank_)->xfer[s & 1][1] = magic;
+  control(rank_)->xfer[s & 1][2] = timing ? reinterpret_cast<uintptr_t>(mineBuf.data()) : 0;
   exchange(s);
   int failedPeer = -1, failedErr = 0;
   bool offered = true;
@@ -345,13 +381,55 @@ void Communicator::probeCma() {
       failedErr = err;
     }
   }
-  const bool ok = offered && failedPeer < 0;
-  // Step 2: agree. Every rank publishes its verdict; CMA is used only if all succeeded.
+  bool ok = offered && failedPeer < 0;
+  // The timing probe, against our successor: the staged path's second copy (out of its
+  // staging slot, which it just wrote), then the single copy of the same sizes from its
+  // ordinary memory. Each size has its own region, so no read finds lines an earlier one
+  // brought in.
+  const uint64_t theirBuf = control(peer)->xfer[s & 1][2];
+  if (timing && ok && theirBuf != 0) {
+    const uint8_t* theirs = staging(peer, s);
+    size_t off = 0;
+    for (int i = 0; i < kSizes && ok; ++i) {
+      const size_t len = PathAdvisor::kProbeBytes[i];
+      int64_t t0 = nowNs();
+      kernels::copy(scratch.data() + off, theirs + off, len);
+      stagedNs[i] += nowNs() - t0;
+      t0 = nowNs();
+      const int err = transport::cmaRead(pids_[peer], scratch.data() + off, theirBuf + off, len);
+      cmaNs[i] = nowNs() - t0;
+      if (err != 0) {
+        failedPeer = peer;
+        failedErr = err;
+        ok = false;
+      }
+      off += len;
+    }
+  } else {
+    for (int i = 0; i < kSizes; ++i) stagedNs[i] = cmaNs[i] = 0;
+  }
+  // This rank's proposal of the vote floor: SPYRECCL_CMA_VOTE_MIN_BYTES when set (tests:
+  // ranks that propose different floors must still agree), else its probe's.
+  const size_t proposal = config_.cmaVoteProposal != 0 ? config_.cmaVoteProposal
+                                                       : PathAdvisor::voteFloor(stagedNs, cmaNs);
+  // Step 2: agree. Every rank publishes its verdict; CMA is used only if all succeeded. The
+  // vote floor is the smallest proposal: the ranks vote wherever one rank's probe found the
+  // single copy worth measuring (their votes then decide, as above the floor).
   const uint32_t s2 = beginStep();
   control(rank_)->xfer[s2 & 1][0] = ok ? 1 : 0;
+  control(rank_)->xfer[s2 & 1][1] = proposal;
   exchange(s2);
   bool all = true;
-  for (int p = 0; p < nranks_; ++p) all = all && control(p)->xfer[s2 & 1][0] == 1;
+  size_t floor = SIZE_MAX;
+  int floorRank = 0;
+  for (int p = 0; p < nranks_; ++p) {
+    all = all && control(p)->xfer[s2 & 1][0] == 1;
+    const size_t theirs = control(p)->xfer[s2 & 1][1];
+    if (theirs < floor) {
+      floor = theirs;
+      floorRank = p;
+    }
+  }
   (void)word;
   cmaOn_ = all;
   if (all) {
@@ -364,8 +442,25 @@ void Communicator::probeCma() {
   } else {
     cmaState_ = "off (a peer cannot read this rank's memory)";
   }
-  SPYRECCL_LOG(kInfo, who_.c_str(), "single-copy transfers of ordinary memory (CMA): %s%s",
-               cmaState_.c_str(), all ? "" : "; they are staged through the segment");
+  if (all) {
+    cmaVoteFloor_ = floor;
+    std::string times;
+    for (int i = 0; i < kSizes; ++i) {
+      times += format("%s%zu KiB %.2f/%.2f us", i ? ", " : "", PathAdvisor::kProbeBytes[i] >> 10,
+                      static_cast<double>(stagedNs[i]) / 1e3, static_cast<double>(cmaNs[i]) / 1e3);
+    }
+    cmaCalibration_ = format(
+        "the ranks vote staged/single copy from %zu bytes (rank %d's proposal; this rank's: "
+        "%zu bytes%s; its probe of rank %d, staged/single copy: %s)",
+        floor, floorRank, proposal,
+        config_.cmaVoteProposal != 0 ? ", from SPYRECCL_CMA_VOTE_MIN_BYTES" : "", peer,
+        timing ? times.c_str() : "not timed");
+  } else {
+    cmaCalibration_ = "staged at every size (no single copy)";
+  }
+  SPYRECCL_LOG(kInfo, who_.c_str(), "single-copy transfers of ordinary memory (CMA): %s%s; %s",
+               cmaState_.c_str(), all ? "" : "; they are staged through the segment",
+               cmaCalibration_.c_str());
 }
 
 void Communicator::cmaRead(int peer, void* dst, uint64_t remote, size_t len, const char* what) {
@@ -654,6 +749,11 @@ std::string Communicator::dumpState() const {
                 cmaState_.c_str(),
                 static_cast<unsigned long long>(cmaReads_.load(std::memory_order_relaxed)),
                 static_cast<unsigned long long>(cmaBytes_.load(std::memory_order_relaxed)));
+  out += format("  copy paths: %s; CPUs contended now (the load vote, from 64 KiB): %s\n",
+                cmaCalibration_.c_str(), transport::cpusContended() ? "yes" : "no");
+  // What this rank's estimates say where the ranks vote (its vote; the ranks' votes combine).
+  out += advisor_.describe(
+      [](uint32_t kind) { return kind == 0 ? "send/recv" : algorithms::kindName(kind); });
   out += "  peers:\n";
   static const char* const kStatus[] = {"active", "aborted", "failed", "departed"};
   for (int p = 0; p < nranks_; ++p) {

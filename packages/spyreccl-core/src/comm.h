@@ -55,6 +55,10 @@ struct CommConfig {
   // operation (SPYRECCL_CMA_MIN_BYTES).
   bool cma = true;
   size_t cmaMinBytes = 0;
+  // This rank's proposal of where the ranks start voting between staged and single copy
+  // instead of its init probe's (SPYRECCL_CMA_VOTE_MIN_BYTES; 0: the probe's). Read with the
+  // other settings, so that a malformed value fails this rank before any collective step.
+  size_t cmaVoteProposal = 0;
   // Longest extended spin of a wait (transport/wait.h, SpinAdvisor), SPYRECCL_SPIN_MAX_NS;
   // 2000 or less: waits yield after the base 2 us spin, as before the extension existed.
   int64_t spinMaxNs = transport::kSpinMaxNs;
@@ -203,8 +207,14 @@ class Communicator {
   // address of a word of its own memory, reads every peer's with process_vm_readv and the
   // ranks agree (one more step) whether every read worked. Any refusal, or SPYRECCL_CMA=0
   // on any rank, leaves cross-memory attach off for the communicator's life.
+  // With CMA on, the same probe times both copy paths on this machine and the ranks agree on
+  // where they start voting between them (cmaVoteFloor; path_advisor.h, "Where the vote
+  // starts").
   void probeCma();
   bool cmaOn() const { return cmaOn_; }
+  // Smallest collective (bytes as passed to beginDirect) whose copy path the ranks vote on,
+  // the same on every rank (algorithms/direct.cc, cmaVoteThreshold).
+  size_t cmaVoteFloor() const { return cmaVoteFloor_; }
   // Copies `len` bytes at address `remote` of rank `peer`'s memory into `dst`. A failed
   // read (the peer died, or unmapped its buffer after failing) throws the peer's failure
   // if it failed or died, else spyrecclRemoteError naming the peer and the errno.
@@ -292,6 +302,8 @@ class Communicator {
   std::vector<PeerArena> peerArenas_;
   bool cmaOn_ = false;
   std::string cmaState_ = "not probed";
+  size_t cmaVoteFloor_ = algorithms::PathAdvisor::kDefaultVoteFloor;
+  std::string cmaCalibration_ = "not probed";  // the probe's times and outcome, for dumps
   std::atomic<uint64_t> cmaReads_{0}, cmaBytes_{0};
   algorithms::PathAdvisor advisor_;
 

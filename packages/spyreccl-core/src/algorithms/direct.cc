@@ -101,6 +101,12 @@ size_t cmaBusyThreshold(const Communicator& c, Kind kind) {
   return kind == Kind::kAllReduce ? size_t{2} << 20 : size_t{64} << 10;
 }
 
+size_t cmaVoteThreshold(const Communicator& c, Kind kind) {
+  const size_t busy = cmaBusyThreshold(c, kind);
+  if (c.config().cmaMinBytes != 0 || kind == Kind::kAllReduce) return busy;
+  return std::min(busy, c.cmaVoteFloor());
+}
+
 size_t cmaThreshold(const Communicator& c, Kind kind) {
   if (c.config().cmaMinBytes != 0) return c.config().cmaMinBytes;
   // The quiet threshold: where a rank whose path advisor is off (SPYRECCL_CMA_ADAPTIVE=0)
@@ -130,9 +136,9 @@ bool cmaFixed(const Communicator& c, size_t bytes) {
 }
 
 uint64_t cmaVote(const Communicator& c, uint32_t advisorKind, size_t bytes, int64_t nowNs,
-                 bool quietCma) {
+                 bool quietCma, bool contention) {
   uint64_t vote = c.pathAdvisor().vote(advisorKind, bytes, nowNs, quietCma);
-  if (transport::cpusContended()) vote |= PathAdvisor::kContended;
+  if (contention && transport::cpusContended()) vote |= PathAdvisor::kContended;
   return vote;
 }
 
@@ -140,16 +146,21 @@ bool beginDirect(Communicator& c, OpScope& scope, size_t bytes, std::optional<Di
                  const void* a, size_t aBytes, const void* b, size_t bBytes) {
   bool announced = false;
   const Kind kind = static_cast<Kind>(scope.desc()->kind);
-  const int64_t startNs = nowNs();
-  // SPYRECCL_CMA_MIN_BYTES fixes the path; otherwise the ranks vote from the contended
-  // threshold up, at every size (every rank computes the same window: it depends on the size
-  // and the communicator's agreed settings only, never on a rank's own advisor mode).
+  // SPYRECCL_CMA_MIN_BYTES fixes the path; otherwise the ranks vote from the vote floor up,
+  // at every size (every rank computes the same window: it depends on the size and the
+  // communicator's agreed settings only, the floor included, never on a rank's own advisor
+  // mode).
   const bool cma = c.cmaOn() && cmaFixed(c, bytes);
-  const bool voted = !cma && c.cmaOn() && bytes >= cmaBusyThreshold(c, kind);
+  const bool voted = !cma && c.cmaOn() && bytes >= cmaVoteThreshold(c, kind);
+  // Read the clock only for a voted collective: a small one (an 8-byte broadcast takes
+  // about 0.4 us) would pay it for nothing.
+  const int64_t startNs = voted ? nowNs() : 0;
   if (!c.directCapable(bytes, cma || voted, scope.desc(), &announced)) return false;
   const bool arena = c.directOn() && bytes >= c.config().directMinBytes;
   const uint64_t vote =
-      voted ? cmaVote(c, scope.desc()->kind, bytes, nowNs(), bytes >= cmaThreshold(c, kind)) : 0;
+      voted ? cmaVote(c, scope.desc()->kind, bytes, startNs, bytes >= cmaThreshold(c, kind),
+                      bytes >= cmaBusyThreshold(c, kind))
+            : 0;
   x.emplace(c, scope, announced, arena, cma, vote, a, aBytes, b, bBytes);
   // The path the votes chose is timed to the collective's end, when it concerns ordinary
   // memory only (a path through arenas is neither of the two the advisor compares). From

@@ -90,10 +90,18 @@ class DirectTransfer {
 // arenas are transferred through cross-memory attach while some rank's CPUs are contended
 // (transport::cpusContended; kNone: a send/recv message whose sender's are):
 // SPYRECCL_CMA_MIN_BYTES when set, else 64 KiB (2 MiB for the allreduce; send/recv only
-// above two p2p chunks). From there up the ranks vote (contended CPUs, measured speed). Measured
+// above two p2p chunks). From there up contention alone chooses the single copy. Measured
 // with the machine loaded (load average 5-10 on 2 CPUs): 2 MiB send/recv 0.9 ms single-copy vs 1.6
 // ms staged; 128 KiB broadcast 10 vs 20 us, all_gather 8 vs 14 us (docs/notes/core-single-copy.md).
 size_t cmaBusyThreshold(const Communicator& c, Kind kind);
+
+// Smallest collective of kind `kind` for which the ranks vote between staged and single copy
+// by measured speed (path_advisor.h): SPYRECCL_CMA_MIN_BYTES when set; 2 MiB for the
+// allreduce (cmaBusyThreshold); otherwise the communicator's vote floor, agreed at init from
+// the ranks' probes of both paths on this machine (Communicator::cmaVoteFloor), at most
+// cmaBusyThreshold. Below cmaBusyThreshold contended CPUs do not count in the vote: there the
+// vote's extra step weighs most when the ranks wait for the CPU (4 ranks on 2 CPUs).
+size_t cmaVoteThreshold(const Communicator& c, Kind kind);
 
 // The quiet threshold of kind `kind` (kNone: a send/recv message; bytes as passed to
 // beginDirect): SPYRECCL_CMA_MIN_BYTES when set (then the single copy is fixed from there),
@@ -107,10 +115,11 @@ size_t cmaThreshold(const Communicator& c, Kind kind);
 bool cmaFixed(const Communicator& c, size_t bytes);
 
 // This rank's vote word on the copy path of a transfer of `bytes` at `nowNs`: whether its
-// CPUs are contended, and its path advisor's vote for table entry `advisorKind` (`quietCma`:
-// the transfer reaches the quiet threshold, the vote of an advisor that is off).
+// CPUs are contended (when `contention` counts: from cmaBusyThreshold up), and its path
+// advisor's vote for table entry `advisorKind` (`quietCma`: the transfer reaches the quiet
+// threshold, the vote of an advisor that is off).
 uint64_t cmaVote(const Communicator& c, uint32_t advisorKind, size_t bytes, int64_t nowNs,
-                 bool quietCma);
+                 bool quietCma, bool contention = true);
 
 // Step 1 of a direct transfer, when the collective qualifies (size, switch, arenas mapped):
 // constructs `x` and returns true; the caller then checks which buffers are in arenas.

@@ -111,13 +111,19 @@ DirectSource directSource(P2POp& op, size_t total) {
     // very message (it consumes it right away), and the single copy is the faster path by
     // the sender's estimates (PathAdvisor::kSmallP2P: the staged side timed as the copies
     // into the staging slots, the single copy from posting to consumption).
+    // From kSmallP2PMinBytes, or from the communicator's vote floor where its init probe
+    // found the single copy faster at smaller sizes (Communicator::cmaVoteFloor).
     if (!c.cmaOn() || c.config().cmaMinBytes != 0 || !c.pathAdvisor().enabled() ||
-        total < kSmallP2PMinBytes) {
+        total < std::min(kSmallP2PMinBytes, c.cmaVoteFloor())) {
       return {};
     }
     op.timedKind = PathAdvisor::kSmallP2P + 1;
     const int64_t now = nowNs();
-    if (!PathAdvisor::decide(cmaVote(c, PathAdvisor::kSmallP2P, total, now, false))) return {};
+    // Contended CPUs count from kSmallP2PMinBytes, as before the floor could be lower.
+    if (!PathAdvisor::decide(
+            cmaVote(c, PathAdvisor::kSmallP2P, total, now, false, total >= kSmallP2PMinBytes))) {
+      return {};
+    }
     const std::atomic<uint64_t>& waitingSeq = outbox(c, op.peer)->waitingSeq;
     auto waiting = [&] { return waitingSeq.load(std::memory_order_acquire) == op.msgSeq + 1; };
     if (!waiting() && c.spin().spin) {

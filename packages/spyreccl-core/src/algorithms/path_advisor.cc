@@ -1,6 +1,7 @@
 #include "algorithms/path_advisor.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -22,10 +23,27 @@ PathAdvisor::Mode PathAdvisor::envMode() {
 }
 
 int PathAdvisor::sizeClass(size_t bytes) {
-  // Factors of 4 from 32 KiB: [0, 128K) -> 0, [128K, 512K) -> 1, ... , >= 512 MiB -> 7.
-  int cls = 0;
-  for (size_t b = bytes >> 17; b != 0 && cls < kClasses - 1; b >>= 2) ++cls;
+  // Factors of 2 below 128 KiB, where the vote may start (voteFloor): [0, 16K) -> 0,
+  // [16K, 32K) -> 1, [32K, 64K) -> 2, [64K, 128K) -> 3; factors of 4 above: [128K, 512K) -> 4,
+  // ..., >= 512 MiB -> 10.
+  if (bytes < (size_t{16} << 10)) return 0;
+  if (bytes < (size_t{128} << 10))
+    return bytes < (size_t{32} << 10) ? 1 : bytes < (size_t{64} << 10) ? 2 : 3;
+  int cls = 4;
+  for (size_t b = bytes >> 19; b != 0 && cls < kClasses - 1; b >>= 2) ++cls;
   return cls;
+}
+
+size_t PathAdvisor::voteFloor(const int64_t stagedNs[kProbeSizes],
+                              const int64_t cmaNs[kProbeSizes]) {
+  size_t floor = kDefaultVoteFloor;
+  // From the largest probe size down, while the single copy keeps winning.
+  for (int i = kProbeSizes - 1; i >= 0; --i) {
+    if (stagedNs[i] <= 0 || cmaNs[i] <= 0) break;
+    if (static_cast<double>(cmaNs[i]) >= kProbeMargin * static_cast<double>(stagedNs[i])) break;
+    floor = kProbeBytes[i];
+  }
+  return floor;
 }
 
 bool PathAdvisor::Estimate::stale(int64_t nowNs, size_t bytes) const {
@@ -115,6 +133,33 @@ void PathAdvisor::record(uint32_t kind, size_t bytes, bool cma, int64_t elapsedN
 
 double PathAdvisor::estimate(uint32_t kind, size_t bytes, bool cma) const {
   return entry(kind, bytes).path[cma ? 1 : 0].nsPerKiB.load(std::memory_order_relaxed);
+}
+
+std::string PathAdvisor::describe(const char* (*kindName)(uint32_t kind)) const {
+  static const char* const kFrom[kClasses] = {"< 16 KiB", "16 KiB",  "32 KiB", "64 KiB",
+                                              "128 KiB",  "512 KiB", "2 MiB",  "8 MiB",
+                                              "32 MiB",   "128 MiB", "512 MiB"};
+  std::string out;
+  for (int k = 0; k < kKinds; ++k) {
+    for (int cls = 0; cls < kClasses; ++cls) {
+      const Entry& e = table_[k][cls];
+      const double staged = e.path[0].nsPerKiB.load(std::memory_order_relaxed);
+      const double cma = e.path[1].nsPerKiB.load(std::memory_order_relaxed);
+      if (staged <= 0 && cma <= 0) continue;
+      char staged_s[32] = "not measured", cma_s[32] = "not measured";
+      if (staged > 0) std::snprintf(staged_s, sizeof staged_s, "%.1f ns/KiB", staged);
+      if (cma > 0) std::snprintf(cma_s, sizeof cma_s, "%.1f ns/KiB", cma);
+      char line[192];
+      std::snprintf(line, sizeof line, "    %-22s from %-8s staged %-16s single copy %-16s %s\n",
+                    k == static_cast<int>(kSmallP2P) ? "send/recv (small)" : kindName(k),
+                    kFrom[cls], staged_s, cma_s,
+                    staged <= 0 || cma <= 0 ? ""
+                    : cma < staged          ? "faster: single copy"
+                                            : "faster: staged");
+      out += line;
+    }
+  }
+  return out;
 }
 
 }  // namespace spyreccl::algorithms

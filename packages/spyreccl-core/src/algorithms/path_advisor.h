@@ -11,9 +11,10 @@
 // single copy, which moves each byte across once, wins by 2-3x. No fixed threshold is right
 // in both, and the state changes within seconds to minutes.
 //
-// Each communicator keeps, per operation kind and size class (factors of 4 from 32 KiB), a
-// running estimate (exponentially weighted mean) of the time per KiB each path took: every
-// collective from cmaBusyThreshold up, at any size, measures the path it took, from the step
+// Each communicator keeps, per operation kind and size class (factors of 2 below 128 KiB, of 4
+// above), a running estimate (exponentially weighted mean) of the time per KiB each path took:
+// every collective from the communicator's vote floor up (cmaVoteThreshold: calibrated at init,
+// see "Where the vote starts" below), at any size, measures the path it took, from the step
 // where the ranks agreed on it to its end. A sample is the faster of two consecutive calls on
 // the path; the first call after a switch only primes (it runs cold). A rank votes for the
 // single copy while that is the faster estimate; a stale estimate asks for calls on its path
@@ -31,6 +32,18 @@
 // (docs/notes/core-single-copy.md, "Large messages: the vote at every size"). cmaThreshold is now
 // the vote of a rank whose advisor is off (SPYRECCL_CMA_ADAPTIVE=0).
 //
+// Where the vote starts. A voted collective pays one step more than a plain staged one (the
+// step that publishes the votes), so below some size only staged copies are worth it. That
+// size depends on the CPU: on a 2-vCPU AMD EPYC machine the staged copies won below 64 KiB
+// (docs/notes/core-single-copy.md), on a 2-vCPU Intel Xeon the single copy already won at
+// 16-32 KiB (docs/notes/core-path-calibration.md). So the communicator's init probe
+// (Communicator::probeCma) times both on this machine: each rank copies kProbeSizes into its
+// staging slot, its peer copies them out, then reads the same sizes from the rank's ordinary
+// memory with process_vm_readv. A rank proposes the smallest probe size from which the single
+// copy took less than kProbeMargin of the two staged copies (voteFloor()); the ranks take the
+// smallest proposal (one more word of the probe's agreement step), so every rank computes the
+// same vote window. Within the window the estimates below decide, as at every larger size.
+//
 // Votes travel with the buffers every rank publishes (DirectTransfer, word 6), so every
 // rank combines the same words (decide()) and all take the same path. Point-to-point: the
 // sender alone chooses, per message (p2p.cc: above two p2p chunks, or down to 32 KiB when
@@ -44,6 +57,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace spyreccl::algorithms {
 
@@ -63,7 +77,24 @@ class PathAdvisor {
   // The table index (beyond algorithms::Kind) of point-to-point messages of up to two
   // chunks handed to a waiting receiver; kNone (0) holds the larger messages.
   static constexpr uint32_t kSmallP2P = 15;
-  static constexpr int kClasses = 8;
+  static constexpr int kClasses = 11;
+
+  // The vote floor of the collectives (except the allreduce) when no probe lowered it: the
+  // contended threshold measured on a 2-vCPU AMD EPYC machine (direct.cc, cmaBusyThreshold).
+  static constexpr size_t kDefaultVoteFloor = size_t{64} << 10;
+  // Sizes the init probe times (bytes; each in its own region, so none reads lines an
+  // earlier one brought in), and the bytes of staging slot they need.
+  static constexpr int kProbeSizes = 3;
+  static constexpr size_t kProbeBytes[kProbeSizes] = {size_t{8} << 10, size_t{16} << 10,
+                                                      size_t{32} << 10};
+  static constexpr size_t kProbeRegionBytes = (size_t{8} + 16 + 32) << 10;
+  // A size is proposed when its single copy took under this share of the staged copies: the
+  // probe leaves out the vote's extra step, which a real call pays on either path.
+  static constexpr double kProbeMargin = 0.9;
+  // This rank's proposal from its probe: the smallest kProbeBytes[i] such that at it and at
+  // every larger probe size the single copy (cmaNs[i]) was under kProbeMargin times the staged
+  // copies (stagedNs[i]); kDefaultVoteFloor when none. A zero time means not measured.
+  static size_t voteFloor(const int64_t stagedNs[kProbeSizes], const int64_t cmaNs[kProbeSizes]);
 
   // Reads SPYRECCL_CMA_ADAPTIVE (once per process).
   static Mode envMode();
@@ -87,6 +118,9 @@ class PathAdvisor {
 
   // Current estimate (ns per KiB; 0: none yet), for tests and trace logs.
   double estimate(uint32_t kind, size_t bytes, bool cma) const;
+  // One line per (kind, size class) with estimates, for the state dump: both estimates and
+  // the path this rank's estimates prefer. `kindName` names table index `kind`.
+  std::string describe(const char* (*kindName)(uint32_t kind)) const;
 
   static int sizeClass(size_t bytes);
 

@@ -7,7 +7,12 @@
 //   advisor.probe_spacing   a stale estimate is re-measured after kStaleNs for small
 //                           messages, but no sooner than kProbeSpacing times the probe's
 //                           expected time for large ones.
+//   advisor.vote_floor      the init probe's proposal: the smallest probe size from which
+//                           the single copy keeps winning by kProbeMargin, else the default.
+//   advisor.small_classes   16, 32 and 64 KiB messages keep separate estimates (the vote
+//                           may start there), so one size's winner does not decide another's.
 #include <cstdint>
+#include <string>
 
 #include "algorithms/path_advisor.h"
 #include "multiproc.h"
@@ -109,7 +114,62 @@ void probeSpacingTest() {
   }
 }
 
+void voteFloorTest() {
+  using P = PathAdvisor;
+  auto floorOf = [](int64_t s0, int64_t c0, int64_t s1, int64_t c1, int64_t s2, int64_t c2) {
+    const int64_t staged[P::kProbeSizes] = {s0, s1, s2};
+    const int64_t cma[P::kProbeSizes] = {c0, c1, c2};
+    return P::voteFloor(staged, cma);
+  };
+  // Times as measured on a 2-vCPU AMD EPYC machine: staged faster at 16 and 32 KiB.
+  SPY_CHECK(floorOf(3360, 1880, 960, 2280, 1680, 3350) == P::kDefaultVoteFloor,
+            "staged faster at 16 and 32 KiB: no vote below the default (8 KiB alone does not "
+            "count)");
+  SPY_CHECK(floorOf(900, 1500, 1800, 1700, 4000, 2500) == (size_t{32} << 10),
+            "single copy faster by the margin from 32 KiB only (16 KiB: 1700 vs 1800 ns is "
+            "within it)");
+  SPY_CHECK(floorOf(900, 1500, 2400, 1700, 4000, 2500) == (size_t{16} << 10),
+            "single copy faster from 16 KiB");
+  SPY_CHECK(floorOf(1000, 800, 2400, 1700, 4000, 2500) == (size_t{8} << 10),
+            "single copy faster at every probe size");
+  SPY_CHECK(floorOf(0, 0, 0, 0, 0, 0) == P::kDefaultVoteFloor, "not timed: the default");
+  SPY_CHECK(floorOf(1000, 800, 2400, 1700, 0, 0) == P::kDefaultVoteFloor,
+            "32 KiB not timed: the default");
+}
+
+void smallClassesTest() {
+  SPY_CHECK(PathAdvisor::sizeClass(size_t{8} << 10) == 0 &&
+                PathAdvisor::sizeClass((size_t{16} << 10) - 1) == 0,
+            "below 16 KiB: one class");
+  SPY_CHECK(PathAdvisor::sizeClass(size_t{16} << 10) == 1 &&
+                PathAdvisor::sizeClass(size_t{32} << 10) == 2 &&
+                PathAdvisor::sizeClass(size_t{64} << 10) == 3 &&
+                PathAdvisor::sizeClass((size_t{128} << 10) - 1) == 3,
+            "16, 32 and 64 KiB: a class each");
+  SPY_CHECK(PathAdvisor::sizeClass(size_t{128} << 10) == 4 &&
+                PathAdvisor::sizeClass((size_t{512} << 10) - 1) == 4 &&
+                PathAdvisor::sizeClass(size_t{512} << 10) == 5,
+            "from 128 KiB: factors of 4");
+  SPY_CHECK(PathAdvisor::sizeClass(size_t{1} << 40) == PathAdvisor::kClasses - 1, "the largest");
+  // The single copy wins at 32 KiB, staged at 16 KiB: each keeps its own estimate.
+  PathAdvisor a(PathAdvisor::kAuto);
+  int64_t now = 10 * kMs;
+  feed(a, size_t{16} << 10, false, 1000, now);
+  feed(a, size_t{16} << 10, true, 2000, now);
+  feed(a, size_t{32} << 10, false, 4000, now);
+  feed(a, size_t{32} << 10, true, 2000, now);
+  SPY_CHECK(a.vote(kKind, size_t{16} << 10, now) == 0, "16 KiB: staged (1 vs 2 us)");
+  SPY_CHECK(a.vote(kKind, size_t{32} << 10, now) == PathAdvisor::kPreferCma,
+            "32 KiB: single copy (2 vs 4 us)");
+  const std::string d = a.describe([](uint32_t) { return "test"; });
+  SPY_CHECK(
+      d.find("from 16 KiB") != std::string::npos && d.find("from 32 KiB") != std::string::npos,
+      "the dump lists both classes: %s", d.c_str());
+}
+
 [[maybe_unused]] const bool registered = [] {
+  registerTest("advisor.vote_floor", voteFloorTest);
+  registerTest("advisor.small_classes", smallClassesTest);
   registerTest("advisor.learns", learnsTest);
   registerTest("advisor.off", offTest);
   registerTest("advisor.probe_spacing", probeSpacingTest);
