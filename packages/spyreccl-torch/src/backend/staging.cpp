@@ -149,9 +149,10 @@ class SmallSlots {
     if (bytes > kSmallSlotBytes) {
       return {};
     }
-    const size_t start = next_.fetch_add(1, std::memory_order_relaxed);
+    // First fit from the lowest slot: the slot an operation just gave back is the next one
+    // taken, still in the cache (a rotating start would walk the whole 2 MiB).
     for (size_t i = 0; i < kSmallSlots; ++i) {
-      Slot& slot = slots_[(start + i) % kSmallSlots];
+      Slot& slot = slots_[i];
       bool expected = false;
       if (slot.busy.load(std::memory_order_relaxed) ||
           !slot.busy.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
@@ -202,7 +203,6 @@ class SmallSlots {
   }
 
   std::array<Slot, kSmallSlots> slots_;
-  std::atomic<size_t> next_{0};
   std::atomic<size_t> inUse_{0};
   std::once_flag allocated_;
   at::Tensor block_;
