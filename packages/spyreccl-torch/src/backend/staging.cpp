@@ -126,12 +126,13 @@ class HostPool {
   std::atomic<bool> pinning_{true};
 };
 
-// Preallocated host slots for small staged buffers: the shortest route's fixed cost. A
-// small message's staging buffer would otherwise take a block from HostPool and give it back
-// (two mutex round trips, a map node allocated and freed, a deleter closure allocated per
-// buffer): about 1 us per operation, as much as the two small copies. A slot is taken with
-// one compare-and-swap and handed back by the tensor's deleter with one store; its tensor's
-// storage points at the slot directly (no closure). Process-wide, like HostPool: every group
+// Preallocated host slots for small staged buffers, the shortest route. From HostPool a
+// small buffer costs two mutex round trips, a map node allocated and freed and a deleter
+// closure (too little to resolve on one rank beside the two copies, see
+// docs/notes/staged-path-costs.md), and groups staging on several threads meet on the
+// pool's mutex. A slot is taken with one compare-and-swap and handed back by the tensor's
+// deleter with one store; its tensor's storage points at the slot directly (no closure),
+// and the counters show that every slot comes back. Process-wide, like HostPool: every group
 // stages on its own thread, and a group runs one operation at a time, so a few slots per
 // group in flight are enough; when all are taken (many groups at once, a batch of many
 // point-to-point operations) a buffer comes from the pool as before. Allocated on the first
@@ -149,6 +150,10 @@ class SmallSlots {
     if (bytes > kSmallSlotBytes) {
       return {};
     }
+    // Before any slot is marked taken: an allocation failure must not leave one taken.
+    std::call_once(allocated_, [this] {
+      block_ = HostPool::get().allocateBlock(kSmallSlotBytes * kSmallSlots);
+    });
     // First fit from the lowest slot: the slot an operation just gave back is the next one
     // taken, still in the cache (a rotating start would walk the whole 2 MiB).
     for (size_t i = 0; i < kSmallSlots; ++i) {
@@ -174,7 +179,9 @@ class SmallSlots {
   size_t inUse() const { return inUse_.load(std::memory_order_relaxed); }
 
  private:
-  struct alignas(64) Slot {  // one cache line per flag: slots of different groups
+  // One cache line per flag: threads taking and releasing neighbouring slots do not
+  // invalidate each other's lines.
+  struct alignas(64) Slot {
     std::atomic<bool> busy{false};
     SmallSlots* owner = nullptr;
     size_t index = 0;
@@ -187,12 +194,9 @@ class SmallSlots {
     }
   }
 
-  // The block is allocated on first use (pinned, see HostPool::allocate): host mode and
-  // processes that never stage small buffers allocate nothing.
+  // The block is allocated on first use (pinned, see HostPool::allocate, in take()): host
+  // mode and processes that never stage small buffers allocate nothing.
   void* address(const Slot& slot) {
-    std::call_once(allocated_, [this] {
-      block_ = HostPool::get().allocateBlock(kSmallSlotBytes * kSmallSlots);
-    });
     return static_cast<unsigned char*>(block_.data_ptr()) + slot.index * kSmallSlotBytes;
   }
 
