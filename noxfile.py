@@ -465,15 +465,24 @@ DISCRETE_MEMORY_TESTS = [
 @nox.session(default=False)
 def tests_discrete(session: nox.Session) -> None:
     """The device's tests and the backend's staged path with SPYRECCL_SPYRE_MEMORY=discrete
-    (rank pools and launched jobs inherit the environment: every rank runs discrete)."""
+    (rank pools and launched jobs inherit the environment: every rank runs discrete).
+    Arguments after `--` that name tests (existing paths relative to packages/spyreccl-torch,
+    e.g. `tests/test_staged_path.py` or `tests/ops/test_gather.py::test_x`) replace
+    DISCRETE_MEMORY_TESTS; the others (pytest options and their values) are passed on."""
     _install_stack(session, TORCH_PINNED)
+
+    def names_tests(arg: str) -> bool:
+        return not arg.startswith("-") and (TORCH_PKG / arg.split("::")[0]).exists()
+
+    named = [arg for arg in session.posargs if names_tests(arg)]
+    options = [arg for arg in session.posargs if not names_tests(arg)]
     session.run(
         "python",
         "-m",
         "pytest",
         *PYTEST_STRICT,
         "--durations=10",
-        *(str(TORCH_PKG / path) for path in DISCRETE_MEMORY_TESTS),
-        *session.posargs,
+        *(str(TORCH_PKG / path) for path in (named or DISCRETE_MEMORY_TESTS)),
+        *options,
         env={"SPYRECCL_SPYRE_MEMORY": "discrete"},
     )

@@ -234,6 +234,21 @@ def test_copy_round_trip(rng, shape, dtype):
     assert torch.equal(on_device.cpu(), cpu)
 
 
+@pytest.mark.parametrize("numel", [1, 32767, 32768, 40001])
+def test_copies_on_either_side_of_the_one_run_bound(rng, numel):
+    """Below 32768 elements a contiguous same-dtype copy is one memmove, from there the CPU
+    kernel: the same values either way, in every direction, and a copy onto itself changes
+    nothing."""
+    cpu = randn(rng, numel)
+    on_device = poisoned((numel,), torch.float64).copy_(cpu)  # cpu -> spyre
+    back = poisoned((numel,), torch.float64, device="cpu").copy_(on_device)  # spyre -> cpu
+    assert torch.equal(back, cpu)
+    other = poisoned((numel,), torch.float64).copy_(on_device)  # spyre -> spyre
+    assert torch.equal(other.cpu(), cpu)
+    other.copy_(other)
+    assert torch.equal(other.cpu(), cpu)
+
+
 def test_copies_between_layouts_dtypes_and_devices(rng):
     cpu = randn(rng, 6, 9)
     # Non-contiguous source into a spyre destination, with a dtype conversion.

@@ -3,10 +3,12 @@
 With ``SPYRECCL_SPYRE_MEMORY=discrete`` the emulated device declares spyre memory not
 host-addressable (``_C._host_addressable("spyre")`` is False) and the backend stages every
 spyre tensor through host buffers with the device's own copies: one copy each way up to one
-chunk, a chunk pipeline above it (all_reduce, broadcast, all_gather, reduce_scatter). These
-tests prove from the backend's staging counters that the staged path ran, how many chunks a
-pipeline split a message into, and that the default ``host`` mode stays zero-copy (counters
-stay 0) — always against float64 references computed on the host from every rank's inputs.
+chunk (through a preallocated small slot up to 64 KiB), a chunk pipeline above it
+(all_reduce, broadcast, all_gather, reduce_scatter, gather, scatter, all_to_all with equal
+splits). These tests prove from the backend's staging counters that the staged path ran,
+how many chunks a pipeline split a message into, that small slots come back, and that the
+default ``host`` mode stays zero-copy (counters stay 0) — always against float64
+references computed on the host from every rank's inputs.
 The rest of the suite runs in discrete mode through ``nox -s tests_discrete``.
 """
 
@@ -101,7 +103,19 @@ def staged_collectives(seed: int, numel: int, ctx):
         _close(
             out, exact_blocks[rank * numel : (rank + 1) * numel], dtype, f"reduce_scatter {dtype}"
         )
-    # all_to_all_single and a ring send/recv (one copy each way, not pipelined)
+    # gather to the last rank, scatter from rank 0 (float64: exact)
+    parts = _inputs(seed + 400, world, numel, torch.float64)
+    gathered = [_poisoned(numel, torch.float64, dev) for _ in range(world)]
+    root = world - 1
+    dist.gather(parts[rank].to(dev), gathered if rank == root else None, dst=root)
+    if rank == root:
+        for r in range(world):
+            _close(gathered[r], parts[r], torch.float64, f"gather block {r} n={numel}")
+    pieces = _inputs(seed + 500, 1, numel * world, torch.float64)[0].view(world, numel)
+    out = _poisoned(numel, torch.float64, dev)
+    dist.scatter(out, [p.to(dev) for p in pieces] if rank == 0 else None, src=0)
+    _close(out, pieces[rank], torch.float64, f"scatter n={numel}")
+    # all_to_all_single (equal splits) and a ring send/recv (one copy each way)
     blocks = _inputs(seed + 200, world, numel * world, torch.float32)
     out = _poisoned(numel * world, torch.float32, dev)
     dist.all_to_all_single(out, blocks[rank].to(dev))
@@ -118,7 +132,11 @@ def staged_collectives(seed: int, numel: int, ctx):
             work.wait()
         _close(recv, msg[(rank - 1) % world].to(torch.float64), torch.float32, "ring send/recv")
     dist.barrier()
-    return _delta(before, _counters())
+    after = _counters()
+    delta = _delta(before, after)
+    # A state, not a count: every operation above completed, so every slot is back.
+    delta["slots_in_use"] = after["slots_in_use"]
+    return delta
 
 
 @pytest.mark.parametrize("numel", SMALL)
@@ -127,6 +145,41 @@ def test_small_messages_take_one_copy_each_way(rank_pool, seeded, numel):
         assert delta["staged_buffers"] > 0, delta
         assert delta["bytes_to_host"] > 0 and delta["bytes_from_host"] > 0, delta
         assert delta["pipelined_ops"] == 0, f"{numel} elements fit one chunk: {delta}"
+        # Up to 64 KiB a staged buffer takes a preallocated slot, not a pool block; the
+        # largest here (all_gather's output: world x 4096 bytes) fits one.
+        assert delta["slot_buffers"] == delta["staged_buffers"], delta
+        assert delta["slots_in_use"] == 0, delta
+
+
+def many_small_buffers_at_once(seed: int, ctx):
+    """More small staged buffers in flight at once than there are slots (a batch of 40
+    sends and 40 receives): the ones beyond the slots come from the pool; every message
+    arrives intact and every slot comes back."""
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    count, numel = 40, 33
+    before = _counters()
+    msgs = [_inputs(seed + i, world, numel, torch.float32) for i in range(count)]
+    recvs = [_poisoned(numel, torch.float32, dev) for _ in range(count)]
+    ops = []
+    for i in range(count):
+        ops.append(dist.P2POp(dist.isend, msgs[i][rank].to(dev), (rank + 1) % world, tag=i))
+        ops.append(dist.P2POp(dist.irecv, recvs[i], (rank - 1) % world, tag=i))
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    for i in range(count):
+        expected = msgs[i][(rank - 1) % world].to(torch.float64)
+        _close(recvs[i], expected, torch.float32, f"batched message {i}")
+    after = _counters()
+    delta = _delta(before, after)
+    delta["slots_in_use"] = after["slots_in_use"]
+    return delta
+
+
+def test_more_small_buffers_than_slots(rank_pool, seeded):
+    for delta in rank_pool.run(many_small_buffers_at_once, seeded.seed, timeout=300):
+        assert delta["staged_buffers"] >= 80, delta
+        assert 0 < delta["slot_buffers"] < delta["staged_buffers"], delta
+        assert delta["slots_in_use"] == 0, delta
 
 
 @pytest.mark.parametrize("numel", LARGE)
@@ -134,6 +187,57 @@ def test_large_messages_run_as_chunk_pipelines(rank_pool, seeded, numel):
     for delta in rank_pool.run(staged_collectives, seeded.seed, numel, timeout=300):
         assert delta["pipelined_ops"] > 0, delta
         assert delta["pipeline_chunks"] > delta["pipelined_ops"], delta
+
+
+def pipelines_per_operation(seed: int, numel: int, ctx):
+    """gather, scatter and all_to_all_single of `numel` elements per rank's block (an odd
+    count spanning several chunks), on fresh inputs into poisoned outputs, each checked
+    against its float64 reference; returns each operation's pipelines and chunks."""
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    counts = {}
+
+    def measured(name, fn):
+        before = _counters()
+        fn()
+        delta = _delta(before, _counters())
+        counts[name] = (delta["pipelined_ops"], delta["pipeline_chunks"])
+
+    parts = _inputs(seed, world, numel, torch.float64)
+    gathered = [_poisoned(numel, torch.float64, dev) for _ in range(world)]
+    root = world - 1
+    measured(
+        "gather",
+        lambda: dist.gather(parts[rank].to(dev), gathered if rank == root else None, dst=root),
+    )
+    if rank == root:
+        for r in range(world):
+            _close(gathered[r], parts[r], torch.float64, f"gather block {r}")
+    pieces = _inputs(seed + 1, 1, numel * world, torch.float64)[0].view(world, numel)
+    out = _poisoned(numel, torch.float64, dev)
+    sources = [p.to(dev) for p in pieces] if rank == 0 else None
+    measured("scatter", lambda: dist.scatter(out, sources, src=0))
+    _close(out, pieces[rank], torch.float64, "scatter")
+    blocks = _inputs(seed + 2, world, numel * world, torch.float64)
+    out = _poisoned(numel * world, torch.float64, dev)
+    source = blocks[rank].to(dev)
+    measured("all_to_all_single", lambda: dist.all_to_all_single(out, source))
+    expected = torch.cat([blocks[r][rank * numel : (rank + 1) * numel] for r in range(world)])
+    _close(out, expected, torch.float64, "all_to_all_single")
+    # In place (input is the output): staged whole, not pipelined.
+    inplace = blocks[rank].to(dev)
+    measured("all_to_all_single in place", lambda: dist.all_to_all_single(inplace, inplace))
+    _close(inplace, expected, torch.float64, "all_to_all_single in place")
+    return counts
+
+
+# 2049 float64 per block: 16392 bytes, 5 chunks of at most 4096 bytes (the last one short).
+def test_gather_scatter_all_to_all_run_as_pipelines(rank_pool, seeded):
+    numel = 2049
+    chunks = math.ceil(numel * 8 / CHUNK_BYTES)
+    for counts in rank_pool.run(pipelines_per_operation, seeded.seed, numel, timeout=300):
+        for op in ("gather", "scatter", "all_to_all_single"):
+            assert counts[op] == (1, chunks), (op, counts)
+        assert counts["all_to_all_single in place"] == (0, 0), counts
 
 
 def pipeline_chunks_of_all_reduce(seed: int, numel: int, ctx):

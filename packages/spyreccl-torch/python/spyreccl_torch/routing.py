@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
+from ._group_identity import BACKEND_NAME, SelfNamedGroup
 from .multinode.gloo_groups import gloo_group
 from .multinode.works import ThenWork
 
@@ -60,11 +61,14 @@ VENDOR_OPS = frozenset(
 )
 # Of those, the reductions it runs with SUM only ("Allreduce only supports SUM operation").
 _SUM_ONLY = frozenset({"allreduce", "reduce"})
+_SUM = dist.ReduceOp.SUM
+# Asynchronous works kept for ordering before the completed ones among them are dropped.
+_PRUNE_IN_FLIGHT = 64
 _VENDOR_STORE_PREFIX = "spyreccl-vendor/"
 _CPU_STORE_PREFIX = "spyreccl-routing-cpu/"
 
 VENDOR = "vendor"
-OURS = "spyreccl"
+OURS = BACKEND_NAME
 GLOO = "gloo"
 
 
@@ -139,7 +143,7 @@ def _create_vendor(dist_opts: Any, backend_opts: Any, plugin: Any) -> Any:
     return plugin.creator_fn(opts, backend_opts)
 
 
-class RoutingProcessGroup(dist.ProcessGroup):
+class RoutingProcessGroup(SelfNamedGroup, dist.ProcessGroup):
     """See the module docstring. Built by spyreccl_torch's backend creator."""
 
     @classmethod
@@ -171,29 +175,13 @@ class RoutingProcessGroup(dist.ProcessGroup):
         self._name = str(options.group_name)
         self._desc = ""
         self._cpu: Any = None
-        self._pending: dict[str, list[Any]] = {VENDOR: [], OURS: [], GLOO: []}
+        # Works that were not completed when issued, all on _in_flight_channel (see _drain).
+        self._in_flight: list[Any] = []
+        self._in_flight_channel = OURS
         self._coalesced: list[Any] | None = None
         self.route_counts: collections.Counter[tuple[str, str]] = collections.Counter()
 
-    # -- identity ------------------------------------------------------------------------
-
-    def getBackendName(self) -> str:
-        return OURS
-
-    def name(self) -> str:
-        return OURS
-
-    def getGroupName(self) -> str:
-        return self._name
-
-    def setGroupName(self, name: str) -> None:
-        self._name = name
-
-    def getGroupDesc(self) -> str:
-        return self._desc
-
-    def setGroupDesc(self, desc: str) -> None:
-        self._desc = desc
+    # -- identity (getBackendName, name, group name and description: SelfNamedGroup) ------
 
     def __repr__(self) -> str:
         return (
@@ -206,31 +194,39 @@ class RoutingProcessGroup(dist.ProcessGroup):
 
     # -- routing ---------------------------------------------------------------------------
 
-    def _channel(self, op: str, tensors: Sequence[torch.Tensor], reduce_op: Any = None) -> str:
-        if tensors and all(t.device.type == "cpu" for t in tensors):
-            return GLOO
-        if op not in VENDOR_OPS or any(t.device.type == "cpu" for t in tensors):
-            return OURS  # mixed devices: ours raises its error naming the argument
-        if op in _SUM_ONLY and reduce_op != dist.ReduceOp.SUM:
+    # The routing of every call: kept to a few attribute reads and comparisons (it runs
+    # under the GIL on top of torch's trampoline; bench: spyreccl-bench --mode overhead).
+
+    def _channel(self, op: str, tensors: Sequence[torch.Tensor], opts: Any = None) -> str:
+        cpu = 0
+        for t in tensors:
+            if t.is_cpu:  # a plain flag; t.device builds a torch.device per call
+                cpu += 1
+        if cpu:
+            # All on the CPU: gloo. Mixed devices: ours raises its error naming the argument.
+            return GLOO if cpu == len(tensors) else OURS
+        if op not in VENDOR_OPS:
+            return OURS
+        # Read only here: opts.reduceOp builds a ReduceOp object on every access.
+        if op in _SUM_ONLY and opts.reduceOp != _SUM:
             return OURS
         return VENDOR
 
     def _target(self, channel: str) -> Any:
-        if channel == VENDOR:
-            return self._vendor
         if channel == OURS:
             return self._ours
+        if channel == VENDOR:
+            return self._vendor
         if self._cpu is None:  # every rank makes the same first CPU call
             store = dist.PrefixStore(_CPU_STORE_PREFIX, self._store)
             self._cpu = gloo_group(store, self.rank(), self.size(), self._timeout, self)
         return self._cpu
 
     def _drain(self, channel: str) -> None:
-        """Waits for the operations still in flight on the other channels."""
-        for other, works in self._pending.items():
-            if other == channel or not works:
-                continue
-            self._pending[other] = []
+        """Waits for the operations still in flight on another channel than `channel`.
+        Only one channel has operations in flight at a time: every switch drains."""
+        if self._in_flight and self._in_flight_channel != channel:
+            works, self._in_flight = self._in_flight, []
             for work in works:
                 work.wait()
 
@@ -239,16 +235,18 @@ class RoutingProcessGroup(dist.ProcessGroup):
         op: str,
         tensors: Sequence[torch.Tensor],
         call: Callable[[Any], Any],
-        reduce_op: Any = None,
+        opts: Any = None,
     ) -> Any:
-        channel = self._channel(op, tensors, reduce_op)
+        channel = self._channel(op, tensors, opts)
         self._drain(channel)
         work = call(self._target(channel))
         self.route_counts[(op, channel)] += 1
-        pending = [w for w in self._pending[channel] if not w.is_completed()]
         if not work.is_completed():
-            pending.append(work)
-        self._pending[channel] = pending
+            in_flight = self._in_flight
+            in_flight.append(work)
+            self._in_flight_channel = channel
+            if len(in_flight) > _PRUNE_IN_FLIGHT:
+                self._in_flight = [w for w in in_flight if not w.is_completed()]
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -257,13 +255,11 @@ class RoutingProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceOptions()
-        return self._issue(
-            "allreduce", tensors, lambda b: b.allreduce(tensors, opts), opts.reduceOp
-        )
+        return self._issue("allreduce", tensors, lambda b: b.allreduce(tensors, opts), opts)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceOptions()
-        return self._issue("reduce", tensors, lambda b: b.reduce(tensors, opts), opts.reduceOp)
+        return self._issue("reduce", tensors, lambda b: b.reduce(tensors, opts), opts)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.BroadcastOptions()
@@ -422,7 +418,7 @@ class RoutingProcessGroup(dist.ProcessGroup):
                     shutdown()
                 except RuntimeError:
                     pass
-        self._pending = {VENDOR: [], OURS: [], GLOO: []}
+        self._in_flight = []
         self._cpu = None
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:

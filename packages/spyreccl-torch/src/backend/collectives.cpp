@@ -45,15 +45,16 @@ int64_t totalNumel(const std::vector<at::Tensor>& tensors) {
 }
 
 // Marks the buffers of a step for the staged chunk pipeline (staging.h) when they all live
-// in memory the host cannot address and the driving buffer (b[driver]) spans more than one
-// chunk. Depends only on sizes and settings, so every rank decides alike.
-void pipelineIfStaged(Buffers& buffers, size_t driver) {
+// in memory the host cannot address and one rank's block (`blockBytes`, the same on every
+// rank) spans more than one chunk. Depends only on sizes and settings, so every rank
+// decides alike.
+void pipelineIfStaged(Buffers& buffers, size_t blockBytes) {
   for (const auto& buffer : buffers) {
     if (!buffer.hostStaged()) {
       return;
     }
   }
-  if (!pipelineWanted(buffers[driver].bytes())) {
+  if (!pipelineWanted(blockBytes)) {
     return;
   }
   for (auto& buffer : buffers) {
@@ -61,18 +62,24 @@ void pipelineIfStaged(Buffers& buffers, size_t driver) {
   }
 }
 
+constexpr StagedLayout kFlat = StagedLayout::kFlat;
+constexpr StagedLayout kBlocked = StagedLayout::kBlocked;
+
 // Single-tensor steps shared by several operations.
 
 Step allreduceStep(CommBuffer buffer, const ReduceSpec& spec, const char* opName) {
   Step step;
   step.buffers = {std::move(buffer)};
-  pipelineIfStaged(step.buffers, 0);
+  pipelineIfStaged(step.buffers, step.buffers[0].bytes());
   step.issue = [spec, opName](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[0].dtype(), comm, opName);
     if (b[0].pipelined()) {
-      pipelineAllReduce(b[0], opName, [&](void* data, size_t count, const std::string& what) {
-        checkCore(spyrecclAllReduce(data, data, count, b[0].dtype(), op.get(), comm), comm, what);
-      });
+      runStagedPipeline({&b[0]}, {&b[0]}, 1, opName,
+                        [&](const void*, void* data, size_t count, const std::string& what) {
+                          checkCore(
+                              spyrecclAllReduce(data, data, count, b[0].dtype(), op.get(), comm),
+                              comm, what);
+                        });
       return;
     }
     checkCore(
@@ -86,14 +93,14 @@ Step allreduceStep(CommBuffer buffer, const ReduceSpec& spec, const char* opName
 Step allgatherStep(CommBuffer input, CommBuffer output, const char* opName) {
   Step step;
   step.buffers = {std::move(input), std::move(output)};
-  pipelineIfStaged(step.buffers, 0);
+  pipelineIfStaged(step.buffers, step.buffers[0].bytes());
   step.issue = [opName](const Buffers& b, spyrecclComm_t comm) {
     if (b[0].pipelined()) {
-      pipelineAllGather(b[0], b[1], static_cast<int>(b[1].count() / b[0].count()), opName,
-                        [&](const void* in, void* out, size_t count, const std::string& what) {
-                          checkCore(spyrecclAllGather(in, out, count, b[0].dtype(), comm), comm,
-                                    what);
-                        });
+      runStagedPipeline(
+          {&b[0]}, {&b[1], kBlocked}, static_cast<int>(b[1].count() / b[0].count()), opName,
+          [&](const void* in, void* out, size_t count, const std::string& what) {
+            checkCore(spyrecclAllGather(in, out, count, b[0].dtype(), comm), comm, what);
+          });
       return;
     }
     checkCore(spyrecclAllGather(b[0].data(), b[1].data(), b[0].count(), b[0].dtype(), comm), comm,
@@ -107,12 +114,12 @@ Step reduceScatterStep(CommBuffer input, CommBuffer output, const ReduceSpec& sp
                        const char* opName) {
   Step step;
   step.buffers = {std::move(input), std::move(output)};
-  pipelineIfStaged(step.buffers, 1);
+  pipelineIfStaged(step.buffers, step.buffers[1].bytes());
   step.issue = [spec, opName](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[1].dtype(), comm, opName);
     if (b[1].pipelined()) {
-      pipelineReduceScatter(
-          b[0], b[1], static_cast<int>(b[0].count() / b[1].count()), opName,
+      runStagedPipeline(
+          {&b[0], kBlocked}, {&b[1]}, static_cast<int>(b[0].count() / b[1].count()), opName,
           [&](const void* in, void* out, size_t count, const std::string& what) {
             checkCore(spyrecclReduceScatter(in, out, count, b[1].dtype(), op.get(), comm), comm,
                       what);
@@ -131,11 +138,14 @@ Step reduceScatterStep(CommBuffer input, CommBuffer output, const ReduceSpec& sp
 Step broadcastStep(Buffers buffers, int root, bool isRoot, const char* opName) {
   Step step;
   step.buffers = std::move(buffers);
-  pipelineIfStaged(step.buffers, step.buffers.size() - 1);
+  pipelineIfStaged(step.buffers, step.buffers.back().bytes());
   step.issue = [root, isRoot, opName](const Buffers& b, spyrecclComm_t comm) {
     const CommBuffer& destination = b.back();
     if (destination.pipelined()) {
-      pipelineBroadcast(isRoot ? &b[0] : nullptr, destination, opName,
+      // On a root with one buffer the source is the destination, whose values stay.
+      const StagedSide source{isRoot ? &b[0] : nullptr};
+      const bool unchanged = isRoot && &b[0] == &destination;
+      runStagedPipeline(source, {&destination, kFlat, !unchanged}, 1, opName,
                         [&](const void* in, void* out, size_t count, const std::string& what) {
                           checkCore(
                               spyrecclBroadcast(in, out, count, destination.dtype(), root, comm),
@@ -555,7 +565,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::gather(
     step.buffers.push_back(CommBuffer::output(flat, kMove, kOp, "outputTensors[0]"));
     step.after = [flat, outList]() { unpackFrom(flat, outList); };
   }
-  step.issue = [root](const Buffers& b, spyrecclComm_t comm) {
+  pipelineIfStaged(step.buffers, step.buffers[0].bytes());
+  step.issue = [root, size = size_](const Buffers& b, spyrecclComm_t comm) {
+    if (b[0].pipelined()) {
+      runStagedPipeline({&b[0]}, {b.size() > 1 ? &b[1] : nullptr, kBlocked}, size, kOp,
+                        [&](const void* in, void* out, size_t count, const std::string& what) {
+                          checkCore(spyrecclGather(in, out, count, b[0].dtype(), root, comm), comm,
+                                    what);
+                        });
+      return;
+    }
     checkCore(spyrecclGather(b[0].data(), b.size() > 1 ? b[1].data() : nullptr, b[0].count(),
                              b[0].dtype(), root, comm),
               comm, kOp);
@@ -606,7 +625,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::scatter(
     step.buffers.push_back(CommBuffer::input(flat, kMove, kOp, "inputTensors[0]"));
     step.before = [flat, inList]() { packInto(flat, inList); };
   }
-  step.issue = [root](const Buffers& b, spyrecclComm_t comm) {
+  pipelineIfStaged(step.buffers, step.buffers[0].bytes());
+  step.issue = [root, size = size_](const Buffers& b, spyrecclComm_t comm) {
+    if (b[0].pipelined()) {
+      runStagedPipeline({b.size() > 1 ? &b[1] : nullptr, kBlocked}, {&b[0]}, size, kOp,
+                        [&](const void* in, void* out, size_t count, const std::string& what) {
+                          checkCore(spyrecclScatter(in, out, count, b[0].dtype(), root, comm), comm,
+                                    what);
+                        });
+      return;
+    }
     checkCore(spyrecclScatter(b.size() > 1 ? b[1].data() : nullptr, b[0].data(), b[0].count(),
                               b[0].dtype(), root, comm),
               comm, kOp);
@@ -767,7 +795,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::alltoall_base(
                "(without split sizes it receives as many elements as 'inputBuffer' sends)");
     Step step;
     step.buffers = {std::move(in), std::move(out)};
+    // A pipeline writes output chunks while later input chunks are still to be read: only
+    // for an input that does not alias the output (an aliasing one is snapshotted whole).
+    if (!input.is_alias_of(output)) {
+      pipelineIfStaged(step.buffers, step.buffers[0].bytes() / size_);
+    }
     step.issue = [size = size_](const Buffers& b, spyrecclComm_t comm) {
+      if (b[0].pipelined()) {
+        runStagedPipeline({&b[0], kBlocked}, {&b[1], kBlocked}, size, kOp,
+                          [&](const void* in, void* out, size_t count, const std::string& what) {
+                            checkCore(spyrecclAllToAll(in, out, count, b[0].dtype(), comm), comm,
+                                      what);
+                          });
+        return;
+      }
       checkCore(spyrecclAllToAll(b[0].data(), b[1].data(), b[0].count() / size, b[0].dtype(), comm),
                 comm, kOp);
     };

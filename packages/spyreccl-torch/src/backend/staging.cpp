@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -31,6 +32,9 @@ constexpr int64_t kMaxChunks = 8;
 constexpr size_t kBlockGranule = size_t{64} << 10;
 // Idle blocks kept for reuse; beyond this the pool frees the largest ones.
 constexpr size_t kMaxCachedBytes = size_t{512} << 20;
+// Small staged buffers (the targets' "small message": up to 64 KiB) take a preallocated slot.
+constexpr size_t kSmallSlotBytes = size_t{64} << 10;
+constexpr size_t kSmallSlots = 32;
 
 size_t chunkFromEnvironment() {
   const char* text = std::getenv("SPYRECCL_STAGING_CHUNK_BYTES");
@@ -57,6 +61,7 @@ struct AtomicCounters {
   std::atomic<uint64_t> bytesFromHost{0};
   std::atomic<uint64_t> pipelinedOps{0};
   std::atomic<uint64_t> pipelineChunks{0};
+  std::atomic<uint64_t> slotBuffers{0};
 };
 AtomicCounters gCounters;
 
@@ -84,6 +89,9 @@ class HostPool {
     }
     return allocate(rounded);
   }
+
+  // A fresh block of `bytes`, not taken from nor returned to the idle set (SmallSlots).
+  at::Tensor allocateBlock(size_t bytes) { return allocate(bytes); }
 
   void give(at::Tensor block) {
     const auto bytes = static_cast<size_t>(block.numel());
@@ -116,6 +124,92 @@ class HostPool {
   std::multimap<size_t, at::Tensor> idle_;
   size_t cachedBytes_ = 0;
   std::atomic<bool> pinning_{true};
+};
+
+// Preallocated host slots for small staged buffers, the shortest route. From HostPool a
+// small buffer costs two mutex round trips, a map node allocated and freed and a deleter
+// closure (too little to resolve on one rank beside the two copies, see
+// docs/notes/staged-path-costs.md), and groups staging on several threads meet on the
+// pool's mutex. A slot is taken with one compare-and-swap and handed back by the tensor's
+// deleter with one store; its tensor's storage points at the slot directly (no closure),
+// and the counters show that every slot comes back. Process-wide, like HostPool: every group
+// stages on its own thread, and a group runs one operation at a time, so a few slots per
+// group in flight are enough; when all are taken (many groups at once, a batch of many
+// point-to-point operations) a buffer comes from the pool as before. Allocated on the first
+// small staged buffer, never in host mode. Leaked on purpose (see HostPool).
+class SmallSlots {
+ public:
+  static SmallSlots& get() {
+    static SmallSlots* slots = new SmallSlots();
+    return *slots;
+  }
+
+  // A host tensor over a free slot, or an undefined tensor when `bytes` exceeds a slot or
+  // every slot is taken.
+  at::Tensor take(at::IntArrayRef sizes, at::ScalarType dtype, size_t bytes) {
+    if (bytes > kSmallSlotBytes) {
+      return {};
+    }
+    // Before any slot is marked taken: an allocation failure must not leave one taken.
+    std::call_once(allocated_, [this] {
+      block_ = HostPool::get().allocateBlock(kSmallSlotBytes * kSmallSlots);
+    });
+    // First fit from the lowest slot: the slot an operation just gave back is the next one
+    // taken, still in the cache (a rotating start would walk the whole 2 MiB).
+    for (size_t i = 0; i < kSmallSlots; ++i) {
+      Slot& slot = slots_[i];
+      bool expected = false;
+      if (slot.busy.load(std::memory_order_relaxed) ||
+          !slot.busy.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
+        continue;
+      }
+      inUse_.fetch_add(1, std::memory_order_relaxed);
+      c10::DataPtr data(address(slot), &slot, &SmallSlots::release, c10::Device(c10::kCPU));
+      c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(data),
+                           /*allocator=*/nullptr, /*resizable=*/false);
+      at::Tensor tensor = at::detail::make_tensor<c10::TensorImpl>(
+          std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+          c10::scalarTypeToTypeMeta(dtype));
+      tensor.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+      return tensor;
+    }
+    return {};
+  }
+
+  size_t inUse() const { return inUse_.load(std::memory_order_relaxed); }
+
+ private:
+  // One cache line per flag: threads taking and releasing neighbouring slots do not
+  // invalidate each other's lines.
+  struct alignas(64) Slot {
+    std::atomic<bool> busy{false};
+    SmallSlots* owner = nullptr;
+    size_t index = 0;
+  };
+
+  SmallSlots() {
+    for (size_t i = 0; i < kSmallSlots; ++i) {
+      slots_[i].owner = this;
+      slots_[i].index = i;
+    }
+  }
+
+  // The block is allocated on first use (pinned, see HostPool::allocate, in take()): host
+  // mode and processes that never stage small buffers allocate nothing.
+  void* address(const Slot& slot) {
+    return static_cast<unsigned char*>(block_.data_ptr()) + slot.index * kSmallSlotBytes;
+  }
+
+  static void release(void* context) {
+    auto* slot = static_cast<Slot*>(context);
+    slot->owner->inUse_.fetch_sub(1, std::memory_order_relaxed);
+    slot->busy.store(false, std::memory_order_release);
+  }
+
+  std::array<Slot, kSmallSlots> slots_;
+  std::atomic<size_t> inUse_{0};
+  std::once_flag allocated_;
+  at::Tensor block_;
 };
 
 // The thread that runs a pipeline's copies, in submission order, beside the thread that runs
@@ -265,14 +359,61 @@ void* elementAddress(const at::Tensor& flat, int64_t offset) {
   return static_cast<unsigned char*>(flat.data_ptr()) + offset * flat.element_size();
 }
 
-// Elements per chunk of a pipeline over `like` (one rank's block): the chunk setting, grown
-// so that no pipeline has more than kMaxChunks chunks. Every chunk is a core call that waits
-// for the peers and two hand-offs to the copy thread; past a few chunks more of them only
-// add those waits (the copies already overlap all but one chunk's worth).
-int64_t chunkElements(const at::Tensor& like) {
+// Elements per chunk of a pipeline over blocks of `block` elements of `elementSize` bytes
+// (one rank's block): the chunk setting, grown so that no pipeline has more than kMaxChunks
+// chunks. Every chunk is a core call that waits for the peers and two hand-offs to the copy
+// thread; past a few chunks more of them only add those waits (the copies already overlap
+// all but one chunk's worth).
+int64_t chunkElements(int64_t block, int64_t elementSize) {
   const int64_t setting =
-      std::max<int64_t>(1, static_cast<int64_t>(stagingChunkBytes()) / like.element_size());
-  return std::max(setting, (like.numel() + kMaxChunks - 1) / kMaxChunks);
+      std::max<int64_t>(1, static_cast<int64_t>(stagingChunkBytes()) / elementSize);
+  return std::max(setting, (block + kMaxChunks - 1) / kMaxChunks);
+}
+
+// One side (input or output) of a pipelined step, on its device and its host buffer. Every
+// pipeline walks one rank's block (`block` elements) chunk by chunk; chunk [offset, offset+n)
+// of the side is
+//  - kFlat: the n elements at `offset` (host: at `offset` too);
+//  - kBlocked: n elements of each of the `size` blocks (device: r * block + offset), laid
+//    side by side in the host buffer at size * offset (block r's run at size * offset +
+//    r * n), which is how the core sees a chunk of a blocked buffer: `size` runs of n.
+struct Side {
+  at::Tensor device;
+  at::Tensor host;
+  StagedLayout layout = StagedLayout::kFlat;
+
+  bool present() const { return host.defined(); }
+
+  int64_t hostOffset(int64_t offset, int size) const {
+    return layout == StagedLayout::kFlat ? offset : size * offset;
+  }
+
+  // (host, device) pairs of chunk [offset, offset + n), in the direction given by toHost.
+  Copies copies(int64_t offset, int64_t n, int64_t block, int size, bool toHost) const {
+    Copies out;
+    const int runs = layout == StagedLayout::kFlat ? 1 : size;
+    const int64_t base = hostOffset(offset, size);
+    for (int r = 0; r < runs; ++r) {
+      at::Tensor h = host.narrow(0, base + r * n, n);
+      at::Tensor d = device.narrow(0, r * block + offset, n);
+      if (toHost) {
+        out.emplace_back(std::move(h), std::move(d));
+      } else {
+        out.emplace_back(std::move(d), std::move(h));
+      }
+    }
+    return out;
+  }
+};
+
+Side stagedSide(const StagedSide& side, bool isOutput) {
+  Side staged;
+  if (side.buffer != nullptr) {
+    staged.device = deviceFlat(*side.buffer, /*fill=*/!isOutput);
+    staged.host = hostFlat(*side.buffer);
+    staged.layout = side.layout;
+  }
+  return staged;
 }
 
 }  // namespace
@@ -283,6 +424,10 @@ at::Tensor acquireHostBuffer(at::IntArrayRef sizes, at::ScalarType dtype) {
     numel *= size;
   }
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (at::Tensor slot = SmallSlots::get().take(sizes, dtype, bytes); slot.defined()) {
+    gCounters.slotBuffers.fetch_add(1, std::memory_order_relaxed);
+    return slot;
+  }
   at::Tensor block = HostPool::get().take(std::max<size_t>(bytes, 1));
   // A view over the block whose release hands the block back to the pool.
   return at::from_blob(
@@ -303,6 +448,8 @@ StagingCounters stagingCounters() {
   counters.bytesFromHost = gCounters.bytesFromHost.load();
   counters.pipelinedOps = gCounters.pipelinedOps.load();
   counters.pipelineChunks = gCounters.pipelineChunks.load();
+  counters.slotBuffers = gCounters.slotBuffers.load();
+  counters.slotsInUse = SmallSlots::get().inUse();
   return counters;
 }
 
@@ -312,6 +459,7 @@ void resetStagingCounters() {
   gCounters.bytesFromHost = 0;
   gCounters.pipelinedOps = 0;
   gCounters.pipelineChunks = 0;
+  gCounters.slotBuffers = 0;
 }
 
 void countCopy(bool toHost, size_t bytes) {
@@ -327,119 +475,39 @@ OpSeqScope::OpSeqScope(uint64_t seq) : previous_(tOpSeq) { tOpSeq = seq; }
 
 OpSeqScope::~OpSeqScope() { tOpSeq = previous_; }
 
-void pipelineAllReduce(const CommBuffer& buffer, const char* opName, const InPlaceChunkCall& call) {
-  const at::Tensor device = deviceFlat(buffer, /*fill=*/true);
-  const at::Tensor host = hostFlat(buffer);
-  const int64_t total = device.numel();
-  const int64_t step = chunkElements(device);
-  const auto units = static_cast<size_t>(buffer.units());
-  std::vector<Chunk> chunks;
-  for (int64_t offset = 0; offset < total; offset += step) {
-    const int64_t n = std::min(step, total - offset);
-    Chunk chunk;
-    chunk.in = {{host.narrow(0, offset, n), device.narrow(0, offset, n)}};
-    chunk.call = [&call, &host, offset, n, units](const std::string& what) {
-      call(elementAddress(host, offset), static_cast<size_t>(n) * units, what);
-    };
-    chunk.out = {{device.narrow(0, offset, n), host.narrow(0, offset, n)}};
-    chunks.push_back(std::move(chunk));
-  }
-  runPipeline(chunks, opName);
-  finishDeviceFlat(buffer, device);
-}
-
-void pipelineBroadcast(const CommBuffer* source, const CommBuffer& destination, const char* opName,
-                       const ChunkCall& call) {
-  // On the root with one buffer the source is the destination and nothing changes.
-  const bool sameBuffer = source == &destination;
-  const at::Tensor sourceDevice = source ? deviceFlat(*source, /*fill=*/true) : at::Tensor();
-  const at::Tensor sourceHost = source ? hostFlat(*source) : at::Tensor();
-  const at::Tensor destinationDevice =
-      sameBuffer ? at::Tensor() : deviceFlat(destination, /*fill=*/false);
-  const at::Tensor destinationHost = sameBuffer ? sourceHost : hostFlat(destination);
-  const int64_t total = destinationHost.numel();
-  const int64_t step = chunkElements(destinationHost);
-  const auto units = static_cast<size_t>(destination.units());
-  std::vector<Chunk> chunks;
-  for (int64_t offset = 0; offset < total; offset += step) {
-    const int64_t n = std::min(step, total - offset);
-    Chunk chunk;
-    if (source) {
-      chunk.in = {{sourceHost.narrow(0, offset, n), sourceDevice.narrow(0, offset, n)}};
-    }
-    chunk.call = [&call, &sourceHost, &destinationHost, offset, n, units](const std::string& what) {
-      call(sourceHost.defined() ? elementAddress(sourceHost, offset) : nullptr,
-           elementAddress(destinationHost, offset), static_cast<size_t>(n) * units, what);
-    };
-    if (!sameBuffer) {
-      chunk.out = {{destinationDevice.narrow(0, offset, n), destinationHost.narrow(0, offset, n)}};
-    }
-    chunks.push_back(std::move(chunk));
-  }
-  runPipeline(chunks, opName);
-  if (!sameBuffer) {
-    finishDeviceFlat(destination, destinationDevice);
-  }
-}
-
-void pipelineAllGather(const CommBuffer& input, const CommBuffer& output, int size,
+void runStagedPipeline(const StagedSide& input, const StagedSide& output, int size,
                        const char* opName, const ChunkCall& call) {
-  const at::Tensor inDevice = deviceFlat(input, /*fill=*/true);
-  const at::Tensor outDevice = deviceFlat(output, /*fill=*/false);
-  const at::Tensor inHost = hostFlat(input);
-  const at::Tensor outHost = hostFlat(output);
-  const int64_t block = inDevice.numel();
-  const int64_t step = chunkElements(inDevice);
-  const auto units = static_cast<size_t>(input.units());
+  // The same buffer on both sides (in place): one device view and one host buffer.
+  const bool inPlace = input.buffer != nullptr && input.buffer == output.buffer;
+  const Side in = stagedSide(input, /*isOutput=*/false);
+  Side out = inPlace ? in : stagedSide(output, /*isOutput=*/true);
+  const CommBuffer& any = input.buffer != nullptr ? *input.buffer : *output.buffer;
+  const Side& sized = in.present() ? in : out;
+  const int64_t block =
+      sized.layout == StagedLayout::kFlat ? sized.host.numel() : sized.host.numel() / size;
+  const int64_t step = chunkElements(block, any.userTensor().element_size());
+  const auto units = static_cast<size_t>(any.units());
   std::vector<Chunk> chunks;
   for (int64_t offset = 0; offset < block; offset += step) {
     const int64_t n = std::min(step, block - offset);
-    // Chunk k's output is `size` runs of n elements at size * offset of the host output.
-    const int64_t base = size * offset;
     Chunk chunk;
-    chunk.in = {{inHost.narrow(0, offset, n), inDevice.narrow(0, offset, n)}};
-    chunk.call = [&call, &inHost, &outHost, offset, base, n, units](const std::string& what) {
-      call(elementAddress(inHost, offset), elementAddress(outHost, base),
+    if (in.present()) {
+      chunk.in = in.copies(offset, n, block, size, /*toHost=*/true);
+    }
+    chunk.call = [&call, &in, &out, offset, n, size, units](const std::string& what) {
+      call(in.present() ? elementAddress(in.host, in.hostOffset(offset, size)) : nullptr,
+           out.present() ? elementAddress(out.host, out.hostOffset(offset, size)) : nullptr,
            static_cast<size_t>(n) * units, what);
     };
-    for (int r = 0; r < size; ++r) {
-      chunk.out.emplace_back(outDevice.narrow(0, r * block + offset, n),
-                             outHost.narrow(0, base + r * n, n));
+    if (output.buffer != nullptr && output.copyBack) {
+      chunk.out = out.copies(offset, n, block, size, /*toHost=*/false);
     }
     chunks.push_back(std::move(chunk));
   }
   runPipeline(chunks, opName);
-  finishDeviceFlat(output, outDevice);
-}
-
-void pipelineReduceScatter(const CommBuffer& input, const CommBuffer& output, int size,
-                           const char* opName, const ChunkCall& call) {
-  const at::Tensor inDevice = deviceFlat(input, /*fill=*/true);
-  const at::Tensor outDevice = deviceFlat(output, /*fill=*/false);
-  const at::Tensor inHost = hostFlat(input);
-  const at::Tensor outHost = hostFlat(output);
-  const int64_t block = outDevice.numel();
-  const int64_t step = chunkElements(outDevice);
-  const auto units = static_cast<size_t>(output.units());
-  std::vector<Chunk> chunks;
-  for (int64_t offset = 0; offset < block; offset += step) {
-    const int64_t n = std::min(step, block - offset);
-    // Chunk k's input is `size` runs of n elements (one per rank's block) at size * offset.
-    const int64_t base = size * offset;
-    Chunk chunk;
-    for (int r = 0; r < size; ++r) {
-      chunk.in.emplace_back(inHost.narrow(0, base + r * n, n),
-                            inDevice.narrow(0, r * block + offset, n));
-    }
-    chunk.call = [&call, &inHost, &outHost, offset, base, n, units](const std::string& what) {
-      call(elementAddress(inHost, base), elementAddress(outHost, offset),
-           static_cast<size_t>(n) * units, what);
-    };
-    chunk.out = {{outDevice.narrow(0, offset, n), outHost.narrow(0, offset, n)}};
-    chunks.push_back(std::move(chunk));
+  if (output.buffer != nullptr && output.copyBack) {
+    finishDeviceFlat(*output.buffer, out.device);
   }
-  runPipeline(chunks, opName);
-  finishDeviceFlat(output, outDevice);
 }
 
 }  // namespace spyreccl_torch

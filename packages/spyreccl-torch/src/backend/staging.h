@@ -7,9 +7,10 @@
 //
 //  - Small messages (at most one chunk) take the shortest route: CommBuffer::prepare copies
 //    the whole tensor in, the core runs once, CommBuffer::commit copies it out.
-//  - Larger all_reduce, broadcast, all_gather and reduce_scatter run as a pipeline of chunks
-//    along the flat buffer: while the core works on chunk k, a copy thread brings chunk k+1
-//    in and takes chunk k-1 out, so the copies hide behind the collective (or the reverse).
+//  - Larger all_reduce, broadcast, all_gather, reduce_scatter, gather, scatter and
+//    all_to_all (equal splits) run as a pipeline of chunks along one rank's block: while the
+//    core works on chunk k, a copy thread brings chunk k+1 in and takes chunk k-1 out, so the
+//    copies hide behind the collective (or the reverse).
 //
 // Every rank must split an operation the same way: the decision and the chunk size depend
 // only on the element count and the chunk setting (SPYRECCL_STAGING_CHUNK_BYTES, the same on
@@ -28,9 +29,10 @@ namespace spyreccl_torch {
 
 class CommBuffer;
 
-// A contiguous host tensor of `numel` elements of `dtype` shaped like `sizes`, taken from a
-// process-wide pool of pinned host blocks (pageable where the device offers no pinning);
-// the block returns to the pool when the last view of it is dropped.
+// A contiguous host tensor of `numel` elements of `dtype` shaped like `sizes`: up to 64 KiB
+// a preallocated slot (one atomic each way, see SmallSlots in staging.cpp), else a block of
+// a process-wide pool of pinned host blocks (pageable where the device offers no pinning);
+// the slot or block returns when the last view of it is dropped.
 at::Tensor acquireHostBuffer(at::IntArrayRef sizes, at::ScalarType dtype);
 
 // Bytes per pipeline chunk (of one rank's block); default 1 MiB, at least 4 KiB. A pipeline
@@ -45,6 +47,8 @@ struct StagingCounters {
   uint64_t bytesFromHost = 0;   // host -> device bytes copied
   uint64_t pipelinedOps = 0;    // operations run as a chunk pipeline
   uint64_t pipelineChunks = 0;  // chunks those pipelines ran
+  uint64_t slotBuffers = 0;     // host buffers taken from the small preallocated slots
+  uint64_t slotsInUse = 0;      // small slots held now (not reset: a state, not a count)
 };
 StagingCounters stagingCounters();
 void resetStagingCounters();
@@ -68,24 +72,32 @@ class OpSeqScope {
   uint64_t previous_;
 };
 
-// The pipelined forms. `call` issues the core call for one chunk: host pointers, the
-// chunk's element count in core elements, and what to call it in an error message
-// ("allreduce seq 7, chunk 3 of 4"). Buffers are CommBuffers marked pipelined (their
-// prepare/commit do nothing; these functions do the copies).
-using InPlaceChunkCall = std::function<void(void* data, size_t count, const std::string& what)>;
+// The pipelined form. A pipelined step names its input and output buffers (a side is
+// absent where this rank has none: gather's output off the root, scatter's input off the
+// root, broadcast's source off the root) and how the core sees each: one run of elements
+// (kFlat), or `size` blocks of equal length (kBlocked: all_gather's and gather's output,
+// reduce_scatter's and scatter's input, both sides of an all_to_all). The pipeline walks one
+// rank's block (a flat side's elements, a blocked side's elements / size) in chunks; a
+// chunk of a blocked side is the chunk's range of every block, and the core gets it as
+// `size` consecutive runs. The same buffer on both sides runs in place (all_reduce; a
+// broadcast root's tensor, with copyBack false: its values do not change).
+//
+// `call` issues the core call for one chunk: host pointers (nullptr for an absent side),
+// the chunk's element count per block in core elements, and what to call it in an error
+// message ("allreduce seq 7, chunk 3 of 4"). Buffers are CommBuffers marked pipelined (their
+// prepare/commit do nothing; the pipeline does the copies).
+enum class StagedLayout { kFlat, kBlocked };
+
+struct StagedSide {
+  const CommBuffer* buffer = nullptr;
+  StagedLayout layout = StagedLayout::kFlat;
+  bool copyBack = true;  // output side: copy the results back into the device tensor
+};
+
 using ChunkCall =
     std::function<void(const void* in, void* out, size_t count, const std::string& what)>;
 
-void pipelineAllReduce(const CommBuffer& buffer, const char* opName, const InPlaceChunkCall& call);
-// `source`: the root's input (nullptr on other ranks); `destination`: where the result goes
-// (the same buffer as `source` on the root unless it has a separate one).
-void pipelineBroadcast(const CommBuffer* source, const CommBuffer& destination, const char* opName,
-                       const ChunkCall& call);
-// `output` holds `size` blocks of `input`'s elements.
-void pipelineAllGather(const CommBuffer& input, const CommBuffer& output, int size,
+void runStagedPipeline(const StagedSide& input, const StagedSide& output, int size,
                        const char* opName, const ChunkCall& call);
-// `input` holds `size` blocks of `output`'s elements.
-void pipelineReduceScatter(const CommBuffer& input, const CommBuffer& output, int size,
-                           const char* opName, const ChunkCall& call);
 
 }  // namespace spyreccl_torch

@@ -49,10 +49,13 @@ void addStagingBindings(py::module_& module) {
         counters["bytes_from_host"] = c.bytesFromHost;
         counters["pipelined_ops"] = c.pipelinedOps;
         counters["pipeline_chunks"] = c.pipelineChunks;
+        counters["slot_buffers"] = c.slotBuffers;
+        counters["slots_in_use"] = c.slotsInUse;
         return counters;
       },
       "What the staged path did in this process: buffers staged whole, bytes copied to and "
-      "from the host, operations run as chunk pipelines and their chunks.");
+      "from the host, operations run as chunk pipelines and their chunks, host buffers taken from "
+      "the small preallocated slots, and the slots held now.");
   module.def("_reset_staging_counters", &resetStagingCounters,
              "Sets the staging counters to zero.");
 }

@@ -151,6 +151,9 @@ void CommBuffer::prepare() {
     return;
   }
   if (hostStaged_) {
+    if (count_ == 0) {
+      return;  // data() is the anchor and nothing is copied: no host buffer needed
+    }
     // The shortest route: one device -> host copy (the device's own copy_, DMA on real
     // cards) into a pooled host buffer, whatever the tensor's layout.
     comm_ = acquireHostBuffer(user_.sizes(), user_.scalar_type());

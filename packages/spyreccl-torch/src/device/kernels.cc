@@ -8,6 +8,7 @@
 // would be pure overhead (views, copies, scalars).
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/ResizeCommon.h>
 #include <ATen/native/TensorFactories.h>
@@ -18,7 +19,10 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <cstring>
+
 #include "allocator.h"
+#include "device_memory.h"
 #include "device_state.h"
 #include "host_alias.h"
 
@@ -200,14 +204,41 @@ at::Tensor lend_if_spyre(HostAliasScope& scope, const at::Tensor& t) {
   return is_spyre(t) ? scope.lend(t) : t;
 }
 
+// A copy that is one run of bytes: same dtype and shape, both contiguous, no conj/neg
+// bits, small enough that the CPU kernel would run it on one thread anyway (below
+// TensorIterator's grain size). The staged collective path makes two such copies per
+// small message (to the host and back); going through a host alias and a second copy_
+// dispatch costs about as much as the bytes themselves.
+constexpr int64_t kOneThreadElements = 32768;  // at::internal::GRAIN_SIZE (TensorIterator.h)
+
+bool one_run(const at::Tensor& self, const at::Tensor& dst) {
+  return self.scalar_type() == dst.scalar_type() && self.numel() < kOneThreadElements &&
+         !self.is_quantized() && !self.is_conj() && !dst.is_conj() && !self.is_neg() &&
+         !dst.is_neg() && self.sizes().equals(dst.sizes()) && self.is_contiguous() &&
+         dst.is_contiguous() &&
+         // Overlapping memory keeps the CPU kernel's answer (an error for partial overlap).
+         at::get_overlap_status(self, dst) == at::MemOverlapStatus::No;
+}
+
 // copy_ sends every copy that involves a spyre tensor here (spyre->spyre,
-// cpu->spyre, spyre->cpu). Both sides are host memory, so the CPU copy kernel
-// does the work, including dtype conversion, broadcasting and conj/neg bits.
+// cpu->spyre, spyre->cpu). Both sides are host memory, so a one-run copy is a
+// memmove and the CPU copy kernel does the rest, including dtype conversion,
+// broadcasting and conj/neg bits.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.device().type() == c10::kCPU || is_spyre(self), "copy_: cannot copy from ",
               self.device(), " to ", dst.device(), " (spyre copies support cpu and spyre tensors)");
   TORCH_CHECK(dst.device().type() == c10::kCPU || is_spyre(dst), "copy_: cannot copy from ",
               self.device(), " to ", dst.device(), " (spyre copies support cpu and spyre tensors)");
+  if (one_run(self, dst)) {
+    const size_t bytes = static_cast<size_t>(self.numel()) * self.element_size();
+    if (bytes > 0) {
+      // host_address: the accessible twin of discrete memory, the pointer itself otherwise.
+      // memmove: a host view of a spyre tensor shares its memory under another storage.
+      std::memmove(host_address(dst.mutable_data_ptr()), host_address(self.const_data_ptr()),
+                   bytes);
+    }
+    return dst;
+  }
   HostAliasScope scope("copy_", spyre_side(self, dst, "copy_"));
   lend_if_spyre(scope, dst).copy_(lend_if_spyre(scope, self), non_blocking);
   return dst;

@@ -13,7 +13,11 @@ Rows (8-byte float32 all_reduce unless stated):
   progress thread, tensor translation), without torch.distributed's Python wrapper;
 - dist.all_reduce(spyre): the public API, Python wrapper + c10d dispatcher + backend;
 - dist.all_reduce(cpu) through gloo: the same public API on the baseline backend;
-- dist.barrier() on spyreccl.
+- dist.barrier() on spyreccl;
+- the router of ``SPYRECCL_ROUTE_TO_VENDOR`` (spyreccl_torch.routing): ``allreduce([t])``
+  on a plain group against the same call on a ``RoutingProcessGroup`` whose vendor backend
+  is a second spyreccl backend (SUM goes to it, MAX to spyreccl's): the router's own cost,
+  without torch's Python trampoline, which dist.* calls on any Python group add on top.
 """
 
 from __future__ import annotations
@@ -50,6 +54,31 @@ def _per_call_us(fn: Callable[[], object], seconds: float) -> dict[str, float]:
         means.append((time.perf_counter_ns() - start) / batch / 1e3)
     means.sort()
     return {"median_us": means[len(means) // 2], "min_us": means[0], "calls": batch * 15}
+
+
+def _routing_group(timeout: datetime.timedelta) -> object:
+    """A one-rank RoutingProcessGroup over an in-process store whose "vendor" is another
+    spyreccl backend (no vendor package needed: only the router is measured)."""
+    import types
+
+    import torch.distributed as dist
+
+    from spyreccl_torch import _C, routing
+
+    def vendor(store: object, rank: int, size: int, vendor_timeout: object) -> object:
+        opts = _C.ProcessGroupSpyreccl.Options()
+        opts.timeout = timeout
+        opts.group_name = "bench-router-vendor"
+        return _C.ProcessGroupSpyreccl(store, rank, size, opts)
+
+    options = _C.ProcessGroupSpyreccl.Options()
+    options.timeout = timeout
+    options.group_name = "bench-router"
+    dist_opts = types.SimpleNamespace(
+        store=dist.HashStore(), group_rank=0, group_size=1, timeout=timeout
+    )
+    plugin = types.SimpleNamespace(creator_fn=vendor, extended_api=False)
+    return routing.RoutingProcessGroup.create(dist_opts, None, plugin, options)
 
 
 def run_overhead(args: argparse.Namespace) -> int:
@@ -94,6 +123,21 @@ def run_overhead(args: argparse.Namespace) -> int:
         rows["dist.all_reduce(t) spyre/spyreccl"] = _per_call_us(
             lambda: dist.all_reduce(t), seconds
         )
+        plain = dist.group.WORLD
+        router = _routing_group(datetime.timedelta(seconds=args.timeout))
+        sum_opts = dist.AllreduceOptions()
+        max_opts = dist.AllreduceOptions()
+        max_opts.reduceOp = dist.ReduceOp.MAX
+        rows["plain group .allreduce([t]).wait()"] = _per_call_us(
+            lambda: plain.allreduce([t], sum_opts).wait(), seconds
+        )
+        rows["router .allreduce([t]).wait() -> vendor (SUM)"] = _per_call_us(
+            lambda: router.allreduce([t], sum_opts).wait(), seconds
+        )
+        rows["router .allreduce([t]).wait() -> spyreccl (MAX)"] = _per_call_us(
+            lambda: router.allreduce([t], max_opts).wait(), seconds
+        )
+        router.shutdown()
         rows["dist.all_reduce(c) cpu/gloo"] = _per_call_us(lambda: dist.all_reduce(c), seconds)
         # device_ids: in a group that also has gloo, c10d runs a plain barrier on the CPU.
         spyre_ids = [t.device.index]

@@ -73,6 +73,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._group_identity import SelfNamedGroup
 from . import flight
 from .all_to_all import AllToAllRoutes, _A2ALayout
 from .executor import OrderedExecutor
@@ -154,6 +155,7 @@ class HierarchicalProcessGroup(
     Splitting,
     Stages,
     FailureHandling,
+    SelfNamedGroup,
     dist.ProcessGroup,
 ):
     """See the module docstring. Built by spyreccl_torch's backend creator when a group's
@@ -344,26 +346,7 @@ class HierarchicalProcessGroup(
 
     # -- identity ------------------------------------------------------------------------
 
-    def getBackendName(self) -> str:
-        return "spyreccl"
-
-    def name(self) -> str:
-        return "spyreccl"
-
-    # c10d keeps a group's name and description in its backends; this group registers none
-    # (it dispatches itself), so it keeps them and answers the C++ getters (DeviceMesh,
-    # functional collectives and the group registry ask for group_name).
-    def getGroupName(self) -> str:
-        return self._name
-
-    def setGroupName(self, name: str) -> None:
-        self._name = name
-
-    def getGroupDesc(self) -> str:
-        return self._desc
-
-    def setGroupDesc(self, desc: str) -> None:
-        self._desc = desc
+    # getBackendName, name and the group name/description getters: SelfNamedGroup.
 
     @property
     def topology(self) -> Topology:
