@@ -17,7 +17,9 @@ nothing is downloaded. The script
    single-process reference's, token for token; then times it: time to first token and
    per-token latency (median, p90) over spyreccl, over gloo, and the *compute floor* (the
    same per-rank shards with the collectives skipped), and the share of a token spent in
-   collectives next to the same all_reduces timed alone;
+   collectives next to the same all_reduces timed alone; eager, also the same shards with the
+   same all_reduces issued by hooks, without DTensor, which tells DTensor's eager dispatch
+   apart from communication;
 2. *trains* the same model family tensor-parallel for a few SGD steps and checks the loss
    curve and the final weights against a single-process float64 reference;
 3. draws the loss curves and the latency bars into a PNG (``--plot``).
