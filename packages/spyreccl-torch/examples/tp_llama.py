@@ -17,7 +17,9 @@ nothing is downloaded. The script
    single-process reference's, token for token; then times it: time to first token and
    per-token latency (median, p90) over spyreccl, over gloo, and the *compute floor* (the
    same per-rank shards with the collectives skipped), and the share of a token spent in
-   collectives next to the same all_reduces timed alone;
+   collectives next to the same all_reduces timed alone; eager, also the same shards with the
+   same all_reduces issued by hooks, without DTensor, which tells DTensor's eager dispatch
+   apart from communication;
 2. *trains* the same model family tensor-parallel for a few SGD steps and checks the loss
    curve and the final weights against a single-process float64 reference;
 3. draws the loss curves and the latency bars into a PNG (``--plot``).
@@ -56,6 +58,7 @@ from spyreccl_torch.models.llama import (
     LlamaConfig,
     compile_blocks,
     local_shard_model,
+    manual_tensor_parallel,
     tensor_parallel,
 )
 
@@ -69,7 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--prompt-lengths", default="5,17,9,12", help="one prompt per length")
     p.add_argument("--new-tokens", type=int, default=24)
-    p.add_argument("--rounds", type=int, default=5, help="timed generations per variant")
+    # 10 rounds x 23 steps per variant: two runs' medians agree within ~20 % on a loaded
+    # 2-core machine (5 rounds did not, for the time to first token: one sample a round).
+    p.add_argument("--rounds", type=int, default=10, help="timed generations per variant")
     p.add_argument("--no-compile", action="store_true", help="eager only")
     p.add_argument("--no-timing", action="store_true", help="check the tokens, time nothing")
     p.add_argument("--train-steps", type=int, default=6)
@@ -166,6 +171,10 @@ def serve(args, cfg, say: Say, device, meshes, gloo) -> tuple[bool, dict]:
         for level in ("spyreccl", "gloo")
         for name in (level, f"floor {level}")
     ]  # fmt: skip
+    # The same shards and all_reduces without DTensor (hooks): what DTensor's eager
+    # dispatch adds to a token, apart from communication.
+    manual = manual_tensor_parallel(models["spyreccl"][0], dist.group.WORLD.group_name)
+    variants.append(Variant("spyreccl manual eager", manual, manual, device, synchronizer(device)))
     total = len(variants) * args.rounds * (args.new_tokens - 1)
     t0 = time.perf_counter()
     with say.bar(total, "timing decode") as bar:
@@ -232,6 +241,14 @@ def _print_latency(say, stats, alone, forms, cfg, numel) -> None:
     for form in forms:
         r = stats[f"gloo {form}"]["median"] / stats[f"spyreccl {form}"]["median"]
         say(f"gloo / spyreccl per token, {form}: {r:.2f}x")
+    manual = stats["spyreccl manual eager"]["median"]
+    ours, floor = stats["spyreccl eager"]["median"], stats["floor spyreccl eager"]["median"]
+    vs_alone = (manual - floor) * 1e3 / (calls * alone[("spyreccl", "functional")])
+    say(
+        f"spyreccl eager without DTensor (the same all_reduces issued by hooks): "
+        f"{manual:.2f} ms per token, collectives {manual - floor:.3f} ms ({vs_alone:.2f}x "
+        f"alone); DTensor's eager dispatch: {ours - manual:.2f} ms of the token"
+    )
 
 
 # ----------------------------------------------------------------------------------------

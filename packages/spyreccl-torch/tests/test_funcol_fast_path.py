@@ -1,7 +1,7 @@
 """The functional collectives' fast path: what DTensor, FSDP2 and compiled graphs call.
 
 The `_c10d_functional` ops reach the backend as asynchronous calls (``asyncOp=True``). Small
-ones (at most SPYRECCL_INLINE_FUNCTIONAL_MAX_BYTES, 64 KiB by default) run on the calling thread
+ones (at most SPYRECCL_INLINE_FUNCTIONAL_MAX_BYTES, 1 MiB by default) run on the calling thread
 when the group's progress thread is idle; larger ones stay queued so that computation placed
 between the collective and its ``wait_tensor`` overlaps the transfer. For spyre tensors,
 ``wait_tensor`` and ``all_reduce`` also have C++ autograd kernels instead of torch's Python
@@ -234,8 +234,16 @@ def run_bound_probe(value, numel, ctx):
 
 @pytest.mark.parametrize(
     ("value", "numel", "inline"),
-    [("0", 1, False), ("400", 100, True), ("400", 101, False), ("", 16384, True)],
-    ids=["disabled", "at-bound", "above-bound", "default-64KiB"],
+    [
+        ("0", 1, False),
+        ("400", 100, True),
+        ("400", 101, False),
+        # The default covers every all_reduce of a tensor-parallel decode step (at most
+        # 32 x 8192 float32 = 1 MiB), which eager DTensor waits for at the next use.
+        ("", 1 << 18, True),
+        ("", (1 << 18) + 1, False),
+    ],
+    ids=["disabled", "at-bound", "above-bound", "default-1MiB", "above-default"],
 )
 def test_functional_bound_is_configurable_and_async_op_never_inline(
     rank_pool, value, numel, inline

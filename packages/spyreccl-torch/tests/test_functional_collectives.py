@@ -535,11 +535,11 @@ _UNWAITED_SCRIPT = textwrap.dedent(
     torch.ops._c10d_functional.all_reduce(x, "avg", dist.group.WORLD.group_name)
     assert registry_size() == 1
     # The same through the functions compiled graphs call (spyreccl_torch._C._direct_op),
-    # one of them 1 MiB and queued (above the functional inline bound) at exit.
+    # one of them just above 1 MiB and queued (above the functional inline bound) at exit.
     from spyreccl_torch._C import _direct_op
     all_reduce = _direct_op(torch.ops._c10d_functional.all_reduce.default)
     all_reduce(x, "avg", dist.group.WORLD.group_name)
-    big = torch.full((512, 512), float(rank), device="spyre")
+    big = torch.full((513, 512), float(rank), device="spyre")
     all_reduce(big, "sum", dist.group.WORLD.group_name)
     assert registry_size() == 3
     print("UNWAITED-OK", flush=True)

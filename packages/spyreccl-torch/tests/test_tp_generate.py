@@ -22,6 +22,7 @@ from spyreccl_torch.models.llama import (
     LlamaConfig,
     compile_blocks,
     local_shard_model,
+    manual_tensor_parallel,
     tensor_parallel,
 )
 
@@ -90,6 +91,13 @@ def _tp_generate_case(seed: int, form: str) -> dict:
         )  # fmt: skip
     check = compare_tokens(got.tokens, reference, TIE_TOLERANCE)
     assert check.ok, f"{form}, {ws} ranks: {check.message}"
+    if form == "eager":
+        # The same shards with the same all_reduces issued by hooks, without DTensor (the
+        # decode benchmark's measure of DTensor's eager dispatch): the same tokens.
+        manual = generate(manual_tensor_parallel(tp, dist.group.WORLD.group_name), prompts,
+                          NEW_TOKENS, device=device, dtype=torch.float32)  # fmt: skip
+        manual_check = compare_tokens(manual.tokens, reference, TIE_TOLERANCE)
+        assert manual_check.ok, f"manual tensor parallel, {ws} ranks: {manual_check.message}"
     # The compute floor runs the same shards without collectives: its row-parallel outputs
     # are partial sums, so (unlike the tensor-parallel model) it must not reproduce them.
     floor = generate(local_shard_model(tp), prompts, NEW_TOKENS, device=device,

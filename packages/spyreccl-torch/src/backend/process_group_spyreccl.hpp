@@ -57,14 +57,17 @@ constexpr size_t kDefaultInlineMaxBytes = size_t{4} << 20;
 // Functional collectives (`_c10d_functional`, what DTensor, FSDP2 and compiled graphs call)
 // of at most this many bytes run on the calling thread too, under the same conditions. They
 // are asynchronous calls whose callers may place computation before their wait_tensor, so
-// the default bound is the size whose transfer takes about as long as the hand-off to the
-// progress thread that running inline saves (docs/performance.md, "Functional
-// collectives"); larger ones keep overlapping with the caller's computation.
+// the default bound is about the size whose transfer takes as long as the hand-off to the
+// progress thread that running inline saves: 1 MiB, where the hand-off costs 30-70 us
+// against ~95 us for the transfer inline (docs/notes/tp-decode.md). It covers every
+// all_reduce of a tensor-parallel decode step (batch x width, at most 32 x 8192 float32),
+// which eager DTensor issues asynchronously and waits for at the next use; larger ones keep
+// overlapping with the caller's computation.
 // dist.*(async_op=True) never runs inline: its Work may be waited on with a timeout of its
 // own or polled, which a call that blocked until its peers arrived would defeat; its wait()
 // runs the operation itself when the progress thread has not started it yet.
 constexpr const char* kInlineFunctionalMaxBytesEnv = "SPYRECCL_INLINE_FUNCTIONAL_MAX_BYTES";
-constexpr size_t kDefaultInlineFunctionalMaxBytes = 64 * 1024;
+constexpr size_t kDefaultInlineFunctionalMaxBytes = size_t{1} << 20;
 // A send or receive. The runner issues it itself (alone, or with its neighbours inside one
 // spyrecclGroupStart/End) so that a failure can name the operation's sequence number.
 struct PeerCall {

@@ -240,6 +240,15 @@ def test_decode_mode_tiny_model(tmp_path, capsys):
         assert r["gloo_over_spyreccl"] == pytest.approx(
             r["gloo"]["token_ms"] / r["spyreccl"]["token_ms"]
         )
+        # Eager: the same all_reduces without DTensor, and DTensor's share derived from it.
+        manual, ours = r["manual spyreccl"], r["spyreccl"]
+        assert manual["steps"] == 4 and 0 < manual["token_ms"] <= manual["p90_ms"]
+        assert ours["dtensor_ms"] == pytest.approx(ours["token_ms"] - manual["token_ms"])
+        assert ours["manual_comm_vs_alone"] == pytest.approx(
+            (manual["token_ms"] - r["floor spyreccl"]["token_ms"])
+            * 1e3
+            / (r["all_reduces_per_token"] * ours["alone_us"])
+        )
     assert (tmp_path / "decode.png").stat().st_size > 10_000
     assert "# decode: ms per token" in capsys.readouterr().out
 

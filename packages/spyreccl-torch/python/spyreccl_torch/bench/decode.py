@@ -11,6 +11,9 @@ same rank processes time, round by round in rotating order:
 - ``floor spyreccl`` / ``floor gloo``: the compute floor, the same per-rank shards on the
   same device with the collectives skipped (``local_shard_model``: wrong numbers, right
   timing);
+- ``manual spyreccl`` (eager only): the same shards with the same all_reduces issued by
+  forward hooks, without DTensor (``manual_tensor_parallel``); ``spyreccl`` minus it is
+  DTensor's eager dispatch, it minus the floor the collectives in the model's context;
 
 eager and ``torch.compile``d (each block compiled), and the all_reduce of one step alone
 (eager: ``_c10d_functional.all_reduce`` + ``wait_tensor``, as DTensor issues it; compiled:
@@ -118,7 +121,12 @@ def _run_case(envs: dict, args: dict, case: dict, heartbeat: Any) -> dict:
     from torch.distributed.device_mesh import DeviceMesh
 
     from ..models.generate import make_prompts
-    from ..models.llama import compile_blocks, local_shard_model, random_tensor_parallel
+    from ..models.llama import (
+        compile_blocks,
+        local_shard_model,
+        manual_tensor_parallel,
+        random_tensor_parallel,
+    )
     from .decode_timing import Variant, isolated_all_reduce_us, synchronizer, time_variants
 
     n = args["nranks"]
@@ -149,6 +157,9 @@ def _run_case(envs: dict, args: dict, case: dict, heartbeat: Any) -> dict:
             Variant(f"floor {level}", floor,
                     compile_blocks(floor, dynamic=False) if compiled else floor, device, sync)
         )  # fmt: skip
+        if level == "spyreccl" and not compiled:
+            manual = manual_tensor_parallel(tp, dist.group.WORLD.group_name)
+            variants.append(Variant("manual spyreccl", manual, manual, device, sync))
     time_variants(
         variants, prompts, args["new_tokens"], args["rounds"], dtype, dist.group.WORLD,
         on_step=heartbeat,
@@ -193,6 +204,10 @@ def _row(case: dict, per_rank: list[dict], nranks: int) -> dict:
         row[level]["vs_floor"] = tok / floor
         row[level]["comm_ms"] = tok - floor
         row[level]["comm_vs_alone"] = (tok - floor) * 1e3 / (calls * alone)
+        if f"manual {level}" in row:
+            manual = row[f"manual {level}"]["token_ms"]
+            row[level]["dtensor_ms"] = tok - manual
+            row[level]["manual_comm_vs_alone"] = (manual - floor) * 1e3 / (calls * alone)
     if "gloo" in row and "spyreccl" in row:
         row["gloo_over_spyreccl"] = row["gloo"]["token_ms"] / row["spyreccl"]["token_ms"]
     return row
@@ -202,12 +217,13 @@ def format_table(rows: list[dict]) -> str:
     head = (
         f"{'n':>2} {'width':>6} {'batch':>5} {'dtype':<9}{'form':<9}{'AR size':>8}"
         f"{'spyreccl':>10}{'floor':>9}{'x floor':>8}{'comm':>8}{'vs alone':>9}"
-        f"{'gloo':>9}{'floor':>9}{'gloo/ours':>10}"
+        f"{'gloo':>9}{'floor':>9}{'gloo/ours':>10}{'DTensor':>9}{'w/o DT':>8}"
     )
     lines = [
         "# decode: ms per token (median over steps, mean over ranks); floor = same shards, "
         "no collectives; comm = token - floor; vs alone = comm / (all_reduces per token x "
-        "one all_reduce timed alone)",
+        "one all_reduce timed alone); DTensor = token - the same all_reduces issued by hooks "
+        "without DTensor (eager), w/o DT = that one's comm vs alone",
         head,
         "-" * len(head),
     ]
@@ -230,6 +246,8 @@ def format_table(rows: list[dict]) -> str:
             cells += f"{gl['token_ms']:9.2f}{r['floor gloo']['token_ms']:9.2f}"
             if ours:
                 cells += f"{r['gloo_over_spyreccl']:9.2f}x"
+        if ours and "dtensor_ms" in ours:
+            cells += f"{ours['dtensor_ms']:9.2f}{ours['manual_comm_vs_alone']:8.2f}"
         lines.append(prefix + cells)
     return "\n".join(lines)
 

@@ -29,6 +29,7 @@ __all__ = [
     "LlamaConfig",
     "compile_blocks",
     "local_shard_model",
+    "manual_tensor_parallel",
     "random_tensor_parallel",
     "tensor_parallel",
     "tp_plan",
@@ -304,6 +305,26 @@ def local_shard_model(tp_model: Llama) -> Llama:
     floor.rope_cos = tp_model.rope_cos
     floor.rope_sin = tp_model.rope_sin
     return floor
+
+
+def manual_tensor_parallel(tp_model: Llama, group_name: str) -> Llama:
+    """Tensor parallelism without DTensor: :func:`local_shard_model` of ``tp_model`` (the
+    same shards, shared) whose row-parallel projections (``wo``, ``w2``) all-reduce their
+    partial sums in a forward hook, ``_c10d_functional.all_reduce`` + ``wait_tensor`` over
+    the group named ``group_name``: the calls DTensor's ``RowwiseParallel`` makes, and the
+    same numbers as ``tp_model``. Its time minus ``tp_model``'s is the cost of DTensor's
+    eager dispatch (wrapping, sharding propagation, redistribution) around the same
+    computation and collectives."""
+    model = local_shard_model(tp_model)
+    functional = torch.ops._c10d_functional
+
+    def all_reduce(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        return functional.wait_tensor(functional.all_reduce(out, "sum", group_name))
+
+    for layer in model.layers:
+        layer.attention.wo.register_forward_hook(all_reduce)
+        layer.feed_forward.w2.register_forward_hook(all_reduce)
+    return model
 
 
 def compile_blocks(model: Llama, **options) -> Llama:
