@@ -191,22 +191,13 @@ def test_the_cpp_wrapper_names_the_torch_it_needs() -> None:
         compiled(torch.randn(8, device="spyre"))
 
 
-# Inductor's lowering of spyre graphs fails on torch 2.15 ("No interface for device spyre"):
-# a known gap (docs/user-guide.md, "torch versions"); strict, so a fix shows up here.
-_INDUCTOR_215 = pytest.mark.xfail(
-    TORCH_MINOR >= (2, 15),
-    reason="inductor on spyre is not yet supported on torch 2.15 (No interface for device spyre)",
-    strict=True,
-)
-
-
 @pytest.mark.parametrize(
     "backend",
     [
         "eager",
         "aot_eager",
-        pytest.param("inductor", marks=_INDUCTOR_215),
-        pytest.param("inductor-cpp", marks=[_CPP_WRAPPER, _INDUCTOR_215]),
+        "inductor",
+        pytest.param("inductor-cpp", marks=_CPP_WRAPPER),
     ],
 )
 def test_compiled_collectives_match_eager(rank_pool, backend, seed):
@@ -216,7 +207,6 @@ def test_compiled_collectives_match_eager(rank_pool, backend, seed):
         assert all(i["code_lines"] > 0 for i in infos)
 
 
-@_INDUCTOR_215
 def test_inductor_really_ran(rank_pool, seed):
     counts = rank_pool.run(_inductor_counters, DEVICE, seed, timeout=400)
     assert all(c > 0 for c in counts), counts

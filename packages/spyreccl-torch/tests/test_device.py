@@ -874,11 +874,6 @@ def test_compile_matches_eager(rng, backend):
     torch.testing.assert_close(out.cpu(), expected)
 
 
-@pytest.mark.xfail(
-    tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 15),
-    reason="inductor on spyre is not yet supported on torch 2.15 (No interface for device spyre)",
-    strict=True,
-)
 def test_compile_inductor_matches_eager():
     # Fresh interpreter: inductor compiles C++ and registers spyre lazily on first use.
     out = assert_fresh_ok(

@@ -271,18 +271,28 @@ def run_every_op(seed, numel, ctx, group_object=False, calls="torch.ops"):
     poisoned (or fresh) so that an unwritten element fails. The group is passed by name, or
     as the ProcessGroup object (the ops' ``Any group_name`` takes both). ``calls``: through
     torch.ops, or through the functions spyre's inductor wrappers call (``direct``), which
-    must not fall back to torch's Python operator call unless given a group object."""
+    must not fall back to torch's Python operator call unless given a group object.
+
+    Returns the number of fallbacks, of calls run without a Work, and of calls waited at once
+    that took a Work only because the progress thread had work at that moment (a job it
+    had just finished, e.g. the previous test's: which calls, if any, depends on thread
+    scheduling)."""
     from spyreccl_torch import _C
 
     ops = CALLS[calls]
     registry = torch._C._distributed_c10d._get_work_registry_size
-    base, before = registry(), _C._waited_functional_calls()
+    base = registry()
+    before = _C._waited_functional_calls(), _C._waited_behind_progress_thread_calls()
     with _python_operator_calls() as fallbacks:
         _every_op(ops, seed, numel, ctx, dist.group.WORLD if group_object else _name())
     if calls != "torch.ops":
         assert bool(fallbacks) == group_object, fallbacks
     assert registry() == base, ("left registered", registry() - base)
-    return len(fallbacks), _C._waited_functional_calls() - before
+    return (
+        len(fallbacks),
+        _C._waited_functional_calls() - before[0],
+        _C._waited_behind_progress_thread_calls() - before[1],
+    )
 
 
 def _every_op(ops, seed, numel, ctx, name):
@@ -364,9 +374,12 @@ def _every_op(ops, seed, numel, ctx, name):
 def test_every_functional_op_matches_float64(rank_pool, numel, calls):
     results = rank_pool.run(run_every_op, fresh_seed(), numel, calls=calls, timeout=RUN_TIMEOUT)
     # Waited at once, every one of them ran without a Work (none falls back to torch's
-    # implementation at these sizes); otherwise none did.
+    # implementation at these sizes), except where the progress thread was still busy with a
+    # job it had finished (scheduling decides that, so such a call counts as well, by its own
+    # counter: one refused for any other reason — size, bound, the switch — counts nowhere);
+    # otherwise none did.
     expected = LEAN_CALLS_OF_EVERY_OP if calls == "waited" else 0
-    assert [waited for _, waited in results] == [expected] * len(results), results
+    assert [waited + behind for _, waited, behind in results] == [expected] * len(results), results
 
 
 @pytest.mark.skipif(
@@ -540,18 +553,25 @@ def run_waited_without_work(seed, numel, ctx):
     def check(out, what):
         assert_close_dtype(out.cpu(), expected, torch.float32, ctx.world_size, seed=seed, what=what)
 
-    before = _C._waited_functional_calls()
+    def behind() -> int:
+        # Calls that took a Work only because the progress thread was still busy (with the
+        # previous test's last job): scheduling decides, and such a call registers its Work.
+        return _C._waited_behind_progress_thread_calls()
+
+    before, behind_before = _C._waited_functional_calls(), behind()
     tensor = mine.clone()
     waited.all_reduce_(tensor, "sum", _name())
-    assert registry() == base, ("registered", registry() - base)
+    assert registry() - base == behind() - behind_before, ("registered", registry() - base)
     waited.wait_tensor(tensor)
     check(tensor, "all_reduce_")
+    behind_first = behind()
     out = waited.all_reduce(mine, "sum", _name())
-    assert registry() == base, ("registered", registry() - base)
+    assert registry() - base == behind() - behind_first, ("registered", registry() - base)
     waited.wait_tensor(out)
     check(out, "all_reduce")
     torch.testing.assert_close(mine.cpu(), inputs[ctx.rank])  # out of place: input untouched
-    assert _C._waited_functional_calls() - before == 2
+    ran_without_work = _C._waited_functional_calls() - before
+    assert ran_without_work + behind() - behind_before == 2
 
     _C._set_waited_without_work(False)
     try:
@@ -569,7 +589,7 @@ def run_waited_without_work(seed, numel, ctx):
         waited.wait_tensor(tensor)
     check(tensor, "all_reduce_, profiled")
     assert "spyreccl:all_reduce" in {event.name for event in prof.events()}
-    assert _C._waited_functional_calls() - before == 2
+    assert _C._waited_functional_calls() - before == ran_without_work
     assert registry() == base
 
 

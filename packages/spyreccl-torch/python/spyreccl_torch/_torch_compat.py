@@ -24,6 +24,13 @@ CPP_WRAPPER_MINOR = (2, 13)
 GRAPHSAFE_RNG_MINOR = (2, 13)
 
 
+# Where inductor's C++ code generation learns a device's ATen device type (``at::k...``):
+# up to torch 2.14 from the dict ``torch._inductor.codegen.cpp_utils.DEVICE_TO_ATEN``; from
+# 2.15 from the device's registered ``DeviceOpOverrides.aten_device_type()`` (the dict is
+# gone, and a device without the method cannot be compiled for at all).
+ATEN_DEVICE_TYPE_FROM_OVERRIDES_MINOR = (2, 15)
+
+
 def require(minor: tuple[int, int], what: str) -> None:
     """Raises a RuntimeError saying that `what` needs torch >= `minor` when torch is older."""
     if minor > TORCH_MINOR:

@@ -61,6 +61,7 @@ namespace {
 std::atomic<bool> leanEnabled{true};
 std::atomic<uint64_t> leanCalls{0};
 std::atomic<uint64_t> waitedCalls{0};
+std::atomic<uint64_t> waitedBehindProgressThread{0};
 std::atomic<bool> waitedEnabled{true};
 }  // namespace
 
@@ -73,6 +74,14 @@ bool leanFunctional() { return leanEnabled.load(std::memory_order_relaxed); }
 uint64_t leanFunctionalCalls() { return leanCalls.load(std::memory_order_relaxed); }
 
 uint64_t waitedFunctionalCalls() { return waitedCalls.load(std::memory_order_relaxed); }
+
+uint64_t waitedBehindProgressThreadCalls() {
+  return waitedBehindProgressThread.load(std::memory_order_relaxed);
+}
+
+void countWaitedBehindProgressThread() {
+  waitedBehindProgressThread.fetch_add(1, std::memory_order_relaxed);
+}
 
 namespace {
 

@@ -63,6 +63,11 @@ bool leanFunctional();
 uint64_t leanFunctionalCalls();
 // How many of those, waited at once, ran without a Work (ProcessGroupSpyreccl::runWaited).
 uint64_t waitedFunctionalCalls();
+// How many collectives waited at once would have run without a Work but for the progress
+// thread having work at that moment (ProcessGroupSpyreccl::runWaited): they took a Work.
+// Which calls those are depends on thread scheduling; tests count them beside the others.
+uint64_t waitedBehindProgressThreadCalls();
+void countWaitedBehindProgressThread();
 // On by default; off, collectives waited at once create their Work like the others (for
 // comparisons: spyreccl_torch._C._set_waited_without_work).
 void setWaitedWithoutWork(bool enabled);

@@ -154,6 +154,10 @@ PYBIND11_MODULE(_C, module) {
              "How many functional collectives took the lean path in this process.");
   module.def("_waited_functional_calls", &spyreccl_torch::waitedFunctionalCalls,
              "How many of them were waited at once (wait_follows) and ran without a Work.");
+  module.def("_waited_behind_progress_thread_calls",
+             &spyreccl_torch::waitedBehindProgressThreadCalls,
+             "How many of them, waited at once, took a Work only because the group's progress "
+             "thread had work at that moment (depends on thread scheduling).");
   module.def("_set_waited_without_work", &spyreccl_torch::setWaitedWithoutWork, py::arg("enabled"),
              "Turns off (or back on, the default) running functional collectives waited at "
              "once without a Work; for comparisons and tests.");

@@ -68,6 +68,40 @@ void ProcessGroupSpyreccl::recordParamComms(const OpRecord& op, uint64_t seq) {
                               globalRankStride_, size_, op.asyncOp);
 }
 
+namespace {
+
+// What runsInline() decides, and why not where it matters: kBusy when `op` would run inline
+// but for the progress thread having work.
+enum class InlineVerdict { kRun, kBusy, kNo };
+
+// The largest payload that `op`'s kind of call may run inline (0: none; see runsInline()).
+size_t inlineBound(const OpRecord& op, size_t syncMaxBytes, size_t functionalMaxBytes) {
+  if (!op.asyncOp) {
+    return syncMaxBytes;
+  }
+  if (inFunctionalCall()) {
+    return waitFollows() ? std::max(syncMaxBytes, functionalMaxBytes) : functionalMaxBytes;
+  }
+  return 0;
+}
+
+InlineVerdict inlineVerdict(const OpRecord& op, size_t bound, const ProgressThread& progress) {
+  if (bound == 0 || payloadBytes(op) > bound) {
+    return InlineVerdict::kNo;
+  }
+  for (const Step& step : op.steps) {
+    if (step.peerCall) {
+      return InlineVerdict::kNo;
+    }
+  }
+  // Last, and read once: the only condition that depends on thread scheduling (the
+  // progress thread retires a job just after completing its Work, so a caller woken by
+  // that completion may still find it busy).
+  return progress.idle() ? InlineVerdict::kRun : InlineVerdict::kBusy;
+}
+
+}  // namespace
+
 bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
   // Inline only when it cannot be observed except as lower latency:
   //  - a collective: an inline blocking send could deadlock an exchange whose matching
@@ -88,22 +122,8 @@ bool ProcessGroupSpyreccl::runsInline(const OpRecord& op) const {
   //    * dist.*(async_op=True) never: its Work may be polled or waited on with a timeout
   //      of its own (WorkSpyreccl::wait runs it on the waiting thread instead, when the
   //      progress thread has not started it yet).
-  size_t bound = 0;
-  if (!op.asyncOp) {
-    bound = inlineMaxBytes_;
-  } else if (inFunctionalCall()) {
-    bound = waitFollows() ? std::max(inlineMaxBytes_, inlineFunctionalMaxBytes_)
-                          : inlineFunctionalMaxBytes_;
-  }
-  if (bound == 0 || !progress_->idle()) {
-    return false;
-  }
-  for (const Step& step : op.steps) {
-    if (step.peerCall) {
-      return false;
-    }
-  }
-  return payloadBytes(op) <= bound;
+  return inlineVerdict(op, inlineBound(op, inlineMaxBytes_, inlineFunctionalMaxBytes_),
+                       *progress_) == InlineVerdict::kRun;
 }
 
 bool ProcessGroupSpyreccl::postsInline(const OpRecord& op) const {
@@ -222,7 +242,14 @@ bool ProcessGroupSpyreccl::runWaited(OpRecord& op) {
     return false;
   }
   std::lock_guard<std::mutex> submitting(submitMutex_);
-  if (!runsInline(op)) {
+  // runsInline(), keeping the reason: one refused only because the progress thread has
+  // work is counted (a matter of scheduling, which tests tell apart from a refusal).
+  const InlineVerdict verdict =
+      inlineVerdict(op, inlineBound(op, inlineMaxBytes_, inlineFunctionalMaxBytes_), *progress_);
+  if (verdict != InlineVerdict::kRun) {
+    if (verdict == InlineVerdict::kBusy) {
+      countWaitedBehindProgressThread();
+    }
     return false;
   }
   const uint64_t seq = numberOp(op);

@@ -35,10 +35,17 @@ from torch._inductor import ir
 from torch._inductor.codegen import cpp_utils
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
-from spyreccl_torch._torch_compat import CPP_WRAPPER_MINOR, require
+from spyreccl_torch._torch_compat import (
+    ATEN_DEVICE_TYPE_FROM_OVERRIDES_MINOR,
+    CPP_WRAPPER_MINOR,
+    TORCH_MINOR,
+    require,
+)
 from spyreccl_torch.device._wait_placement import waited_at_once_or_none
 
 _DEVICE = "spyre"
+# Spyre's device type in C++ (a PrivateUse1 device).
+ATEN_DEVICE_TYPE = "at::kPrivateUse1"
 
 # The CPU shims inductor names for these collectives (ir._AllReduce_Kernel, _AllReduceKernel),
 # mapped to functions of the same C signature that this wrapper defines in the generated
@@ -382,5 +389,8 @@ def _aot_mode() -> bool:
 
 def register_device_name() -> None:
     """Lets the C++ wrapper name spyre's device type (``at::kPrivateUse1``): used for
-    allocations (``cached_torch_device_type_privateuse1``) and device arguments."""
-    cpp_utils.DEVICE_TO_ATEN.setdefault(_DEVICE, "at::kPrivateUse1")
+    allocations (``cached_torch_device_type_privateuse1``) and device arguments. From torch
+    2.15 inductor asks the device's op overrides instead
+    (``SpyreDeviceOpOverrides.aten_device_type``), and the dict is gone."""
+    if TORCH_MINOR < ATEN_DEVICE_TYPE_FROM_OVERRIDES_MINOR:
+        cpp_utils.DEVICE_TO_ATEN.setdefault(_DEVICE, ATEN_DEVICE_TYPE)

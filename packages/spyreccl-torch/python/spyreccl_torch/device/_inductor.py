@@ -48,7 +48,11 @@ from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPython
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 
-from spyreccl_torch.device._cpp_wrapper import SpyreCppWrapperCodegen, register_device_name
+from spyreccl_torch.device._cpp_wrapper import (
+    ATEN_DEVICE_TYPE,
+    SpyreCppWrapperCodegen,
+    register_device_name,
+)
 from spyreccl_torch.device._wait_placement import waited_at_once_or_none
 
 _DEVICE = "spyre"
@@ -246,6 +250,12 @@ class SpyreDeviceOpOverrides(CpuDeviceOpOverrides):
 
     def device_guard(self, device_idx: int) -> str:
         return f"torch.spyre.device({device_idx})"
+
+    def aten_device_type(self) -> str:
+        # Asked by torch >= 2.15's C++ code generation (older ones read
+        # cpp_utils.DEVICE_TO_ATEN, see register_device_name); the CPU answer inherited
+        # otherwise would put the C++ wrapper's buffers on the host device.
+        return ATEN_DEVICE_TYPE
 
 
 class SpyreInterface(CpuInterface):
