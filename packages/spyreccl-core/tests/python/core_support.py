@@ -16,9 +16,12 @@ supplies:
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -184,3 +187,53 @@ def check_reduction(
 
 
 assert_bytes_equal = numerics.assert_bytes_equal
+
+
+# ---------------------------------------------------------------------------------------
+# Ranks in processes of their own (cases that kill a rank or need a per-rank environment
+# ruin or bypass a pool)
+# ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def own_processes(
+    target: Callable[..., None],
+    args_per_rank: Sequence[tuple[Any, ...]],
+    *,
+    method: str = "fork",
+) -> Iterator[tuple[list[Connection], list[multiprocessing.process.BaseProcess]]]:
+    """Starts target(*args, conn) for each rank's args; yields (pipes, processes).
+
+    Each rank reports through `conn`, the child end of its pipe; the test reads the parent
+    ends. On leaving, every process is joined, and one still alive after 10 s is killed, so
+    that a failing assertion never leaves a rank behind.
+    """
+    ctx = multiprocessing.get_context(method)
+    pipes: list[Connection] = []
+    procs: list[multiprocessing.process.BaseProcess] = []
+    try:
+        for args in args_per_rank:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=target, args=(*args, child), daemon=True)
+            proc.start()
+            child.close()
+            pipes.append(parent)
+            procs.append(proc)
+        yield pipes, procs
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def collect_reports(pipes: Sequence[Connection], timeout: float) -> list[Any]:
+    """Each rank's ("ok", value) report, in rank order; a rank's ("error", text) fails."""
+    results = []
+    for rank, conn in enumerate(pipes):
+        assert conn.poll(timeout), f"rank {rank} did not report"
+        kind, value = conn.recv()
+        assert kind == "ok", f"rank {rank}: {value}"
+        results.append(value)
+    return results

@@ -11,13 +11,13 @@ read its buffer fails them cleanly, leaving no segment or descriptor behind.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import time
 
 import numpy as np
 import pytest
+from core_support import collect_reports, own_processes
 
 import spyreccl_core
 from spyreccl_testing.shm import assert_no_leftovers, spyreccl_segments
@@ -142,30 +142,10 @@ def _rank_main(rank, size, uid, env, seed, conn):
 
 
 def _run_ranks(size: int, env: dict, seed: int) -> list[dict]:
-    ctx = multiprocessing.get_context("fork")
     uid = spyreccl_core.UniqueId().to_bytes()
-    pipes, procs = [], []
-    for rank in range(size):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_rank_main, args=(rank, size, uid, env, seed, child))
-        proc.start()
-        child.close()
-        pipes.append(parent)
-        procs.append(proc)
-    results = []
-    try:
-        for rank, conn in enumerate(pipes):
-            assert conn.poll(60), f"rank {rank} did not report"
-            kind, value = conn.recv()
-            assert kind == "ok", f"rank {rank}: {value}"
-            results.append(value)
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    return results
+    args = [(rank, size, uid, env, seed) for rank in range(size)]
+    with own_processes(_rank_main, args) as (pipes, _):
+        return collect_reports(pipes, timeout=60)
 
 
 @pytest.mark.parametrize("size", [2, 3])
@@ -215,17 +195,8 @@ def _victim_or_survivor(rank, uid, conn):
 
 def test_peer_killed_during_large_single_copy_broadcast_fails_cleanly():
     before = spyreccl_segments()
-    ctx = multiprocessing.get_context("fork")
     uid = spyreccl_core.UniqueId().to_bytes()
-    pipes, procs = [], []
-    for rank in range(2):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_victim_or_survivor, args=(rank, uid, child), daemon=True)
-        proc.start()
-        child.close()
-        pipes.append(parent)
-        procs.append(proc)
-    try:
+    with own_processes(_victim_or_survivor, [(rank, uid) for rank in range(2)]) as (pipes, procs):
         for conn in pipes:
             assert conn.poll(30) and conn.recv() == ("ready",)
         time.sleep(0.2)  # broadcasts of 64 MiB are under way, each a few milliseconds
@@ -237,11 +208,5 @@ def test_peer_killed_during_large_single_copy_broadcast_fails_cleanly():
         assert "rank 0" in message
         assert at - killed_at < 2.0, f"the death was noticed after {at - killed_at:.2f} s"
         assert leaked_fds == 0, f"{leaked_fds} descriptor(s) left open after destroy"
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
     assert procs[0].exitcode == -signal.SIGKILL
     assert_no_leftovers(before, set())

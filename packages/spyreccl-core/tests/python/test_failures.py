@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from core_support import own_processes
 
 import spyreccl_core
 from spyreccl_core import DataType, ReduceOp
@@ -292,16 +293,8 @@ def test_sigkilled_rank_raises_remote_error_and_leaves_no_segments():
     before = spyreccl_segments()
     size = 3
     uid = spyreccl_core.UniqueId().to_bytes()
-    ctx = multiprocessing.get_context("fork")
-    pipes, procs = [], []
-    for rank in range(size):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_doomed_rank, args=(rank, size, uid, child), daemon=True)
-        proc.start()
-        child.close()
-        pipes.append(parent)
-        procs.append(proc)
-    try:
+    args = [(rank, size, uid) for rank in range(size)]
+    with own_processes(_doomed_rank, args) as (pipes, procs):
         ours = set()
         for conn in pipes:
             assert conn.poll(30), "rank did not form the communicator"
@@ -315,12 +308,6 @@ def test_sigkilled_rank_raises_remote_error_and_leaves_no_segments():
             _, error, at = pipes[rank].recv()
             assert isinstance(error, spyreccl_core.RemoteError), (rank, error)
             assert at - killed_at < 2.0, f"rank {rank} noticed the death after {at - killed_at}s"
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
     assert procs[1].exitcode == -signal.SIGKILL
     assert_no_leftovers(before, ours)
 
@@ -352,16 +339,8 @@ def test_a_bystander_failure_names_the_dead_rank_first():
     """
     size = 3
     uid = spyreccl_core.UniqueId().to_bytes()
-    ctx = multiprocessing.get_context("fork")
-    pipes, procs = [], []
-    for rank in range(size):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_bystander_chain, args=(rank, size, uid, child), daemon=True)
-        proc.start()
-        child.close()
-        pipes.append(parent)
-        procs.append(proc)
-    try:
+    args = [(rank, size, uid) for rank in range(size)]
+    with own_processes(_bystander_chain, args) as (pipes, procs):
         for conn in pipes:
             assert conn.poll(30), "rank did not form the communicator"
             conn.recv()
@@ -378,12 +357,6 @@ def test_a_bystander_failure_names_the_dead_rank_first():
         assert re.search(r"rank 2 \(pid \d+\) failed with spyrecclRemoteError", first), text0
         assert "waiting for" in first and "rank 2" in first.split("waiting for")[1], text0
         pipes[2].send("done")
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
     assert procs[1].exitcode == -signal.SIGKILL
 
 

@@ -15,11 +15,11 @@ forked rank would inherit the test process's.
 
 from __future__ import annotations
 
-import multiprocessing
 import re
 
 import numpy as np
 import pytest
+from core_support import collect_reports, own_processes
 
 import spyreccl_core
 
@@ -105,30 +105,11 @@ def _rank_main(rank, size, uid, env, seed, conn):
 
 
 def _run_ranks(envs: list[dict], seed: int) -> list[dict]:
-    ctx = multiprocessing.get_context("spawn")
     uid = spyreccl_core.UniqueId().to_bytes()
-    pipes, procs = [], []
-    for rank, env in enumerate(envs):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_rank_main, args=(rank, len(envs), uid, env, seed, child))
-        proc.start()
-        child.close()
-        pipes.append(parent)
-        procs.append(proc)
-    results = []
-    try:
-        for rank, conn in enumerate(pipes):
-            assert conn.poll(120), f"rank {rank} did not report"
-            kind, value = conn.recv()
-            assert kind == "ok", f"rank {rank}: {value}"
-            results.append(value)
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    return results
+    args = [(rank, len(envs), uid, env, seed) for rank, env in enumerate(envs)]
+    # spawn: each rank's environment must be in place before the library is loaded.
+    with own_processes(_rank_main, args, method="spawn") as (pipes, _):
+        return collect_reports(pipes, timeout=120)
 
 
 def _floor(dump: str) -> int:
