@@ -22,7 +22,7 @@ DEADLINE=$(($(date +%s) + BUDGET_MIN * 60))
 MATRIX_ENVDIR=${SPYRECCL_MATRIX_ENVDIR:-${XDG_CACHE_HOME:-$HOME/.cache}/spyreccl-ci/nox}
 # By default every supported minor but 2.13 (which the full suite runs): 2.10 (torch-spyre's)
 # first, then the newest down. With its venv present and the compiler cache warm a smoke run
-# takes about 3 minutes on 2 quiet cores, so all five keep a run near 35 minutes
+# takes about 3 minutes on 2 quiet cores; a whole run with all five took 30 minutes
 # (docs/development.md, Torch versions). A minor whose build would be cold is skipped when
 # the budget cannot take it (noxfile.py, _smoke_affordable), and the run says so.
 # SPYRECCL_CI_SMOKE runs any set.
