@@ -1737,20 +1737,16 @@ def mode_nojoin() -> None:
     os._exit(0)
 
 
-def mode_skip() -> None:
-    """Flight recorder: every rank runs checked all_reduces on the world group; rank
-    $SPYRECCL_MN_SKIPPER then skips the next one and sleeps (outside any collective) until
-    its dump ($TORCH_FR_DUMP_TEMP_FILE + rank) appears, while the others call it and fail."""
+def _checked_all_reduces(ctx, steps: int, first_numel: int) -> tuple[list[str], list[dict]]:
+    """`steps` all_reduces on the world group, each checked against the float64 reference;
+    returns the failures and the flight recorder's entries after them."""
     from spyreccl_torch import flight_recorder
 
-    ctx = _init()
-    skipper = int(os.environ["SPYRECCL_MN_SKIPPER"])
-    report = _base_report(ctx)
     seed = int(os.environ.get("SPYRECCL_MN_SEED", "1"))
     failures = []
-    for step in range(3):
+    for step in range(steps):
         inputs = [
-            random_tensor(11 + step, torch.float32, seed=rank_seed(seed + step, r))
+            random_tensor(first_numel + step, torch.float32, seed=rank_seed(seed + step, r))
             for r in range(ctx.world_size)
         ]
         t = inputs[ctx.rank].to(_dev(ctx))
@@ -1758,11 +1754,24 @@ def mode_skip() -> None:
         want = reference_reduce(inputs, "sum")
         if not torch.allclose(t.cpu(), want.to(torch.float32), rtol=1e-5, atol=1e-5):
             failures.append(f"all_reduce {step}: {t.cpu().tolist()} != {want.tolist()}")
-    entries = pickle.loads(flight_recorder.dump())["entries"]
+    return failures, pickle.loads(flight_recorder.dump())["entries"]
+
+
+def _next_world_seq(entries: list[dict]) -> int:
+    """The collective sequence number the world group's next call will get."""
     name = dist.group.WORLD.group_name
-    report["missed"] = 1 + max(
-        e["collective_seq_id"] for e in entries if e["process_group"][0] == name
-    )
+    return 1 + max(e["collective_seq_id"] for e in entries if e["process_group"][0] == name)
+
+
+def mode_skip() -> None:
+    """Flight recorder: every rank runs checked all_reduces on the world group; rank
+    $SPYRECCL_MN_SKIPPER then skips the next one and sleeps (outside any collective) until
+    its dump ($TORCH_FR_DUMP_TEMP_FILE + rank) appears, while the others call it and fail."""
+    ctx = _init()
+    skipper = int(os.environ["SPYRECCL_MN_SKIPPER"])
+    report = _base_report(ctx)
+    failures, entries = _checked_all_reduces(ctx, steps=3, first_numel=11)
+    report["missed"] = _next_world_seq(entries)
     # What the recorder holds of the healthy calls (the job-level group and its stages).
     report["healthy"] = [
         (
@@ -1798,28 +1807,11 @@ def mode_mismatch_dump() -> None:
     $SPYRECCL_MN_SKIPPER broadcasts where the others all-reduce; the check exchange finds the
     mismatch and every rank must fail with MismatchError and dump ($TORCH_FR_DUMP_TEMP_FILE +
     rank)."""
-    from spyreccl_torch import flight_recorder
-
     ctx = _init()
     culprit = int(os.environ["SPYRECCL_MN_SKIPPER"])
     report = _base_report(ctx)
-    seed = int(os.environ.get("SPYRECCL_MN_SEED", "1"))
-    failures = []
-    for step in range(2):
-        inputs = [
-            random_tensor(9 + step, torch.float32, seed=rank_seed(seed + step, r))
-            for r in range(ctx.world_size)
-        ]
-        t = inputs[ctx.rank].to(_dev(ctx))
-        dist.all_reduce(t)
-        want = reference_reduce(inputs, "sum")
-        if not torch.allclose(t.cpu(), want.to(torch.float32), rtol=1e-5, atol=1e-5):
-            failures.append(f"all_reduce {step}: {t.cpu().tolist()} != {want.tolist()}")
-    entries = pickle.loads(flight_recorder.dump())["entries"]
-    name = dist.group.WORLD.group_name
-    report["missed"] = 1 + max(
-        e["collective_seq_id"] for e in entries if e["process_group"][0] == name
-    )
+    failures, entries = _checked_all_reduces(ctx, steps=2, first_numel=9)
+    report["missed"] = _next_world_seq(entries)
     t = _poisoned(8, torch.float32, _dev(ctx))
     start = time.monotonic()
     try:

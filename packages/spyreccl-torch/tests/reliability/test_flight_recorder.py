@@ -91,11 +91,16 @@ def rank_skips_all_reduce(ctx, seed: int, folder: str):
     return missed, elapsed, kind, message, True
 
 
-def test_rank_that_skips_an_all_reduce_is_named_by_torch_analyzer(launcher):
+def _run_and_analyze(launcher, scenario) -> tuple[list, list[str], str]:
+    """Runs a failing scenario with a fresh dump folder; returns the ranks' reports, the
+    files the ranks dumped there, and torch's analyzer's output over them."""
     with tempfile.TemporaryDirectory() as folder:
-        reports = launcher.run(_skip_scenario, fresh_seed(), folder, timeout=180)[0]
-        dumps = sorted(os.listdir(folder))
-        output = analyze(folder)
+        reports = launcher.run(scenario, fresh_seed(), folder, timeout=180)[0]
+        return reports, sorted(os.listdir(folder)), analyze(folder)
+
+
+def test_rank_that_skips_an_all_reduce_is_named_by_torch_analyzer(launcher):
+    reports, dumps, output = _run_and_analyze(launcher, _skip_scenario)
     assert dumps == [f"{PREFIX}{r}" for r in range(WORLD_SIZE)], dumps
     missed = reports[0][0]
     for rank, (seq, elapsed, kind, message, dumped_while_waiting) in enumerate(reports):
@@ -147,10 +152,7 @@ def _mismatch_scenario(seed: int, folder: str):
 
 
 def test_mismatched_collective_is_named_by_torch_analyzer(launcher):
-    with tempfile.TemporaryDirectory() as folder:
-        reports = launcher.run(_mismatch_scenario, fresh_seed(), folder, timeout=180)[0]
-        dumps = sorted(os.listdir(folder))
-        output = analyze(folder)
+    reports, dumps, output = _run_and_analyze(launcher, _mismatch_scenario)
     assert dumps == [f"{PREFIX}{r}" for r in range(WORLD_SIZE)], dumps
     missed = reports[0][0]
     for rank, (_seq, _elapsed, kind, message) in enumerate(reports):
@@ -326,10 +328,7 @@ def _monitored_skip_scenario(seed: int, folder: str):
 
 
 def test_rank_that_skips_a_monitored_barrier_is_named_by_torch_analyzer(launcher):
-    with tempfile.TemporaryDirectory() as folder:
-        reports = launcher.run(_monitored_skip_scenario, fresh_seed(), folder, timeout=180)[0]
-        dumps = sorted(os.listdir(folder))
-        output = analyze(folder)
+    reports, dumps, output = _run_and_analyze(launcher, _monitored_skip_scenario)
     assert dumps == [f"{PREFIX}{r}" for r in range(WORLD_SIZE)], (dumps, reports)
     missed = reports[0][0]
     assert reports == [
