@@ -237,3 +237,18 @@ def collect_reports(pipes: Sequence[Connection], timeout: float) -> list[Any]:
         assert kind == "ok", f"rank {rank}: {value}"
         results.append(value)
     return results
+
+
+def assert_matches_reference_and_staged(
+    got: dict, staged: dict, expected: dict, size: int, rank: int, path: str
+) -> None:
+    """One rank's float32 results of a path under test: within float32 rounding of the
+    float64 reference (sums of `size` terms), and bit for bit equal to the same calls on the
+    staged path (`path` names the path under test in the message)."""
+    for key, want in expected.items():
+        np.testing.assert_allclose(
+            got[key].astype(np.float64), want, rtol=1e-6, atol=1e-6 * size, err_msg=f"{key} r{rank}"
+        )
+        assert np.array_equal(got[key].view(np.uint32), staged[key].view(np.uint32)), (
+            f"{key} on rank {rank}: {path} and the staged path differ"
+        )

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from core_support import collect_reports, own_processes
+from core_support import assert_matches_reference_and_staged, collect_reports, own_processes
 
 import spyreccl_core
 from spyreccl_testing.shm import assert_no_leftovers, spyreccl_segments
@@ -159,15 +159,9 @@ def test_single_copy_and_forced_fallback_match_the_reference(size, seeded):
         reads = int(cma[rank]["dump"].split("(CMA) on, ")[1].split(" reads")[0])
         assert reads > 0, "ordinary buffers should have been read with process_vm_readv"
         assert ", 0 reads" in staged[rank]["dump"]
-        for key, want in _expected(seed, size, rank).items():
-            got = cma[rank][key]
-            # float32 sums of `size` terms against the float64 reference.
-            np.testing.assert_allclose(
-                got.astype(np.float64), want, rtol=1e-6, atol=1e-6 * size, err_msg=f"{key} r{rank}"
-            )
-            assert np.array_equal(got.view(np.uint32), staged[rank][key].view(np.uint32)), (
-                f"{key} on rank {rank}: single-copy and staged results differ"
-            )
+        assert_matches_reference_and_staged(
+            cma[rank], staged[rank], _expected(seed, size, rank), size, rank, "the single copy"
+        )
 
 
 def _open_fds() -> int:

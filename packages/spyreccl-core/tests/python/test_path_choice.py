@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 import pytest
-from core_support import collect_reports, own_processes
+from core_support import assert_matches_reference_and_staged, collect_reports, own_processes
 
 import spyreccl_core
 
@@ -125,14 +125,9 @@ def _cma_reads(dump: str) -> int:
 def _check_exact(results: list[dict], staged: list[dict], seed: int) -> None:
     size = len(results)
     for rank in range(size):
-        for key, want in _expected(seed, size, rank).items():
-            got = results[rank][key]
-            np.testing.assert_allclose(
-                got.astype(np.float64), want, rtol=1e-6, atol=1e-6 * size, err_msg=f"{key} r{rank}"
-            )
-            assert np.array_equal(got.view(np.uint32), staged[rank][key].view(np.uint32)), (
-                f"{key} on rank {rank}: the chosen path and the staged one differ"
-            )
+        assert_matches_reference_and_staged(
+            results[rank], staged[rank], _expected(seed, size, rank), size, rank, "the chosen path"
+        )
 
 
 # Contention is fixed (not read from the load average), so that the votes are the advisors'.
