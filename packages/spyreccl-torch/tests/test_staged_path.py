@@ -23,7 +23,14 @@ import torch
 import torch.distributed as dist
 
 CHUNK_BYTES = 4096
-DISCRETE = {"SPYRECCL_SPYRE_MEMORY": "discrete", "SPYRECCL_STAGING_CHUNK_BYTES": str(CHUNK_BYTES)}
+# Pipelines forced on: this file proves what they do whatever the machine's core count
+# (the default, auto, pipelines the emulated device's copies only given a spare core per
+# rank; test_auto_pipelines_where_a_core_is_spare checks that choice).
+DISCRETE = {
+    "SPYRECCL_SPYRE_MEMORY": "discrete",
+    "SPYRECCL_STAGING_CHUNK_BYTES": str(CHUNK_BYTES),
+    "SPYRECCL_STAGING_PIPELINE": "1",
+}
 
 POOL = {"backend": "cpu:gloo,spyre:spyreccl", "set_device": True}
 pytestmark = pytest.mark.rank_pool_options(**POOL, env=DISCRETE)
@@ -265,6 +272,73 @@ def test_pipeline_splits_along_the_chunk_size(rank_pool, seeded, numel, chunks):
         assert delta["pipelined_ops"] == 1, delta
         assert delta["pipeline_chunks"] == chunks, delta
         assert delta["bytes_to_host"] == numel * 4 and delta["bytes_from_host"] == numel * 4
+
+
+def large_staged_buffers(seed: int, ctx):
+    """An all_reduce and an all_gather of 300 000 float32 per rank (1.2 MiB: past the core's
+    256 KiB direct-path floor), fresh inputs into poisoned outputs, checked against float64;
+    returns the counter delta."""
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    numel = 300_000
+    inputs = _inputs(seed, world, numel, torch.float32)
+    exact = torch.stack([x.to(torch.float64) for x in inputs])
+    before = _counters()
+    t = inputs[rank].to(dev)
+    dist.all_reduce(t)
+    out = _poisoned(numel * world, torch.float32, dev)
+    dist.all_gather_into_tensor(out, inputs[rank].to(dev))
+    delta = _delta(before, _counters())
+    _close(t, exact.sum(0), torch.float32, "all_reduce 1.2 MiB")
+    _close(out, exact.reshape(-1), torch.float32, "all_gather_into_tensor 1.2 MiB")
+    return delta
+
+
+@pytest.mark.parametrize("arena", ["default", "off"])
+def test_large_host_buffers_come_from_the_core_arena(make_pool, seeded, arena):
+    """Large staging buffers are the core's shareable memory (peers read them in place, one
+    copy between processes instead of two); SPYRECCL_STAGING_ARENA=0 keeps them pinned."""
+    env = dict(DISCRETE, **({"SPYRECCL_STAGING_ARENA": "0"} if arena == "off" else {}))
+    pool = make_pool(2, **POOL, env=env)
+    for delta in pool.run(large_staged_buffers, seeded.seed, timeout=120):
+        assert delta["pipelined_ops"] == 2, delta
+        # all_reduce in place: one host buffer; all_gather: its input and its output.
+        assert delta["arena_buffers"] == (3 if arena == "default" else 0), delta
+
+
+def pipelines_per_setting(seed: int, ctx):
+    """A 5001-element float32 all_reduce (5 chunks) under each pipeline setting, starting from
+    the environment's (auto), each on fresh inputs checked against float64; returns, per
+    setting, whether it ran as a pipeline."""
+    import os
+
+    from spyreccl_torch import _C
+
+    assert _C._copies_use_host_cpu("spyre"), "the emulated device copies with the host's CPUs"
+    assert not _C._copies_use_host_cpu("cpu")
+    world, rank = ctx.world_size, ctx.rank
+    ran = {}
+    for i, setting in enumerate(("auto", "0", "1", "auto")):
+        _C._set_staging_pipeline(setting)
+        assert _C._staging_pipeline() == setting
+        inputs = _inputs(seed + i, world, 5001, torch.float32)
+        t = inputs[rank].to(ctx.device)
+        before = _counters()
+        dist.all_reduce(t)
+        delta = _delta(before, _counters())
+        _close(t, torch.stack([x.to(torch.float64) for x in inputs]).sum(0), torch.float32, setting)
+        ran.setdefault(setting, []).append(delta["pipelined_ops"] == 1)
+        assert delta["pipelined_ops"] == 1 or delta["staged_buffers"] == 1, delta
+    return ran, os.sysconf("SC_NPROCESSORS_ONLN")
+
+
+def test_auto_pipelines_where_a_core_is_spare(make_pool, seeded):
+    """auto pipelines the emulated device's staged copies (memcpys on the host's cores) only
+    where the machine has two online CPUs per rank; 1 and 0 force it either way."""
+    env = dict(DISCRETE, SPYRECCL_STAGING_PIPELINE="auto")
+    pool = make_pool(2, **POOL, env=env)
+    for ran, cpus in pool.run(pipelines_per_setting, seeded.seed, timeout=120):
+        spare = cpus >= 2 * 2
+        assert ran == {"auto": [spare, spare], "0": [False], "1": [True]}, (ran, cpus)
 
 
 def pipelined_timeout(ctx):

@@ -45,16 +45,16 @@ int64_t totalNumel(const std::vector<at::Tensor>& tensors) {
 }
 
 // Marks the buffers of a step for the staged chunk pipeline (staging.h) when they all live
-// in memory the host cannot address and one rank's block (`blockBytes`, the same on every
-// rank) spans more than one chunk. Depends only on sizes and settings, so every rank
-// decides alike.
-void pipelineIfStaged(Buffers& buffers, size_t blockBytes) {
+// in memory the host cannot address and pipelineWanted says so for one rank's block
+// (`blockBytes`, the same on every rank) in a group of `groupSize`. Depends only on sizes,
+// the group, the device type and settings, so every rank decides alike.
+void pipelineIfStaged(Buffers& buffers, size_t blockBytes, int groupSize) {
   for (const auto& buffer : buffers) {
     if (!buffer.hostStaged()) {
       return;
     }
   }
-  if (!pipelineWanted(blockBytes)) {
+  if (!pipelineWanted(blockBytes, buffers[0].userTensor().device().type(), groupSize)) {
     return;
   }
   for (auto& buffer : buffers) {
@@ -67,10 +67,10 @@ constexpr StagedLayout kBlocked = StagedLayout::kBlocked;
 
 // Single-tensor steps shared by several operations.
 
-Step allreduceStep(CommBuffer buffer, const ReduceSpec& spec, const char* opName) {
+Step allreduceStep(CommBuffer buffer, const ReduceSpec& spec, const char* opName, int groupSize) {
   Step step;
   step.buffers = {std::move(buffer)};
-  pipelineIfStaged(step.buffers, step.buffers[0].bytes());
+  pipelineIfStaged(step.buffers, step.buffers[0].bytes(), groupSize);
   step.issue = [spec, opName](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[0].dtype(), comm, opName);
     if (b[0].pipelined()) {
@@ -90,10 +90,10 @@ Step allreduceStep(CommBuffer buffer, const ReduceSpec& spec, const char* opName
 }
 
 // b[0]: this rank's input; b[1]: the output holding size blocks of b[0].count().
-Step allgatherStep(CommBuffer input, CommBuffer output, const char* opName) {
+Step allgatherStep(CommBuffer input, CommBuffer output, const char* opName, int groupSize) {
   Step step;
   step.buffers = {std::move(input), std::move(output)};
-  pipelineIfStaged(step.buffers, step.buffers[0].bytes());
+  pipelineIfStaged(step.buffers, step.buffers[0].bytes(), groupSize);
   step.issue = [opName](const Buffers& b, spyrecclComm_t comm) {
     if (b[0].pipelined()) {
       runStagedPipeline(
@@ -111,10 +111,10 @@ Step allgatherStep(CommBuffer input, CommBuffer output, const char* opName) {
 
 // b[0]: input of size blocks; b[1]: this rank's reduced block.
 Step reduceScatterStep(CommBuffer input, CommBuffer output, const ReduceSpec& spec,
-                       const char* opName) {
+                       const char* opName, int groupSize) {
   Step step;
   step.buffers = {std::move(input), std::move(output)};
-  pipelineIfStaged(step.buffers, step.buffers[1].bytes());
+  pipelineIfStaged(step.buffers, step.buffers[1].bytes(), groupSize);
   step.issue = [spec, opName](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[1].dtype(), comm, opName);
     if (b[1].pipelined()) {
@@ -135,10 +135,10 @@ Step reduceScatterStep(CommBuffer input, CommBuffer output, const ReduceSpec& sp
 
 // Broadcast from `root`: on root b[0] is the source and b[1] (optional) the destination; on
 // the other ranks b[0] is the destination.
-Step broadcastStep(Buffers buffers, int root, bool isRoot, const char* opName) {
+Step broadcastStep(Buffers buffers, int root, bool isRoot, const char* opName, int groupSize) {
   Step step;
   step.buffers = std::move(buffers);
-  pipelineIfStaged(step.buffers, step.buffers.back().bytes());
+  pipelineIfStaged(step.buffers, step.buffers.back().bytes(), groupSize);
   step.issue = [root, isRoot, opName](const Buffers& b, spyrecclComm_t comm) {
     const CommBuffer& destination = b.back();
     if (destination.pipelined()) {
@@ -278,7 +278,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::broadcast(std::vector<at::T
   op.outputs = tensors;
   op.inNelems = op.outNelems = tensors[0].numel();
   op.dtype = tensors[0].scalar_type();
-  op.steps.push_back(broadcastStep({std::move(buffer)}, root, isRoot, kOp));
+  op.steps.push_back(broadcastStep({std::move(buffer)}, root, isRoot, kOp, size_));
   return submit(std::move(op));
 }
 
@@ -298,7 +298,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allreduce(std::vector<at::T
   op.inNelems = op.outNelems = tensors[0].numel();
   op.dtype = tensors[0].scalar_type();
   op.steps.push_back(
-      allreduceStep(CommBuffer::inOut(tensors[0], kReduce, kOp, "tensors[0]"), spec, kOp));
+      allreduceStep(CommBuffer::inOut(tensors[0], kReduce, kOp, "tensors[0]"), spec, kOp, size_));
   return submit(std::move(op));
 }
 
@@ -322,8 +322,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allreduce_coalesced(
   op.dtype = tensors[0].scalar_type();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string name = indexedName("tensors", i);
-    op.steps.push_back(
-        allreduceStep(CommBuffer::inOut(tensors[i], kReduce, kOp, name.c_str()), specs[i], kOp));
+    op.steps.push_back(allreduceStep(CommBuffer::inOut(tensors[i], kReduce, kOp, name.c_str()),
+                                     specs[i], kOp, size_));
   }
   return submit(std::move(op));
 }
@@ -399,7 +399,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allgather(
   if (even) {
     at::Tensor flat = allocateFlat(input, input.numel() * size_);
     Step step = allgatherStep(CommBuffer::input(input, kMove, kOp, "inputTensors[0]"),
-                              CommBuffer::output(flat, kMove, kOp, "outputTensors[0]"), kOp);
+                              CommBuffer::output(flat, kMove, kOp, "outputTensors[0]"), kOp, size_);
     step.after = [flat, outList]() { unpackFrom(flat, outList); };
     op.steps.push_back(std::move(step));
   } else {
@@ -412,7 +412,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allgather(
         buffers.push_back(CommBuffer::input(input, kMove, kOp, "inputTensors[0]"));
       }
       buffers.push_back(CommBuffer::output(outList[r], kMove, kOp, name.c_str()));
-      op.steps.push_back(broadcastStep(std::move(buffers), r, r == rank_, kOp));
+      op.steps.push_back(broadcastStep(std::move(buffers), r, r == rank_, kOp, size_));
     }
   }
   return submit(std::move(op));
@@ -435,7 +435,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::_allgather_base(
   op.outNelems = output.numel();
   op.dtype = input.scalar_type();
   op.steps.push_back(allgatherStep(CommBuffer::input(input, kMove, kOp, "inputBuffer"),
-                                   CommBuffer::output(output, kMove, kOp, "outputBuffer"), kOp));
+                                   CommBuffer::output(output, kMove, kOp, "outputBuffer"), kOp,
+                                   size_));
   return submit(std::move(op));
 }
 
@@ -480,8 +481,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allgather_coalesced(
     }
     at::Tensor flat = allocateFlat(inputs[i], inputs[i].numel() * size_);
     const std::string inName = indexedName("inputTensors", i);
-    Step step = allgatherStep(CommBuffer::input(inputs[i], kMove, kOp, inName.c_str()),
-                              CommBuffer::output(flat, kMove, kOp, "outputTensorLists"), kOp);
+    Step step =
+        allgatherStep(CommBuffer::input(inputs[i], kMove, kOp, inName.c_str()),
+                      CommBuffer::output(flat, kMove, kOp, "outputTensorLists"), kOp, size_);
     step.after = [flat, column]() { unpackFrom(flat, column); };
     op.steps.push_back(std::move(step));
   }
@@ -516,7 +518,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::allgather_into_tensor_coale
     const std::string outName = indexedName("outputs", i);
     op.steps.push_back(allgatherStep(CommBuffer::input(inputs[i], kMove, kOp, inName.c_str()),
                                      CommBuffer::output(outputs[i], kMove, kOp, outName.c_str()),
-                                     kOp));
+                                     kOp, size_));
   }
   return submit(std::move(op));
 }
@@ -565,7 +567,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::gather(
     step.buffers.push_back(CommBuffer::output(flat, kMove, kOp, "outputTensors[0]"));
     step.after = [flat, outList]() { unpackFrom(flat, outList); };
   }
-  pipelineIfStaged(step.buffers, step.buffers[0].bytes());
+  pipelineIfStaged(step.buffers, step.buffers[0].bytes(), size_);
   step.issue = [root, size = size_](const Buffers& b, spyrecclComm_t comm) {
     if (b[0].pipelined()) {
       runStagedPipeline({&b[0]}, {b.size() > 1 ? &b[1] : nullptr, kBlocked}, size, kOp,
@@ -625,7 +627,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::scatter(
     step.buffers.push_back(CommBuffer::input(flat, kMove, kOp, "inputTensors[0]"));
     step.before = [flat, inList]() { packInto(flat, inList); };
   }
-  pipelineIfStaged(step.buffers, step.buffers[0].bytes());
+  pipelineIfStaged(step.buffers, step.buffers[0].bytes(), size_);
   step.issue = [root, size = size_](const Buffers& b, spyrecclComm_t comm) {
     if (b[0].pipelined()) {
       runStagedPipeline({b.size() > 1 ? &b[1] : nullptr, kBlocked}, {&b[0]}, size, kOp,
@@ -677,9 +679,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::reduce_scatter(
   op.dtype = output.scalar_type();
   if (even) {
     at::Tensor flat = allocateFlat(output, output.numel() * size_);
-    Step step =
-        reduceScatterStep(CommBuffer::input(flat, kReduce, kOp, "inputTensors[0]"),
-                          CommBuffer::output(output, kReduce, kOp, "outputTensors[0]"), spec, kOp);
+    Step step = reduceScatterStep(CommBuffer::input(flat, kReduce, kOp, "inputTensors[0]"),
+                                  CommBuffer::output(output, kReduce, kOp, "outputTensors[0]"),
+                                  spec, kOp, size_);
     step.before = [flat, inList]() { packInto(flat, inList); };
     op.steps.push_back(std::move(step));
   } else {
@@ -715,7 +717,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::_reduce_scatter_base(
   op.dtype = output.scalar_type();
   op.steps.push_back(reduceScatterStep(CommBuffer::input(input, kReduce, kOp, "inputBuffer"),
                                        CommBuffer::output(output, kReduce, kOp, "outputBuffer"),
-                                       spec, kOp));
+                                       spec, kOp, size_));
   return submit(std::move(op));
 }
 
@@ -750,7 +752,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::reduce_scatter_tensor_coale
     const std::string outName = indexedName("outputs", i);
     op.steps.push_back(reduceScatterStep(
         CommBuffer::input(inputs[i], kReduce, kOp, inName.c_str()),
-        CommBuffer::output(outputs[i], kReduce, kOp, outName.c_str()), specs[i], kOp));
+        CommBuffer::output(outputs[i], kReduce, kOp, outName.c_str()), specs[i], kOp, size_));
   }
   return submit(std::move(op));
 }
@@ -798,7 +800,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::alltoall_base(
     // A pipeline writes output chunks while later input chunks are still to be read: only
     // for an input that does not alias the output (an aliasing one is snapshotted whole).
     if (!input.is_alias_of(output)) {
-      pipelineIfStaged(step.buffers, step.buffers[0].bytes() / size_);
+      pipelineIfStaged(step.buffers, step.buffers[0].bytes() / size_, size_);
     }
     step.issue = [size = size_](const Buffers& b, spyrecclComm_t comm) {
       if (b[0].pipelined()) {

@@ -15,6 +15,8 @@ constexpr size_t kTypes = static_cast<size_t>(c10::COMPILE_TIME_MAX_DEVICE_TYPES
 
 // Read for every tensor of every operation: a lock-free table indexed by device type.
 std::array<std::atomic<uint8_t>, kTypes> gDeclared{};
+// Per device type: 1 when its copies to and from the host run on the host's CPUs.
+std::array<std::atomic<uint8_t>, kTypes> gCopiesOnHostCpu{};
 
 }  // namespace
 
@@ -37,6 +39,18 @@ void setHostAddressable(c10::DeviceType type, bool addressable) {
   const auto index = static_cast<size_t>(type);
   if (index < kTypes) {
     gDeclared[index].store(addressable ? kAddressable : kNotAddressable, std::memory_order_release);
+  }
+}
+
+bool copiesUseHostCpu(c10::DeviceType type) {
+  const auto index = static_cast<size_t>(type);
+  return index < kTypes && gCopiesOnHostCpu[index].load(std::memory_order_acquire) != 0;
+}
+
+void setCopiesUseHostCpu(c10::DeviceType type, bool onHostCpu) {
+  const auto index = static_cast<size_t>(type);
+  if (index < kTypes) {
+    gCopiesOnHostCpu[index].store(onHostCpu ? 1 : 0, std::memory_order_release);
   }
 }
 

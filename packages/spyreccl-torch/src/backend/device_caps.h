@@ -21,4 +21,11 @@ bool hostAddressable(c10::DeviceType type);
 // operations enqueued afterwards.
 void setHostAddressable(c10::DeviceType type, bool addressable);
 
+// Whether copies between `type`'s memory and host memory run on the host's CPUs (the emulated
+// device's memcpy) rather than on an engine of the device's own (a real card's DMA). The
+// staged pipeline overlaps copies with the collective; copies that take a CPU overlap only
+// where a spare core exists for them (staging.h). Undeclared: no (a device copies by DMA).
+bool copiesUseHostCpu(c10::DeviceType type);
+void setCopiesUseHostCpu(c10::DeviceType type, bool onHostCpu);
+
 }  // namespace spyreccl_torch

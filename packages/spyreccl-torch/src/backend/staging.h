@@ -24,6 +24,7 @@
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
 
 namespace spyreccl_torch {
 
@@ -31,8 +32,10 @@ class CommBuffer;
 
 // A contiguous host tensor of `numel` elements of `dtype` shaped like `sizes`: up to 64 KiB
 // a preallocated slot (one atomic each way, see SmallSlots in staging.cpp), else a block of
-// a process-wide pool of pinned host blocks (pageable where the device offers no pinning);
-// the slot or block returns when the last view of it is dropped.
+// a process-wide pool of host blocks: from 256 KiB the core's shareable arena
+// (spyrecclMemAlloc, read by the peers in place; SPYRECCL_STAGING_ARENA=0: no), else pinned
+// (pageable where the device offers no pinning); the slot or block returns when the last
+// view of it is dropped.
 at::Tensor acquireHostBuffer(at::IntArrayRef sizes, at::ScalarType dtype);
 
 // Bytes per pipeline chunk (of one rank's block); default 1 MiB, at least 4 KiB. A pipeline
@@ -48,6 +51,7 @@ struct StagingCounters {
   uint64_t pipelinedOps = 0;    // operations run as a chunk pipeline
   uint64_t pipelineChunks = 0;  // chunks those pipelines ran
   uint64_t slotBuffers = 0;     // host buffers taken from the small preallocated slots
+  uint64_t arenaBuffers = 0;    // host buffers in the core's arena (read by peers in place)
   uint64_t slotsInUse = 0;      // small slots held now (not reset: a state, not a count)
 };
 StagingCounters stagingCounters();
@@ -55,8 +59,20 @@ void resetStagingCounters();
 void countCopy(bool toHost, size_t bytes);
 void countStagedBuffer();
 
-// Whether an operation whose driving buffer holds `bytes` runs as a pipeline.
-bool pipelineWanted(size_t bytes);
+// Whether an operation of a group of `groupSize` ranks on tensors of `type`, whose driving
+// buffer holds `bytes`, runs as a pipeline: only past one chunk, and then as
+// SPYRECCL_STAGING_PIPELINE says: `1` always, `0` never, `auto` (default) where the copies
+// can overlap the collective — the device copies by its own engine (copiesUseHostCpu false),
+// or this machine has two online CPUs per rank of the group (one for the collective, one for
+// the copy thread). Where copies are memcpys competing for the collective's cores, the
+// pipeline's hand-offs and extra core calls cost more than they hide (4 MiB all_reduce, 2
+// ranks on 2 cores: 405 us pipelined, 220-260 us whole). Depends only on the group, the
+// device type, the machine's CPU count and the settings, so the ranks of a node agree.
+bool pipelineWanted(size_t bytes, c10::DeviceType type, int groupSize);
+
+// SPYRECCL_STAGING_PIPELINE as a setting: "auto", "1" or "0" (tests, the benchmark).
+std::string stagingPipelineSetting();
+void setStagingPipelineSetting(const std::string& setting);
 
 // The sequence number of the operation whose steps this thread runs, for the pipeline's
 // error messages: its chunks are core calls of their own, which the core numbers one by one,

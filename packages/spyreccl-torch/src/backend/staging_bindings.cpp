@@ -40,6 +40,27 @@ void addStagingBindings(py::module_& module) {
   module.def("_staging_chunk_bytes", &stagingChunkBytes,
              "Chunk size of the staged pipeline, in bytes.");
   module.def(
+      "_set_staging_pipeline",
+      [](const std::string& setting) { setStagingPipelineSetting(setting); }, py::arg("setting"),
+      "When staged operations run as chunk pipelines (SPYRECCL_STAGING_PIPELINE): 'auto' (where "
+      "the copies can overlap the collective), '1' (always past one chunk) or '0' (never); must "
+      "be the same on every rank.");
+  module.def("_staging_pipeline", &stagingPipelineSetting,
+             "The staging pipeline setting: 'auto', '1' or '0'.");
+  module.def(
+      "_set_copies_use_host_cpu",
+      [](const std::string& device, bool onHostCpu) {
+        setCopiesUseHostCpu(parseDeviceType(device), onHostCpu);
+      },
+      py::arg("device"), py::arg("on_host_cpu"),
+      "Declares whether copies between `device`'s memory and the host run on the host's CPUs "
+      "(the device's owner calls it; undeclared: no, the device copies by DMA). Staged "
+      "pipelines of such a device run only where a spare core per rank exists.");
+  module.def(
+      "_copies_use_host_cpu",
+      [](const std::string& device) { return copiesUseHostCpu(parseDeviceType(device)); },
+      py::arg("device"), "Whether `device`'s copies to and from the host take a host CPU.");
+  module.def(
       "_staging_counters",
       [] {
         const StagingCounters c = stagingCounters();
@@ -50,12 +71,14 @@ void addStagingBindings(py::module_& module) {
         counters["pipelined_ops"] = c.pipelinedOps;
         counters["pipeline_chunks"] = c.pipelineChunks;
         counters["slot_buffers"] = c.slotBuffers;
+        counters["arena_buffers"] = c.arenaBuffers;
         counters["slots_in_use"] = c.slotsInUse;
         return counters;
       },
       "What the staged path did in this process: buffers staged whole, bytes copied to and "
       "from the host, operations run as chunk pipelines and their chunks, host buffers taken from "
-      "the small preallocated slots, and the slots held now.");
+      "the small preallocated slots, host buffers in the core's shareable arena, and the slots "
+      "held now.");
   module.def("_reset_staging_counters", &resetStagingCounters,
              "Sets the staging counters to zero.");
 }

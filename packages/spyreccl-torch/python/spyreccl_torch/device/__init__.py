@@ -127,11 +127,13 @@ def _declare_host_addressable() -> None:
     """Tells the spyreccl backend whether spyre memory is host memory it may use in place:
     yes in the ``host`` memory mode, no in ``discrete`` mode (see _memory_mode). Without this
     declaration the backend treats spyre memory as not host-addressable, as it must for a real
-    runtime's."""
+    runtime's. Also that its copies to and from the host are memcpys on the host's CPUs (no
+    DMA engine), which decides where the staged pipeline pays (the backend's staging.h)."""
     from .. import _C
     from ._memory_mode import memory_mode
 
     _C._set_host_addressable(DEVICE_NAME, memory_mode() == "host")
+    _C._set_copies_use_host_cpu(DEVICE_NAME, True)
 
 
 def register() -> bool:
