@@ -249,6 +249,13 @@ def test_decode_mode_tiny_model(tmp_path, capsys):
             * 1e3
             / (r["all_reduces_per_token"] * ours["alone_us"])
         )
+        # The hooks' calls split into transfer and wait: 3 generations (one untimed) x 2
+        # decode steps x 2 all_reduces, each rank's in the same order.
+        assert ours["timed_calls"] == 12
+        assert ours["in_call_us"] > 0 and ours["wait_us"] >= 0
+        assert ours["in_call_vs_alone"] == pytest.approx(ours["in_call_us"] / ours["alone_us"])
+        assert ours["alone_cold_us"] > 0
+        assert ours["in_call_vs_cold"] == pytest.approx(ours["in_call_us"] / ours["alone_cold_us"])
     assert (tmp_path / "decode.png").stat().st_size > 10_000
     assert "# decode: ms per token" in capsys.readouterr().out
 

@@ -403,3 +403,32 @@ def test_mpi_level_command_and_rows_from_a_report():
     # sendrecv samples are round trips: half of (2, 4) us -> mean 1.5 us.
     assert rows[0]["time_us"]["mean_us"] == pytest.approx(1.5)
     assert rows[2]["time_us"]["p90_us"] == pytest.approx(2.8)
+
+
+def test_in_call_costs_split_the_transfer_from_the_wait_for_a_late_rank():
+    """Two ranks, three calls of 8 elements (a prefill call of 40 between them is ignored):
+    the time after the last arrival is the transfer, the arrivals' spread the wait."""
+    from spyreccl_torch.bench.decode_timing import in_call_costs
+
+    rng = random.Random(5)
+    expected_in_call, expected_wait, ranks = [], [], [[], []]
+    t = 1_000_000
+    for call in range(3):
+        early = t + rng.randrange(0, 50_000)
+        late = early + rng.randrange(1_000, 900_000)
+        done = [late + rng.randrange(2_000, 9_000) for _ in range(2)]
+        order = [early, late] if call % 2 == 0 else [late, early]  # either rank may be late
+        for r in range(2):
+            ranks[r].append((order[r], done[r], 8))
+            ranks[r].append((done[r] + 100, done[r] + 60_000, 40))  # not a decode call
+        expected_in_call.append((done[0] - late + done[1] - late) / 2 / 1e3)
+        expected_wait.append((late - early) / 1e3)
+        t = max(done) + 1_000_000
+    costs = in_call_costs(ranks, 8)
+    assert costs.calls == 3
+    assert costs.in_call_us == pytest.approx(sorted(expected_in_call)[1])
+    assert costs.wait_us == pytest.approx(sorted(expected_wait)[1])
+    with pytest.raises(ValueError, match="same number on every rank"):
+        in_call_costs([ranks[0], ranks[1][:-2]], 8)
+    with pytest.raises(ValueError, match="no call of 16 elements"):
+        in_call_costs(ranks, 16)

@@ -41,6 +41,8 @@ __all__ = ["FORMS", "decode_config", "run_decode"]
 
 FORMS = ("eager", "compiled")
 PROMPT_LENGTHS = (7, 12, 4, 9)  # cycled over the batch: prompts of different lengths
+# Bytes streamed before each call of the cold "alone" timing: past any L3 of today's CPUs.
+COLD_FLUSH_BYTES = 64 << 20
 
 
 def decode_config(width: int, world_size: int, layers: int, vocab: int, max_seq: int):
@@ -143,6 +145,7 @@ def _run_case(envs: dict, args: dict, case: dict, heartbeat: Any) -> dict:
         cfg.vocab, [PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)] for i in range(case["batch"])], 1
     )
     variants = []
+    manual_calls: list[tuple[int, int, int]] = []  # the manual variant's all_reduces
     for level in args["levels"]:
         device = envs[level].device
         mesh = DeviceMesh(device.type, list(range(n)))
@@ -158,7 +161,7 @@ def _run_case(envs: dict, args: dict, case: dict, heartbeat: Any) -> dict:
                     compile_blocks(floor, dynamic=False) if compiled else floor, device, sync)
         )  # fmt: skip
         if level == "spyreccl" and not compiled:
-            manual = manual_tensor_parallel(tp, dist.group.WORLD.group_name)
+            manual = manual_tensor_parallel(tp, dist.group.WORLD.group_name, manual_calls)
             variants.append(Variant("manual spyreccl", manual, manual, device, sync))
     time_variants(
         variants, prompts, args["new_tokens"], args["rounds"], dtype, dist.group.WORLD,
@@ -170,15 +173,27 @@ def _run_case(envs: dict, args: dict, case: dict, heartbeat: Any) -> dict:
             case["batch"] * cfg.dim, dtype, envs[level].device, dist.group.WORLD,
             "sync" if case["form"] == "compiled" else "functional", dist.group.WORLD,
         )  # fmt: skip
+    # The hooks' all_reduces run right after a projection streamed its weights through the
+    # caches: the same call alone, but after a 64 MiB pass, is what they compare with.
+    alone_cold = {}
+    if manual_calls:
+        alone_cold["spyreccl"] = isolated_all_reduce_us(
+            case["batch"] * cfg.dim, dtype, envs["spyreccl"].device, dist.group.WORLD,
+            "functional", dist.group.WORLD, iters=60, flush_bytes=COLD_FLUSH_BYTES,
+        )  # fmt: skip
     return {
         "config": cfg.to_dict(),
+        "alone_cold_us": alone_cold,
         "steps_ns": {v.name: [int(s * 1e9) for s in v.step_s] for v in variants},
         "ttft_ns": {v.name: [int(s * 1e9) for s in v.ttft_s] for v in variants},
         "alone_us": alone,
+        "manual_calls_ns": manual_calls,
     }
 
 
 def _row(case: dict, per_rank: list[dict], nranks: int) -> dict:
+    from .decode_timing import in_call_costs
+
     first = per_rank[0]
     if "skipped" in first:
         return dict(case, nranks=nranks, skipped=first["skipped"])
@@ -208,6 +223,16 @@ def _row(case: dict, per_rank: list[dict], nranks: int) -> dict:
             manual = row[f"manual {level}"]["token_ms"]
             row[level]["dtensor_ms"] = tok - manual
             row[level]["manual_comm_vs_alone"] = (manual - floor) * 1e3 / (calls * alone)
+            costs = in_call_costs(
+                [r["manual_calls_ns"] for r in per_rank], case["batch"] * cfg["dim"]
+            )
+            cold = sum(r["alone_cold_us"][level] for r in per_rank) / len(per_rank)
+            row[level]["in_call_us"] = costs.in_call_us
+            row[level]["in_call_vs_alone"] = costs.in_call_us / alone
+            row[level]["alone_cold_us"] = cold
+            row[level]["in_call_vs_cold"] = costs.in_call_us / cold
+            row[level]["wait_us"] = costs.wait_us
+            row[level]["timed_calls"] = costs.calls
     if "gloo" in row and "spyreccl" in row:
         row["gloo_over_spyreccl"] = row["gloo"]["token_ms"] / row["spyreccl"]["token_ms"]
     return row
@@ -218,12 +243,16 @@ def format_table(rows: list[dict]) -> str:
         f"{'n':>2} {'width':>6} {'batch':>5} {'dtype':<9}{'form':<9}{'AR size':>8}"
         f"{'spyreccl':>10}{'floor':>9}{'x floor':>8}{'comm':>8}{'vs alone':>9}"
         f"{'gloo':>9}{'floor':>9}{'gloo/ours':>10}{'DTensor':>9}{'w/o DT':>8}"
+        f"{'in-call':>9}{'/alone':>7}{'/cold':>6}{'wait':>8}"
     )
     lines = [
         "# decode: ms per token (median over steps, mean over ranks); floor = same shards, "
         "no collectives; comm = token - floor; vs alone = comm / (all_reduces per token x "
         "one all_reduce timed alone); DTensor = token - the same all_reduces issued by hooks "
-        "without DTensor (eager), w/o DT = that one's comm vs alone",
+        "without DTensor (eager), w/o DT = that one's comm vs alone; in-call = us from the "
+        "last rank's arrival to the return, per all_reduce of those hooks (median), /alone = "
+        "that vs alone, /cold = vs alone after a 64 MiB pass through the caches (as the model "
+        "leaves them), wait = us between the first and the last rank's arrival (rank skew)",
         head,
         "-" * len(head),
     ]
@@ -248,6 +277,10 @@ def format_table(rows: list[dict]) -> str:
                 cells += f"{r['gloo_over_spyreccl']:9.2f}x"
         if ours and "dtensor_ms" in ours:
             cells += f"{ours['dtensor_ms']:9.2f}{ours['manual_comm_vs_alone']:8.2f}"
+            cells += (
+                f"{ours['in_call_us']:9.1f}{ours['in_call_vs_alone']:7.2f}"
+                f"{ours['in_call_vs_cold']:6.2f}{ours['wait_us']:8.1f}"
+            )
         lines.append(prefix + cells)
     return "\n".join(lines)
 

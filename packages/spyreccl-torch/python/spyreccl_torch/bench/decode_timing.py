@@ -27,7 +27,9 @@ from ..models.generate import generate
 from ..models.llama import Llama
 
 __all__ = [
+    "InCallCosts",
     "Variant",
+    "in_call_costs",
     "isolated_all_reduce_us",
     "mean_over_ranks",
     "percentile",
@@ -111,12 +113,19 @@ def isolated_all_reduce_us(
     form: str,
     barrier_group: Any,
     iters: int = 300,
+    flush_bytes: int = 0,
 ) -> float:
     """Median latency (µs, this rank) of one all_reduce of ``numel`` elements as the decode
     step issues it, alone: ``functional`` is ``_c10d_functional.all_reduce`` +
     ``wait_tensor`` (what DTensor's eager redistribute calls); ``sync`` is
     ``dist.all_reduce`` (what a compiled graph's collective waited at once amounts to on
-    spyre, see docs/user-guide.md)."""
+    spyre, see docs/user-guide.md).
+
+    With ``flush_bytes``, every timed call follows a pass over a buffer of that many bytes
+    on ``device`` (untimed, then a barrier): the caches hold none of the call's code or data,
+    as in a decode step whose layer just streamed its weights through them. On the emulated
+    device the model computes on the host's CPUs, so its collectives run cold; on a card the
+    weights stream through the card's memory and the host's caches stay warm."""
     t = torch.randn(numel, dtype=torch.float32).to(device, dtype)
     functional = torch.ops._c10d_functional
     name = group.group_name
@@ -132,10 +141,52 @@ def isolated_all_reduce_us(
         raise ValueError(f"isolated_all_reduce_us: unknown form {form!r}")
     for _ in range(20):
         call()
+    flush = (
+        torch.ones(flush_bytes // 4, dtype=torch.float32, device=device) if flush_bytes else None
+    )
     dist.barrier(group=barrier_group)
     samples = []
     for _ in range(iters):
+        if flush is not None:
+            flush.mul_(1.0)
+            dist.barrier(group=barrier_group)  # both ranks call at once, as alone above
         start = time.perf_counter()
         call()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples) * 1e6
+
+
+@dataclass
+class InCallCosts:
+    """What each all_reduce of a decode step cost in the model, split by the ranks' records:
+    ``in_call_us``, the median over calls of the time from the last rank's arrival to each
+    rank's return (mean over the ranks): the collective itself, in the model's context; and
+    ``wait_us``, the median over calls of the last arrival minus the first, the time a rank
+    spent waiting for a slower one (rank skew: the ranks' compute differs, or one was
+    descheduled). ``calls`` is how many calls of the decode size each rank recorded."""
+
+    in_call_us: float
+    wait_us: float
+    calls: int
+
+
+def in_call_costs(timelines: Sequence[Sequence[Sequence[int]]], numel: int) -> InCallCosts:
+    """``timelines[r]`` holds rank r's (start ns, end ns, elements) per all_reduce, in call
+    order (``manual_tensor_parallel(timeline=...)``), read on one clock shared by the ranks
+    (CLOCK_MONOTONIC of one machine). Only calls of ``numel`` elements count (a decode
+    step's, not a prefill's). Every rank makes the same calls in the same order; raises
+    ValueError where the records disagree."""
+    decode = [[c for c in t if c[2] == numel] for t in timelines]
+    if not decode or any(len(t) != len(decode[0]) for t in decode):
+        raise ValueError(
+            f"in_call_costs: the ranks recorded {[len(t) for t in decode]} calls of {numel} "
+            "elements; expected the same number on every rank"
+        )
+    if not decode[0]:
+        raise ValueError(f"in_call_costs: no call of {numel} elements was recorded")
+    in_call, wait = [], []
+    for calls in zip(*decode):
+        last = max(c[0] for c in calls)
+        in_call.append(sum(c[1] - last for c in calls) / len(calls) / 1e3)
+        wait.append((last - min(c[0] for c in calls)) / 1e3)
+    return InCallCosts(statistics.median(in_call), statistics.median(wait), len(decode[0]))

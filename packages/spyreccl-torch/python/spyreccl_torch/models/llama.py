@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -307,19 +308,35 @@ def local_shard_model(tp_model: Llama) -> Llama:
     return floor
 
 
-def manual_tensor_parallel(tp_model: Llama, group_name: str) -> Llama:
+def manual_tensor_parallel(
+    tp_model: Llama, group_name: str, timeline: list[tuple[int, int, int]] | None = None
+) -> Llama:
     """Tensor parallelism without DTensor: :func:`local_shard_model` of ``tp_model`` (the
     same shards, shared) whose row-parallel projections (``wo``, ``w2``) all-reduce their
     partial sums in a forward hook, ``_c10d_functional.all_reduce`` + ``wait_tensor`` over
     the group named ``group_name``: the calls DTensor's ``RowwiseParallel`` makes, and the
     same numbers as ``tp_model``. Its time minus ``tp_model``'s is the cost of DTensor's
     eager dispatch (wrapping, sharding propagation, redistribution) around the same
-    computation and collectives."""
+    computation and collectives.
+
+    With ``timeline``, each all_reduce appends (start ns, end ns, elements) of its call
+    (``time.perf_counter_ns``: CLOCK_MONOTONIC, one clock for every process of a machine),
+    so that the ranks' records can tell waiting for a late peer from the transfer
+    (:func:`spyreccl_torch.bench.decode_timing.in_call_costs`)."""
     model = local_shard_model(tp_model)
     functional = torch.ops._c10d_functional
 
     def all_reduce(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
         return functional.wait_tensor(functional.all_reduce(out, "sum", group_name))
+
+    if timeline is not None:
+        plain = all_reduce
+
+        def all_reduce(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+            start = time.perf_counter_ns()
+            result = plain(module, args, out)
+            timeline.append((start, time.perf_counter_ns(), out.numel()))
+            return result
 
     for layer in model.layers:
         layer.attention.wo.register_forward_hook(all_reduce)
