@@ -5,7 +5,7 @@ host-addressable (``_C._host_addressable("spyre")`` is False) and the backend st
 spyre tensor through host buffers with the device's own copies: one copy each way up to one
 chunk (through a preallocated small slot up to 64 KiB), a chunk pipeline above it
 (all_reduce, broadcast, all_gather, reduce_scatter, gather, scatter, all_to_all with equal
-splits). These tests prove from the backend's staging counters that the staged path ran,
+splits, reduce). These tests prove from the backend's staging counters that the staged path ran,
 how many chunks a pipeline split a message into, that small slots come back, and that the
 default ``host`` mode stays zero-copy (counters stay 0) — always against float64
 references computed on the host from every rank's inputs.
@@ -197,7 +197,7 @@ def test_large_messages_run_as_chunk_pipelines(rank_pool, seeded, numel):
 
 
 def pipelines_per_operation(seed: int, numel: int, ctx):
-    """gather, scatter and all_to_all_single of `numel` elements per rank's block (an odd
+    """gather, scatter, all_to_all_single and reduce of `numel` elements per rank's block (an odd
     count spanning several chunks), on fresh inputs into poisoned outputs, each checked
     against its float64 reference; returns each operation's pipelines and chunks."""
     world, rank, dev = ctx.world_size, ctx.rank, ctx.device
@@ -230,6 +230,12 @@ def pipelines_per_operation(seed: int, numel: int, ctx):
     measured("all_to_all_single", lambda: dist.all_to_all_single(out, source))
     expected = torch.cat([blocks[r][rank * numel : (rank + 1) * numel] for r in range(world)])
     _close(out, expected, torch.float64, "all_to_all_single")
+    # reduce to the last rank, int64 (exact): the root's tensor in place, the others kept.
+    values = _inputs(seed + 3, world, numel, torch.int64)
+    contribution = values[rank].to(dev)
+    measured("reduce", lambda: dist.reduce(contribution, dst=root))
+    expected_reduce = torch.stack(values).sum(0) if rank == root else values[rank]
+    _close(contribution, expected_reduce.to(torch.float64), torch.int64, "reduce")
     # In place (input is the output): staged whole, not pipelined.
     inplace = blocks[rank].to(dev)
     measured("all_to_all_single in place", lambda: dist.all_to_all_single(inplace, inplace))
@@ -238,11 +244,11 @@ def pipelines_per_operation(seed: int, numel: int, ctx):
 
 
 # 2049 float64 per block: 16392 bytes, 5 chunks of at most 4096 bytes (the last one short).
-def test_gather_scatter_all_to_all_run_as_pipelines(rank_pool, seeded):
+def test_gather_scatter_all_to_all_reduce_run_as_pipelines(rank_pool, seeded):
     numel = 2049
     chunks = math.ceil(numel * 8 / CHUNK_BYTES)
     for counts in rank_pool.run(pipelines_per_operation, seeded.seed, numel, timeout=300):
-        for op in ("gather", "scatter", "all_to_all_single"):
+        for op in ("gather", "scatter", "all_to_all_single", "reduce"):
             assert counts[op] == (1, chunks), (op, counts)
         assert counts["all_to_all_single in place"] == (0, 0), counts
 

@@ -160,14 +160,27 @@ Step broadcastStep(Buffers buffers, int root, bool isRoot, const char* opName, i
   return step;
 }
 
-// Reduce to `root`: b[0] is this rank's contribution, b[1] (root only) the destination.
-Step reduceStep(Buffers buffers, int root, const ReduceSpec& spec, const char* opName) {
+// Reduce to `root`: b[0] is this rank's contribution and b[1] (root only) the destination;
+// with `inPlace` (root only) b[0] is both.
+Step reduceStep(Buffers buffers, int root, const ReduceSpec& spec, const char* opName,
+                int groupSize, bool inPlace = false) {
   Step step;
   step.buffers = std::move(buffers);
-  step.issue = [root, spec, opName](const Buffers& b, spyrecclComm_t comm) {
+  pipelineIfStaged(step.buffers, step.buffers[0].bytes(), groupSize);
+  step.issue = [root, spec, opName, inPlace](const Buffers& b, spyrecclComm_t comm) {
     ScopedRedOp op(spec, b[0].dtype(), comm, opName);
-    checkCore(spyrecclReduce(b[0].data(), b.size() > 1 ? b[1].data() : nullptr, b[0].count(),
-                             b[0].dtype(), op.get(), root, comm),
+    const CommBuffer* output = inPlace ? &b[0] : (b.size() > 1 ? &b[1] : nullptr);
+    if (b[0].pipelined()) {
+      runStagedPipeline({&b[0]}, {output}, 1, opName,
+                        [&](const void* in, void* out, size_t count, const std::string& what) {
+                          checkCore(
+                              spyrecclReduce(in, out, count, b[0].dtype(), op.get(), root, comm),
+                              comm, what);
+                        });
+      return;
+    }
+    checkCore(spyrecclReduce(b[0].data(), output != nullptr ? output->data() : nullptr,
+                             b[0].count(), b[0].dtype(), op.get(), root, comm),
               comm, opName);
   };
   return step;
@@ -349,18 +362,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::reduce(std::vector<at::Tens
   op.dtype = tensors[0].scalar_type();
   // Only the root's tensor is written (in place); the others keep their contents.
   if (rank_ == root) {
-    Step step;
-    step.buffers = {CommBuffer::inOut(tensors[0], kReduce, kOp, "tensors[0]")};
-    step.issue = [root, spec](const Buffers& b, spyrecclComm_t comm) {
-      ScopedRedOp redOp(spec, b[0].dtype(), comm, kOp);
-      checkCore(spyrecclReduce(b[0].data(), b[0].data(), b[0].count(), b[0].dtype(), redOp.get(),
-                               root, comm),
-                comm, kOp);
-    };
-    op.steps.push_back(std::move(step));
+    op.steps.push_back(reduceStep({CommBuffer::inOut(tensors[0], kReduce, kOp, "tensors[0]")}, root,
+                                  spec, kOp, size_, /*inPlace=*/true));
   } else {
-    op.steps.push_back(
-        reduceStep({CommBuffer::input(tensors[0], kReduce, kOp, "tensors[0]")}, root, spec, kOp));
+    op.steps.push_back(reduceStep({CommBuffer::input(tensors[0], kReduce, kOp, "tensors[0]")}, root,
+                                  spec, kOp, size_));
   }
   return submit(std::move(op));
 }
@@ -692,7 +698,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::reduce_scatter(
       if (r == rank_) {
         buffers.push_back(CommBuffer::output(output, kReduce, kOp, "outputTensors[0]"));
       }
-      op.steps.push_back(reduceStep(std::move(buffers), r, spec, kOp));
+      op.steps.push_back(reduceStep(std::move(buffers), r, spec, kOp, size_));
     }
   }
   return submit(std::move(op));

@@ -7,8 +7,9 @@
 //
 //  - Small messages (at most one chunk) take the shortest route: CommBuffer::prepare copies
 //    the whole tensor in, the core runs once, CommBuffer::commit copies it out.
-//  - Larger all_reduce, broadcast, all_gather, reduce_scatter, gather, scatter and
-//    all_to_all (equal splits) run as a pipeline of chunks along one rank's block: while the
+//  - Larger all_reduce, broadcast, reduce, all_gather, reduce_scatter, gather, scatter and
+//    all_to_all (equal splits), where pipelineWanted says so, run as a pipeline of chunks
+//    along one rank's block: while the
 //    core works on chunk k, a copy thread brings chunk k+1 in and takes chunk k-1 out, so the
 //    copies hide behind the collective (or the reverse).
 //
