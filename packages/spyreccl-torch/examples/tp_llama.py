@@ -51,6 +51,7 @@ from spyreccl_torch.bench.decode_timing import (
     percentile,
     synchronizer,
     time_variants,
+    transferless_mesh,
 )
 from spyreccl_torch.models.generate import compare_tokens, generate, make_prompts
 from spyreccl_torch.models.llama import (
@@ -59,6 +60,7 @@ from spyreccl_torch.models.llama import (
     compile_blocks,
     local_shard_model,
     manual_tensor_parallel,
+    rehome_tensor_parallel,
     tensor_parallel,
 )
 
@@ -175,7 +177,17 @@ def serve(args, cfg, say: Say, device, meshes, gloo) -> tuple[bool, dict]:
     # dispatch adds to a token, apart from communication.
     manual = manual_tensor_parallel(models["spyreccl"][0], dist.group.WORLD.group_name)
     variants.append(Variant("spyreccl manual eager", manual, manual, device, synchronizer(device)))
-    total = len(variants) * args.rounds * (args.new_tokens - 1)
+    # The DTensor model itself on a group that moves nothing: the eager step with only the
+    # transfers skipped (DTensor's dispatch kept), the floor its collectives compare with.
+    floor_mesh = transferless_mesh(device.type, dist.get_world_size())
+    if floor_mesh is not None:
+        dt_floor = rehome_tensor_parallel(models["spyreccl"][0], floor_mesh)
+        variants.append(
+            Variant("spyreccl dtensor-floor eager", dt_floor, dt_floor, device,
+                    synchronizer(device))
+        )  # fmt: skip
+    # Every variant generates once untimed (compiling, warming caches), then once per round.
+    total = len(variants) * (args.rounds + 1) * (args.new_tokens - 1)
     t0 = time.perf_counter()
     with say.bar(total, "timing decode") as bar:
         time_variants(
@@ -249,6 +261,14 @@ def _print_latency(say, stats, alone, forms, cfg, numel) -> None:
         f"{manual:.2f} ms per token, collectives {manual - floor:.3f} ms ({vs_alone:.2f}x "
         f"alone); DTensor's eager dispatch: {ours - manual:.2f} ms of the token"
     )
+    if "spyreccl dtensor-floor eager" in stats:
+        dt_floor = stats["spyreccl dtensor-floor eager"]["median"]
+        dt_alone = (ours - dt_floor) * 1e3 / (calls * alone[("spyreccl", "functional")])
+        say(
+            f"spyreccl eager against the same DTensor step on a group that moves nothing "
+            f"({dt_floor:.2f} ms): {ours / dt_floor:.3f}x, collectives {ours - dt_floor:.3f} ms "
+            f"({dt_alone:.2f}x alone)"
+        )
 
 
 # ----------------------------------------------------------------------------------------

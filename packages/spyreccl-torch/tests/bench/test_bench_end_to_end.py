@@ -256,6 +256,18 @@ def test_decode_mode_tiny_model(tmp_path, capsys):
         assert ours["in_call_vs_alone"] == pytest.approx(ours["in_call_us"] / ours["alone_us"])
         assert ours["alone_cold_us"] > 0
         assert ours["in_call_vs_cold"] == pytest.approx(ours["in_call_us"] / ours["alone_cold_us"])
+        # Eager: the DTensor model on a group that moves nothing, and what derives from it.
+        dt_floor = r["dtensor floor spyreccl"]
+        assert dt_floor["steps"] == 4 and 0 < dt_floor["token_ms"] <= dt_floor["p90_ms"]
+        assert ours["dtensor_floor_ms"] == dt_floor["token_ms"]
+        assert ours["vs_dtensor_floor"] == pytest.approx(ours["token_ms"] / dt_floor["token_ms"])
+        assert ours["dtensor_comm_ms"] == pytest.approx(ours["token_ms"] - dt_floor["token_ms"])
+        assert ours["dtensor_comm_vs_alone"] == pytest.approx(
+            ours["dtensor_comm_ms"] * 1e3 / (r["all_reduces_per_token"] * ours["alone_us"])
+        )
+        assert ours["dtensor_dispatch_ms"] == pytest.approx(
+            dt_floor["token_ms"] - r["floor spyreccl"]["token_ms"]
+        )
     assert (tmp_path / "decode.png").stat().st_size > 10_000
     assert "# decode: ms per token" in capsys.readouterr().out
 

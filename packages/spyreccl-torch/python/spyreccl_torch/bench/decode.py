@@ -14,6 +14,10 @@ same rank processes time, round by round in rotating order:
 - ``manual spyreccl`` (eager only): the same shards with the same all_reduces issued by
   forward hooks, without DTensor (``manual_tensor_parallel``); ``spyreccl`` minus it is
   DTensor's eager dispatch, it minus the floor the collectives in the model's context;
+- ``dtensor floor spyreccl`` (eager only): the DTensor model itself, the same shards, on a
+  mesh whose group moves nothing (``transferless_mesh``): the eager step with only the
+  transfers skipped, DTensor's dispatch and the functional calls kept; ``spyreccl`` minus
+  it is the communication in DTensor's eager step, it minus the floor DTensor's dispatch;
 
 eager and ``torch.compile``d (each block compiled), and the all_reduce of one step alone
 (eager: ``_c10d_functional.all_reduce`` + ``wait_tensor``, as DTensor issues it; compiled:
@@ -95,9 +99,15 @@ def decode_rank(args: dict) -> None:
             init_method=args["init_method"],
             timeout=datetime.timedelta(seconds=args["timeout_s"]),
         )
+        dtensor_floor_mesh = None
+        if "spyreccl" in args["levels"] and "eager" in args["forms"]:
+            from .decode_timing import transferless_mesh
+
+            dtensor_floor_mesh = transferless_mesh(envs["spyreccl"].device.type, args["nranks"])
         conn.send(("ready", {"pid": os.getpid()}))
         for index, case in enumerate(_cases(args)):
-            conn.send(("case", index, _run_case(envs, args, case, _heartbeat(conn))))
+            result = _run_case(envs, args, case, _heartbeat(conn), dtensor_floor_mesh)
+            conn.send(("case", index, result))
         envs["spyreccl"].dist.destroy_process_group()
         conn.send(("done",))
 
@@ -116,7 +126,9 @@ def _heartbeat(conn: Any) -> Any:
     return beat
 
 
-def _run_case(envs: dict, args: dict, case: dict, heartbeat: Any) -> dict:
+def _run_case(
+    envs: dict, args: dict, case: dict, heartbeat: Any, dtensor_floor_mesh: Any = None
+) -> dict:
     import torch
     import torch._dynamo
     import torch.distributed as dist
@@ -128,6 +140,7 @@ def _run_case(envs: dict, args: dict, case: dict, heartbeat: Any) -> dict:
         local_shard_model,
         manual_tensor_parallel,
         random_tensor_parallel,
+        rehome_tensor_parallel,
     )
     from .decode_timing import Variant, isolated_all_reduce_us, synchronizer, time_variants
 
@@ -163,6 +176,9 @@ def _run_case(envs: dict, args: dict, case: dict, heartbeat: Any) -> dict:
         if level == "spyreccl" and not compiled:
             manual = manual_tensor_parallel(tp, dist.group.WORLD.group_name, manual_calls)
             variants.append(Variant("manual spyreccl", manual, manual, device, sync))
+            if dtensor_floor_mesh is not None:
+                dt_floor = rehome_tensor_parallel(tp, dtensor_floor_mesh)
+                variants.append(Variant("dtensor floor spyreccl", dt_floor, dt_floor, device, sync))
     time_variants(
         variants, prompts, args["new_tokens"], args["rounds"], dtype, dist.group.WORLD,
         on_step=heartbeat,
@@ -219,6 +235,13 @@ def _row(case: dict, per_rank: list[dict], nranks: int) -> dict:
         row[level]["vs_floor"] = tok / floor
         row[level]["comm_ms"] = tok - floor
         row[level]["comm_vs_alone"] = (tok - floor) * 1e3 / (calls * alone)
+        if f"dtensor floor {level}" in row:
+            dt_floor = row[f"dtensor floor {level}"]["token_ms"]
+            row[level]["dtensor_floor_ms"] = dt_floor
+            row[level]["vs_dtensor_floor"] = tok / dt_floor
+            row[level]["dtensor_comm_ms"] = tok - dt_floor
+            row[level]["dtensor_comm_vs_alone"] = (tok - dt_floor) * 1e3 / (calls * alone)
+            row[level]["dtensor_dispatch_ms"] = dt_floor - floor
         if f"manual {level}" in row:
             manual = row[f"manual {level}"]["token_ms"]
             row[level]["dtensor_ms"] = tok - manual
@@ -244,6 +267,7 @@ def format_table(rows: list[dict]) -> str:
         f"{'spyreccl':>10}{'floor':>9}{'x floor':>8}{'comm':>8}{'vs alone':>9}"
         f"{'gloo':>9}{'floor':>9}{'gloo/ours':>10}{'DTensor':>9}{'w/o DT':>8}"
         f"{'in-call':>9}{'/alone':>7}{'/cold':>6}{'wait':>8}"
+        f"{'DT floor':>9}{'x DT fl':>8}{'DT comm':>8}{'vs alone':>9}"
     )
     lines = [
         "# decode: ms per token (median over steps, mean over ranks); floor = same shards, "
@@ -252,7 +276,10 @@ def format_table(rows: list[dict]) -> str:
         "without DTensor (eager), w/o DT = that one's comm vs alone; in-call = us from the "
         "last rank's arrival to the return, per all_reduce of those hooks (median), /alone = "
         "that vs alone, /cold = vs alone after a 64 MiB pass through the caches (as the model "
-        "leaves them), wait = us between the first and the last rank's arrival (rank skew)",
+        "leaves them), wait = us between the first and the last rank's arrival (rank skew); "
+        "DT floor = the DTensor model on a group that moves nothing (eager: DTensor's "
+        "dispatch kept, transfers skipped), x DT fl = token vs it, DT comm = token - it, "
+        "vs alone = that vs the all_reduces alone",
         head,
         "-" * len(head),
     ]
@@ -280,6 +307,11 @@ def format_table(rows: list[dict]) -> str:
             cells += (
                 f"{ours['in_call_us']:9.1f}{ours['in_call_vs_alone']:7.2f}"
                 f"{ours['in_call_vs_cold']:6.2f}{ours['wait_us']:8.1f}"
+            )
+        if ours and "dtensor_floor_ms" in ours:
+            cells += (
+                f"{ours['dtensor_floor_ms']:9.2f}{ours['vs_dtensor_floor']:8.3f}"
+                f"{ours['dtensor_comm_ms']:8.2f}{ours['dtensor_comm_vs_alone']:9.2f}"
             )
         lines.append(prefix + cells)
     return "\n".join(lines)

@@ -34,6 +34,7 @@ __all__ = [
     "mean_over_ranks",
     "percentile",
     "time_variants",
+    "transferless_mesh",
 ]
 
 
@@ -86,6 +87,47 @@ def time_variants(
             )  # fmt: skip
             v.ttft_s.append(g.ttft_s)
             v.step_s.extend(g.step_s)
+
+
+# The backend name under which transferless_mesh's groups are made (this process only).
+TRANSFERLESS_BACKEND = "spyreccl_bench_transferless"
+
+
+def transferless_mesh(device_type: str, world_size: int) -> Any:
+    """A DeviceMesh over all ``world_size`` ranks whose group moves nothing: torch's
+    ``FakeProcessGroup`` (each collective returns at once, leaving its output as its input
+    made it, every rank alone). A tensor-parallel model on it
+    (:func:`spyreccl_torch.models.llama.rehome_tensor_parallel`) runs DTensor's whole eager
+    dispatch, redistributions and the functional collectives' calls included, without any
+    transfer or wait for a peer: the *DTensor floor*, the eager step with only the
+    communication skipped (wrong numbers, right timing). Collective: every rank calls it at
+    the same point. None where this torch has no FakeProcessGroup to build it from."""
+    try:
+        from torch._C._distributed_c10d import FakeProcessGroup
+
+        create_internal = FakeProcessGroup._create_internal
+    except (ImportError, AttributeError):
+        return None
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if TRANSFERLESS_BACKEND.upper() not in dist.Backend._plugins:
+
+        def create(common_opts: Any, backend_opts: Any = None) -> Any:
+            return create_internal(common_opts.group_rank, common_opts.group_size)
+
+        # register_backend may make the new name a device's default where none is set yet;
+        # this name is for explicit use only, so the defaults are put back as they were.
+        defaults = dict(dist.Backend.default_device_backend_map)
+        dist.Backend.register_backend(
+            TRANSFERLESS_BACKEND, create, extended_api=True, devices=["cpu", device_type]
+        )
+        dist.Backend.default_device_backend_map.clear()
+        dist.Backend.default_device_backend_map.update(defaults)
+    group = dist.new_group(list(range(world_size)), backend=TRANSFERLESS_BACKEND)
+    # A dimension name of its own: DeviceMesh equality ignores the groups, and DTensor caches
+    # sharding decisions (the output specs, meshes included) by it, so an unnamed mesh over
+    # the same ranks would be taken for the real one and get its collectives.
+    return DeviceMesh.from_group(group, device_type, mesh_dim_names=(TRANSFERLESS_BACKEND,))
 
 
 def mean_over_ranks(samples: Sequence[float], group: Any) -> list[float]:

@@ -32,6 +32,7 @@ __all__ = [
     "local_shard_model",
     "manual_tensor_parallel",
     "random_tensor_parallel",
+    "rehome_tensor_parallel",
     "tensor_parallel",
     "tp_plan",
 ]
@@ -306,6 +307,32 @@ def local_shard_model(tp_model: Llama) -> Llama:
     floor.rope_cos = tp_model.rope_cos
     floor.rope_sin = tp_model.rope_sin
     return floor
+
+
+def rehome_tensor_parallel(tp_model: Llama, mesh) -> Llama:
+    """``tp_model`` (a :func:`tensor_parallel` model) again, on another ``mesh`` of the same
+    shape: the same local shards (sharing their storage, no copy), placements and plan, so
+    the same DTensor dispatch, with its collectives going to ``mesh``'s group. Over a group
+    whose collectives move nothing, its time is DTensor's eager step without the transfers
+    (:func:`spyreccl_torch.bench.decode_timing.transferless_mesh`)."""
+    from torch.distributed.tensor import DTensor
+
+    cfg = tp_model.config
+    with torch.device("meta"):
+        model = Llama(cfg)
+    for name, p in tp_model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        if isinstance(p, DTensor):
+            value = DTensor.from_local(
+                p.to_local().detach(), mesh, p.placements, run_check=False, shape=p.shape,
+                stride=p.stride(),
+            )  # fmt: skip
+        else:
+            value = p.detach()
+        setattr(model.get_submodule(owner), leaf, nn.Parameter(value, requires_grad=False))
+    model.rope_cos = tp_model.rope_cos
+    model.rope_sin = tp_model.rope_sin
+    return tensor_parallel(model, mesh)
 
 
 def manual_tensor_parallel(
