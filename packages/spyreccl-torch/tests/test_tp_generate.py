@@ -103,20 +103,25 @@ def _tp_generate_case(seed: int, form: str) -> dict:
     # are partial sums, so (unlike the tensor-parallel model) it must not reproduce them.
     floor = generate(local_shard_model(tp), prompts, NEW_TOKENS, device=device,
                      dtype=torch.float32, margins=True)  # fmt: skip
-    if form == "eager":
-        from spyreccl_torch.bench.decode_timing import transferless_mesh
 
-        # The same DTensor model moved to another mesh of the same group: the same tokens.
-        rehomed = generate(rehome_tensor_parallel(tp, init_device_mesh("spyre", (ws,))),
-                           prompts, NEW_TOKENS, device=device, dtype=torch.float32)  # fmt: skip
-        rehomed_check = compare_tokens(rehomed.tokens, reference, TIE_TOLERANCE)
-        assert rehomed_check.ok, f"rehomed, {ws} ranks: {rehomed_check.message}"
-        # On a mesh whose group moves nothing (the decode benchmark's DTensor floor), every
-        # all_reduce leaves this rank's partial sum: the floor's numbers, not the reference's.
-        dt_floor = generate(rehome_tensor_parallel(tp, transferless_mesh("spyre", ws)), prompts,
-                            NEW_TOKENS, device=device, dtype=torch.float32)  # fmt: skip
-        dt_floor_check = compare_tokens(dt_floor.tokens, floor, TIE_TOLERANCE)
-        assert dt_floor_check.ok, f"DTensor floor, {ws} ranks: {dt_floor_check.message}"
+    def stepper(model: Llama):
+        return compile_blocks(model, dynamic=False) if form == "compiled" else model
+
+    # The same DTensor model moved to another mesh of the same group: the same tokens.
+    rehomed = rehome_tensor_parallel(tp, init_device_mesh("spyre", (ws,)))
+    moved = generate(rehomed, prompts, NEW_TOKENS, device=device, dtype=torch.float32,
+                     step=stepper(rehomed))  # fmt: skip
+    rehomed_check = compare_tokens(moved.tokens, reference, TIE_TOLERANCE)
+    assert rehomed_check.ok, f"rehomed, {form}, {ws} ranks: {rehomed_check.message}"
+    # On a mesh whose group moves nothing (the decode benchmark's DTensor floor), every
+    # all_reduce leaves this rank's partial sum, eager and compiled: the floor's numbers.
+    from spyreccl_torch.bench.decode_timing import transferless_mesh
+
+    dt_floor = rehome_tensor_parallel(tp, transferless_mesh("spyre", ws))
+    skipped = generate(dt_floor, prompts, NEW_TOKENS, device=device, dtype=torch.float32,
+                       step=stepper(dt_floor))  # fmt: skip
+    dt_floor_check = compare_tokens(skipped.tokens, floor, TIE_TOLERANCE)
+    assert dt_floor_check.ok, f"DTensor floor, {form}, {ws} ranks: {dt_floor_check.message}"
     return {
         "tokens": got.tokens,
         "compared": check.compared,

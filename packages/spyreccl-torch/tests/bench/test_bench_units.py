@@ -432,3 +432,54 @@ def test_in_call_costs_split_the_transfer_from_the_wait_for_a_late_rank():
         in_call_costs([ranks[0], ranks[1][:-2]], 8)
     with pytest.raises(ValueError, match="no call of 16 elements"):
         in_call_costs(ranks, 16)
+
+
+def test_decode_row_derives_the_floors_ratios_and_the_table_aligns_them():
+    """A compiled case from two ranks' step times (random, one per rank and step): medians
+    over the steps of the mean over ranks, the ratios to both floors, and the table's DT
+    floor cells under their own headings although the compiled row has no hook variant."""
+    from spyreccl_torch.bench.decode import _row, format_table
+
+    rng = random.Random(11)
+    names = ("spyreccl", "floor spyreccl", "dtensor floor spyreccl", "gloo", "floor gloo")
+    base = {"spyreccl": 9.0, "floor spyreccl": 8.0, "dtensor floor spyreccl": 8.5,
+            "gloo": 14.0, "floor gloo": 7.5}  # fmt: skip
+    per_rank = []
+    for _ in range(2):
+        steps = {
+            n: [int((base[n] + rng.uniform(-0.2, 0.2)) * 1e6) for _ in range(9)] for n in names
+        }
+        per_rank.append({
+            "config": {"n_layers": 2, "dim": 256}, "steps_ns": steps,
+            "ttft_ns": {n: [int(3e7)] for n in names},
+            "alone_us": {"spyreccl": rng.uniform(5, 20), "gloo": rng.uniform(50, 200)},
+            "alone_cold_us": {}, "manual_calls_ns": [],
+        })  # fmt: skip
+    case = {"width": 256, "batch": 2, "dtype": "float32", "form": "compiled"}
+    row = _row(case, per_rank, 2)
+
+    def median_ms(name: str) -> float:
+        means = [(a + b) / 2 for a, b in zip(*(r["steps_ns"][name] for r in per_rank))]
+        return sorted(means)[len(means) // 2] / 1e6
+
+    ours = row["spyreccl"]
+    tok, floor, dt = (
+        median_ms(n) for n in ("spyreccl", "floor spyreccl", "dtensor floor spyreccl")
+    )
+    alone = sum(r["alone_us"]["spyreccl"] for r in per_rank) / 2
+    assert ours["token_ms"] == pytest.approx(tok) and ours["dtensor_floor_ms"] == pytest.approx(dt)
+    assert ours["vs_floor"] == pytest.approx(tok / floor)
+    assert ours["vs_dtensor_floor"] == pytest.approx(tok / dt)
+    assert ours["dtensor_comm_ms"] == pytest.approx(tok - dt)
+    assert ours["dtensor_comm_vs_alone"] == pytest.approx((tok - dt) * 1e3 / (4 * alone))
+    assert ours["dtensor_dispatch_ms"] == pytest.approx(dt - floor)
+    assert "dtensor_ms" not in ours  # compiled: no hook variant
+    lines = format_table([row]).splitlines()
+    head, cells = lines[1], lines[3]
+    for heading, value in (
+        ("DT floor", ours["dtensor_floor_ms"]),
+        ("x DT fl", ours["vs_dtensor_floor"]),
+    ):
+        end = head.index(heading) + len(heading)
+        text = f"{value:.2f}" if heading == "DT floor" else f"{value:.3f}"
+        assert cells[:end].endswith(text), (heading, head, cells)

@@ -14,10 +14,12 @@ same rank processes time, round by round in rotating order:
 - ``manual spyreccl`` (eager only): the same shards with the same all_reduces issued by
   forward hooks, without DTensor (``manual_tensor_parallel``); ``spyreccl`` minus it is
   DTensor's eager dispatch, it minus the floor the collectives in the model's context;
-- ``dtensor floor spyreccl`` (eager only): the DTensor model itself, the same shards, on a
-  mesh whose group moves nothing (``transferless_mesh``): the eager step with only the
-  transfers skipped, DTensor's dispatch and the functional calls kept; ``spyreccl`` minus
-  it is the communication in DTensor's eager step, it minus the floor DTensor's dispatch;
+- ``dtensor floor spyreccl``: the DTensor model itself, the same shards, on a mesh whose
+  group moves nothing (``transferless_mesh``): the same step with only the transfers
+  skipped. Eager it keeps DTensor's dispatch and the functional calls; compiled, the same
+  graph, collectives (as fusion boundaries) included. ``spyreccl`` minus it is the
+  communication in the step, it minus the floor what the step's structure costs beyond the
+  bare shards (eager mostly DTensor's dispatch);
 
 eager and ``torch.compile``d (each block compiled), and the all_reduce of one step alone
 (eager: ``_c10d_functional.all_reduce`` + ``wait_tensor``, as DTensor issues it; compiled:
@@ -100,7 +102,7 @@ def decode_rank(args: dict) -> None:
             timeout=datetime.timedelta(seconds=args["timeout_s"]),
         )
         dtensor_floor_mesh = None
-        if "spyreccl" in args["levels"] and "eager" in args["forms"]:
+        if "spyreccl" in args["levels"]:
             from .decode_timing import transferless_mesh
 
             dtensor_floor_mesh = transferless_mesh(envs["spyreccl"].device.type, args["nranks"])
@@ -173,12 +175,16 @@ def _run_case(
             Variant(f"floor {level}", floor,
                     compile_blocks(floor, dynamic=False) if compiled else floor, device, sync)
         )  # fmt: skip
+        if level == "spyreccl" and dtensor_floor_mesh is not None:
+            dt_floor = rehome_tensor_parallel(tp, dtensor_floor_mesh)
+            variants.append(
+                Variant("dtensor floor spyreccl", dt_floor,
+                        compile_blocks(dt_floor, dynamic=False) if compiled else dt_floor,
+                        device, sync)
+            )  # fmt: skip
         if level == "spyreccl" and not compiled:
             manual = manual_tensor_parallel(tp, dist.group.WORLD.group_name, manual_calls)
             variants.append(Variant("manual spyreccl", manual, manual, device, sync))
-            if dtensor_floor_mesh is not None:
-                dt_floor = rehome_tensor_parallel(tp, dtensor_floor_mesh)
-                variants.append(Variant("dtensor floor spyreccl", dt_floor, dt_floor, device, sync))
     time_variants(
         variants, prompts, args["new_tokens"], args["rounds"], dtype, dist.group.WORLD,
         on_step=heartbeat,
@@ -277,9 +283,9 @@ def format_table(rows: list[dict]) -> str:
         "last rank's arrival to the return, per all_reduce of those hooks (median), /alone = "
         "that vs alone, /cold = vs alone after a 64 MiB pass through the caches (as the model "
         "leaves them), wait = us between the first and the last rank's arrival (rank skew); "
-        "DT floor = the DTensor model on a group that moves nothing (eager: DTensor's "
-        "dispatch kept, transfers skipped), x DT fl = token vs it, DT comm = token - it, "
-        "vs alone = that vs the all_reduces alone",
+        "DT floor = the DTensor model on a group that moves nothing (the same step, eager "
+        "or compiled, with only the transfers skipped), x DT fl = token vs it, DT comm = "
+        "token - it, vs alone = that vs the all_reduces alone",
         head,
         "-" * len(head),
     ]
@@ -308,6 +314,8 @@ def format_table(rows: list[dict]) -> str:
                 f"{ours['in_call_us']:9.1f}{ours['in_call_vs_alone']:7.2f}"
                 f"{ours['in_call_vs_cold']:6.2f}{ours['wait_us']:8.1f}"
             )
+        elif ours:
+            cells += " " * 47  # compiled: no hook variant
         if ours and "dtensor_floor_ms" in ours:
             cells += (
                 f"{ours['dtensor_floor_ms']:9.2f}{ours['vs_dtensor_floor']:8.3f}"

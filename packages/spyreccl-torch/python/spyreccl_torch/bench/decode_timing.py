@@ -98,10 +98,13 @@ def transferless_mesh(device_type: str, world_size: int) -> Any:
     ``FakeProcessGroup`` (each collective returns at once, leaving its output as its input
     made it, every rank alone). A tensor-parallel model on it
     (:func:`spyreccl_torch.models.llama.rehome_tensor_parallel`) runs DTensor's whole eager
-    dispatch, redistributions and the functional collectives' calls included, without any
-    transfer or wait for a peer: the *DTensor floor*, the eager step with only the
-    communication skipped (wrong numbers, right timing). Collective: every rank calls it at
-    the same point. None where this torch has no FakeProcessGroup to build it from."""
+    dispatch, redistributions and the functional collectives' calls included, and compiled
+    the same graph (its collectives still fusion boundaries), without any transfer or wait
+    for a peer: the *DTensor floor*, the step with only the communication skipped (wrong
+    numbers, right timing). Its collective calls take torch's generic path (c10d's
+    dispatcher op, a microsecond or two) rather than spyreccl's lean one, so it errs, by
+    that much per call, on the slow side. Collective: every rank calls it at the same point.
+    None where this torch has no FakeProcessGroup to build it from."""
     try:
         from torch._C._distributed_c10d import FakeProcessGroup
 
