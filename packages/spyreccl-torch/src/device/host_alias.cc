@@ -172,6 +172,12 @@ void HostAliasScope::write_back(const at::Tensor& spyre, const at::Tensor& host)
   }
 }
 
+void HostAliasScope::write_back_lent() {
+  for (const LentTensor& lent : tensors_) {
+    write_back(lent.spyre, lent.host_tensor);
+  }
+}
+
 at::Tensor HostAliasScope::to_spyre(const at::Tensor& host) {
   if (!host.defined() || host.device().type() != c10::kCPU) {
     return host;
