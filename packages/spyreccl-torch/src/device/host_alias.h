@@ -20,6 +20,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
+#include <c10/util/MaybeOwned.h>
 #include <c10/util/SmallVector.h>
 
 #include <optional>
@@ -38,6 +39,11 @@ class HostAliasScope {
 
   // CPU tensor sharing `spyre`'s memory, geometry and conj/neg bits.
   at::Tensor lend(const at::Tensor& spyre);
+
+  // lend() for a caller that keeps `spyre` alive until the scope ends (an unboxed kernel's
+  // argument): the scope borrows it instead of holding a reference of its own. Taking a
+  // reference to a tensor that only Python holds increfs its Python object under the GIL.
+  at::Tensor lend_borrowed(const at::Tensor& spyre);
 
   // Records a CPU tensor passed to the op, so that a result sharing its memory
   // is copied instead of being taken over.
@@ -66,9 +72,11 @@ class HostAliasScope {
   struct LentTensor {
     const c10::TensorImpl* host;
     const c10::TensorImpl* spyre_impl;
-    at::Tensor spyre;
+    c10::MaybeOwned<at::Tensor> spyre;
     at::Tensor host_tensor;
   };
+
+  at::Tensor lend_impl(const at::Tensor& spyre, bool borrow);
 
   const c10::Storage& host_storage_for(const c10::Storage& spyre);
   const LentStorage* find_by_host(const c10::StorageImpl* host) const;
