@@ -490,6 +490,47 @@ def test_reductions_and_elementwise(rng):
     np.testing.assert_allclose(scaled.cpu().numpy(), x * 3.0, rtol=1e-15)
 
 
+def test_binary_arithmetic_on_a_second_device(rng):
+    # add/sub/mul/div of two tensors have unboxed spyre kernels (binary_ops.cc): they must
+    # agree with the fallback's behaviour: broadcasting, alpha, type promotion, 0-dim CPU
+    # operands on either side, results on the first spyre operand's device, inputs intact.
+    x = rng.standard_normal((5, 1))
+    y = rng.standard_normal((1, 13))
+    n = rng.integers(-50, 50, size=(5, 13))
+    tx, ty, tn = (torch.from_numpy(v).to("spyre:1") for v in (x, y, n))
+    three = torch.tensor(3.0, dtype=torch.float64)
+    cases = {
+        "add": (tx + ty, x + y),
+        # alpha: CPU's kernel may fuse the multiply-add (one rounding instead of two).
+        "add alpha": (torch.add(tx, ty, alpha=2.5), x + 2.5 * y, np.abs(x) + np.abs(2.5 * y)),
+        "sub alpha": (torch.sub(tx, ty, alpha=-1.5), x + 1.5 * y, np.abs(x) + np.abs(1.5 * y)),
+        "mul": (tx * ty, x * y),
+        "div": (tx / ty, x / y),
+        "int + float": (tn + tx, n + x),
+        # True division of integers gives the default dtype; float64 then rounding to
+        # float32 is the correctly rounded float32 quotient.
+        "int / int": (tn / (tn.abs() + 1), (n / (np.abs(n) + 1)).astype(np.float32)),
+        "cpu 0-dim first": (three - ty, 3.0 - y),
+        "cpu 0-dim second": (tx / three, x / 3.0),
+    }
+    for what, (out, expected, *magnitude) in cases.items():
+        assert out.device == torch.device("spyre:1"), what
+        assert out.dtype == torch.from_numpy(expected).dtype, what
+        if magnitude:
+            bound = 2 * np.finfo(np.float64).eps * magnitude[0]
+            assert np.all(np.abs(out.cpu().numpy() - expected) <= bound), what
+        else:
+            np.testing.assert_array_equal(out.cpu().numpy(), expected, err_msg=what)
+    for t, v in ((tx, x), (ty, y), (tn, n)):
+        np.testing.assert_array_equal(t.cpu().numpy(), v)
+    a = tx.clone().requires_grad_()
+    (a * ty).sum().backward()
+    # d/da sum(a * y) sums y over the broadcast dimension: summation order is free.
+    bound = y.shape[1] * np.finfo(np.float64).eps * np.abs(y).sum()
+    assert np.all(np.abs(a.grad.cpu().numpy() - y.sum()) <= bound)
+    assert a.grad.shape == (5, 1)
+
+
 def test_indexing(rng):
     x = rng.standard_normal((7, 4))
     t = torch.from_numpy(x).to(SPYRE)

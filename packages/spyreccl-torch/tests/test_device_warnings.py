@@ -104,18 +104,20 @@ def test_a_wrongly_shaped_out_warns_as_on_cpu(rng):
 
 def test_operators_cpu_runs_natively_run_the_cpu_kernel_on_spyre():
     # Spot checks of the routing: structured ops (functional and in-place) and composite
-    # decompositions that CPU replaces by its own kernels.
-    for op in (
-        "aten::mse_loss",
-        "aten::mm",
-        "aten::add.Tensor",
-        "aten::add_.Tensor",
-        "aten::native_layer_norm",
-        "aten::sum.dim_IntList",
+    # decompositions that CPU replaces by its own kernels. The binary arithmetic of two
+    # tensors runs CPU's kernel through unboxed spyre kernels instead (binary_ops.cc).
+    for op, source in (
+        ("aten::mse_loss", "fallback.cc"),
+        ("aten::mm", "fallback.cc"),
+        ("aten::add.Tensor", "binary_ops.cc"),
+        ("aten::mul.Tensor", "binary_ops.cc"),
+        ("aten::add_.Tensor", "fallback.cc"),
+        ("aten::native_layer_norm", "fallback.cc"),
+        ("aten::sum.dim_IntList", "fallback.cc"),
     ):
         table = torch._C._dispatch_dump_table(op)
         entry = next(line for line in table.splitlines() if line.startswith("PrivateUse1:"))
-        assert "fallback.cc" in entry and "[kernel]" in entry, (op, entry)
+        assert source in entry and "[kernel]" in entry, (op, entry)
     # Calling the routing again changes nothing (the loader calls it once per process).
     first = torch.ops.spyreccl_device.route_to_cpu_kernels()
     assert first > 100

@@ -50,7 +50,7 @@ bool arena_enabled() {
 enum class BlockKind : std::uint8_t {
   kHost,      // posix_memalign, freed by release()
   kArena,     // spyrecclMemAlloc, freed by release()
-  kAdopted,   // a CPU kernel's result relabelled as spyre memory, freed by release_adopted()
+  kAdopted,   // a CPU kernel's result relabelled as spyre memory, freed by its own deleter
   kDiscrete,  // discrete device memory (device_memory.h), freed by release()
 };
 
@@ -135,28 +135,62 @@ struct DeviceCounters {
   }
 };
 
+// One live block of the registry.
+struct Block {
+  std::size_t nbytes;
+  c10::DeviceIndex device;
+  BlockKind kind;
+  // kAdopted blocks taken over whole (adopt()): the deleter the other allocator gave the
+  // block, called with its address when the spyre storage frees it. Null otherwise.
+  c10::DeleterFnPtr foreign_deleter;
+};
+
 // Live allocations by start address (so that getDeviceFromPtr can answer for interior
 // pointers too) and the per-device statistics, under one mutex: emulated-device
-// allocation rates are bounded by the CPU kernels that consume the memory.
+// allocation rates are bounded by the CPU kernels that consume the memory, and the
+// critical sections are a map update and a few counters (an uncontended lock costs a
+// fraction of a CPU kernel's dispatch; measured in docs/notes/device-op-overhead.md).
 class AllocationRegistry {
  public:
-  void add(const void* ptr, std::size_t nbytes, c10::DeviceIndex device, BlockKind kind) {
+  AllocationRegistry() { spare_nodes_.reserve(kSpareNodes); }
+
+  void add(const void* ptr, std::size_t nbytes, c10::DeviceIndex device, BlockKind kind,
+           c10::DeleterFnPtr foreign_deleter = nullptr) {
+    const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+    const Block block{nbytes, device, kind, foreign_deleter};
     std::lock_guard<std::mutex> lock(mutex_);
-    live_[reinterpret_cast<std::uintptr_t>(ptr)] = Entry{nbytes, device, kind};
+    if (spare_nodes_.empty()) {
+      live_[address] = block;
+    } else {
+      // Reuse the node of a block freed earlier: most eager operators allocate one result
+      // and free one temporary, and a fresh map node was a malloc/free pair per operator.
+      Map::node_type node = std::move(spare_nodes_.back());
+      spare_nodes_.pop_back();
+      node.key() = address;
+      node.mapped() = block;
+      auto inserted = live_.insert(std::move(node));
+      if (!inserted.inserted) {
+        inserted.position->second = block;
+        spare_nodes_.push_back(std::move(inserted.node));
+      }
+    }
     counters(device).add(kind, nbytes, /*fresh_from_system=*/kind != BlockKind::kAdopted);
   }
 
-  // Forgets `ptr`; returns its kind if it was live.
-  std::optional<BlockKind> remove(const void* ptr) {
+  // Forgets `ptr`; returns its block if it was live.
+  std::optional<Block> remove(const void* ptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
     if (it == live_.end()) {
       return std::nullopt;
     }
-    const Entry entry = it->second;
-    live_.erase(it);
-    counters(entry.device).remove(entry.kind, entry.nbytes, /*back_to_system=*/true);
-    return entry.kind;
+    const Block block = it->second;
+    Map::node_type node = live_.extract(it);
+    if (spare_nodes_.size() < kSpareNodes) {
+      spare_nodes_.push_back(std::move(node));  // within the reserved capacity: no allocation
+    }
+    counters(block.device).remove(block.kind, block.nbytes, /*back_to_system=*/true);
+    return block;
   }
 
   void relabel(const void* ptr, c10::DeviceIndex device) {
@@ -165,7 +199,7 @@ class AllocationRegistry {
     if (it == live_.end() || it->second.device == device) {
       return;
     }
-    Entry& entry = it->second;
+    Block& entry = it->second;
     // The block moves between devices: it leaves one device's statistics and joins
     // the other's, without a system allocation or free.
     counters(entry.device).remove(entry.kind, entry.nbytes, /*back_to_system=*/false);
@@ -176,7 +210,7 @@ class AllocationRegistry {
   std::optional<c10::DeviceIndex> find(const void* ptr) const {
     const auto address = reinterpret_cast<std::uintptr_t>(ptr);
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = find_block(live_, address, [](const Entry& e) { return e.nbytes; });
+    const auto it = find_block(live_, address, [](const Block& b) { return b.nbytes; });
     if (it == live_.end()) {
       return std::nullopt;
     }
@@ -209,11 +243,10 @@ class AllocationRegistry {
   }
 
  private:
-  struct Entry {
-    std::size_t nbytes;
-    c10::DeviceIndex device;
-    BlockKind kind;
-  };
+  using Map = std::map<std::uintptr_t, Block>;
+  // Map nodes kept for reuse: enough for the blocks a burst of operators frees before the
+  // next allocations; more are returned to the heap.
+  static constexpr std::size_t kSpareNodes = 64;
 
   // Caller holds mutex_.
   DeviceCounters& counters(c10::DeviceIndex device) {
@@ -227,7 +260,8 @@ class AllocationRegistry {
   }
 
   mutable std::mutex mutex_;
-  std::map<std::uintptr_t, Entry> live_;
+  Map live_;
+  std::vector<Map::node_type> spare_nodes_;
   std::vector<DeviceCounters> per_device_;
 };
 
@@ -237,9 +271,9 @@ AllocationRegistry& registry() {
   return *instance;
 }
 
-// The one deleter of both kinds of memory this allocator hands out (c10's
-// raw_deallocate calls raw_deleter() without the DataPtr, so the registry says which
-// kind `ptr` is).
+// The one deleter of every kind of memory this allocator hands out and of the CPU
+// kernels' results it takes over whole (c10's raw_deallocate calls raw_deleter() without
+// the DataPtr, so the registry says which kind `ptr` is).
 // In discrete mode it may be called with the accessible twin of a block (raw_deallocate of
 // the alias growth allocator passes the data pointer): the registry knows device addresses.
 void release(void* ptr) {
@@ -247,19 +281,28 @@ void release(void* ptr) {
     return;
   }
   ptr = device_address(ptr);
-  const std::optional<BlockKind> kind = registry().remove(ptr);
+  const std::optional<Block> block = registry().remove(ptr);
+  const std::optional<BlockKind> kind =
+      block.has_value() ? std::optional<BlockKind>(block->kind) : std::nullopt;
   if (kind == BlockKind::kArena) {
     // Cannot fail for a block the registry knows; a deleter must not throw anyway.
     (void)spyrecclMemFree(ptr);
   } else if (kind == BlockKind::kDiscrete) {
     discrete_free(ptr);
+  } else if (kind == BlockKind::kAdopted) {
+    // Only blocks taken over whole have `release` as their deleter (the others keep
+    // release_adopted), and those always carry the other allocator's deleter.
+    if (block->foreign_deleter != nullptr) {
+      block->foreign_deleter(ptr);
+    }
   } else {
     std::free(ptr);
   }
 }
 
-// A CPU kernel's result adopted as spyre memory: the original DataPtr (with its own
-// deleter) lives on in the context until the spyre storage frees it.
+// A CPU kernel's result adopted as spyre memory whose DataPtr has a context of its own
+// (not the data pointer): the original DataPtr lives on in this block until the spyre
+// storage frees it.
 struct AdoptedBlock {
   c10::DataPtr original;
 };
@@ -442,9 +485,20 @@ void adopt(c10::DataPtr& data, std::size_t nbytes, c10::Device device) {
     const c10::DeleterFnPtr deleter = data.get_deleter();
     if (deleter == &release || deleter == &release_adopted) {
       registry().relabel(data.get(), device.index());
+    } else if (deleter != nullptr && data.get_context() == data.get()) {
+      // Memory of another allocator whose context is the data pointer itself (CPU's
+      // allocator, every plain malloc-style allocator): the spyre DataPtr takes it over
+      // with `release` as its deleter, and the registry keeps the original deleter. No
+      // context block to allocate per adopted result (most eager operators adopt one).
+      // Registered first: if that throws, `data` still owns the block.
+      void* ptr = data.get();
+      registry().add(ptr, nbytes, device.index(), BlockKind::kAdopted, deleter);
+      (void)data.release_context();
+      data = c10::DataPtr(ptr, ptr, &release, device);
     } else {
-      // Memory of another allocator (a CPU kernel's result): keep its deleter in a
-      // context that also takes the block out of the statistics when it is freed.
+      // Memory of another allocator with a context of its own (copy-on-write data, ...):
+      // keep the DataPtr in a context that also takes the block out of the statistics
+      // when it is freed.
       void* ptr = data.get();
       auto* block = new AdoptedBlock{std::move(data)};
       data = c10::DataPtr(ptr, block, &release_adopted, device);

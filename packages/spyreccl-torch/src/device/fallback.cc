@@ -95,15 +95,11 @@ std::optional<CallDevice> find_device(const c10::FunctionSchema& schema, const c
   return std::nullopt;
 }
 
-// Spyre tensors passed to the CPU kernel and the CPU aliases standing in for
-// them, for write-back after the kernel ran.
-using LentPairs = std::vector<std::pair<at::Tensor, at::Tensor>>;
-
-c10::IValue lend_tensor(HostAliasScope& scope, const at::Tensor& t, LentPairs& lent) {
+// The scope remembers every spyre tensor it lends (and writes them back after the kernel
+// ran, write_back_lent), so no list of its own is kept here.
+c10::IValue lend_tensor(HostAliasScope& scope, const at::Tensor& t) {
   if (is_spyre(t)) {
-    at::Tensor host = scope.lend(t);
-    lent.emplace_back(t, host);
-    return host;
+    return scope.lend(t);
   }
   if (t.defined()) {
     scope.note_cpu_input(t);
@@ -111,15 +107,14 @@ c10::IValue lend_tensor(HostAliasScope& scope, const at::Tensor& t, LentPairs& l
   return t;
 }
 
-c10::IValue lend_list(HostAliasScope& scope, const c10::IValue& value, LentPairs& lent) {
+c10::IValue lend_list(HostAliasScope& scope, const c10::IValue& value) {
   c10::List<c10::IValue> original = value.toList();
   // A fresh list of the same element type: the caller's list must not be
   // modified, and unboxing checks the element type.
   c10::impl::GenericList lent_list(original.elementType());
   lent_list.reserve(original.size());
   for (const c10::IValue& element : original) {
-    lent_list.push_back(element.isTensor() ? lend_tensor(scope, element.toTensor(), lent)
-                                           : element);
+    lent_list.push_back(element.isTensor() ? lend_tensor(scope, element.toTensor()) : element);
   }
   return c10::IValue(std::move(lent_list));
 }
@@ -156,13 +151,12 @@ void spyre_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
 
   const c10::Device device = call->device;
   HostAliasScope scope(name, device, call->adopt_results);
-  LentPairs lent;
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& value = args[i];
     if (value.isTensor()) {
-      value = lend_tensor(scope, value.toTensor(), lent);
+      value = lend_tensor(scope, value.toTensor());
     } else if (is_tensor_list(value)) {
-      value = lend_list(scope, value, lent);
+      value = lend_list(scope, value);
     } else if (value.isDevice()) {
       if (value.toDevice().type() == kSpyreDeviceType) {
         value = c10::IValue(c10::Device(c10::kCPU));
@@ -179,9 +173,7 @@ void spyre_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
   scope.commit();
-  for (const auto& [spyre, host] : lent) {
-    scope.write_back(spyre, host);
-  }
+  scope.write_back_lent();
   const size_t num_returns = schema.returns().size();
   TORCH_INTERNAL_ASSERT(stack->size() >= num_returns);
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end();

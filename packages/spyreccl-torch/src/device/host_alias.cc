@@ -69,6 +69,14 @@ const c10::Storage& HostAliasScope::host_storage_for(const c10::Storage& spyre) 
 }
 
 at::Tensor HostAliasScope::lend(const at::Tensor& spyre) {
+  return lend_impl(spyre, /*borrow=*/false);
+}
+
+at::Tensor HostAliasScope::lend_borrowed(const at::Tensor& spyre) {
+  return lend_impl(spyre, /*borrow=*/true);
+}
+
+at::Tensor HostAliasScope::lend_impl(const at::Tensor& spyre, bool borrow) {
   TORCH_INTERNAL_ASSERT(spyre.defined() && spyre.device().type() == kSpyreDeviceType);
   const c10::TensorImpl* spyre_impl = spyre.unsafeGetTensorImpl();
   for (const LentTensor& lent : tensors_) {
@@ -84,7 +92,10 @@ at::Tensor HostAliasScope::lend(const at::Tensor& spyre) {
   host.unsafeGetTensorImpl()->set_sizes_and_strides(spyre.sizes(), spyre.strides(),
                                                     spyre.storage_offset());
   copy_bits(spyre, host);
-  tensors_.push_back(LentTensor{host.unsafeGetTensorImpl(), spyre_impl, spyre, host});
+  tensors_.push_back(LentTensor{host.unsafeGetTensorImpl(), spyre_impl,
+                                borrow ? c10::MaybeOwned<at::Tensor>::borrowed(spyre)
+                                       : c10::MaybeOwned<at::Tensor>::owned(std::in_place, spyre),
+                                host});
   return host;
 }
 
@@ -172,6 +183,12 @@ void HostAliasScope::write_back(const at::Tensor& spyre, const at::Tensor& host)
   }
 }
 
+void HostAliasScope::write_back_lent() {
+  for (const LentTensor& lent : tensors_) {
+    write_back(*lent.spyre, lent.host_tensor);
+  }
+}
+
 at::Tensor HostAliasScope::to_spyre(const at::Tensor& host) {
   if (!host.defined() || host.device().type() != c10::kCPU) {
     return host;
@@ -181,7 +198,7 @@ at::Tensor HostAliasScope::to_spyre(const at::Tensor& host) {
     if (lent.host == host_impl) {
       // In-place and out= kernels return their argument: hand back the very
       // same spyre tensor, which autograd and Python expect.
-      return lent.spyre;
+      return *lent.spyre;
     }
   }
   TORCH_CHECK(host.has_storage(), op_, ": CPU kernel returned a tensor without storage (layout ",

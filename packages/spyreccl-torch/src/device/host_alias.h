@@ -20,9 +20,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
+#include <c10/util/MaybeOwned.h>
+#include <c10/util/SmallVector.h>
 
 #include <optional>
-#include <vector>
 
 namespace spyreccl::device {
 
@@ -39,6 +40,11 @@ class HostAliasScope {
   // CPU tensor sharing `spyre`'s memory, geometry and conj/neg bits.
   at::Tensor lend(const at::Tensor& spyre);
 
+  // lend() for a caller that keeps `spyre` alive until the scope ends (an unboxed kernel's
+  // argument): the scope borrows it instead of holding a reference of its own. Taking a
+  // reference to a tensor that only Python holds increfs its Python object under the GIL.
+  at::Tensor lend_borrowed(const at::Tensor& spyre);
+
   // Records a CPU tensor passed to the op, so that a result sharing its memory
   // is copied instead of being taken over.
   void note_cpu_input(const at::Tensor& cpu);
@@ -49,6 +55,9 @@ class HostAliasScope {
 
   // Reflects metadata changes of the lent tensor `host` onto `spyre`.
   void write_back(const at::Tensor& spyre, const at::Tensor& host);
+
+  // write_back() for every tensor lend() lent so far (in the order they were first lent).
+  void write_back_lent();
 
   // Spyre tensor for a CPU result of the kernel (see the file comment).
   at::Tensor to_spyre(const at::Tensor& host);
@@ -63,21 +72,30 @@ class HostAliasScope {
   struct LentTensor {
     const c10::TensorImpl* host;
     const c10::TensorImpl* spyre_impl;
-    at::Tensor spyre;
+    c10::MaybeOwned<at::Tensor> spyre;
     at::Tensor host_tensor;
   };
+
+  at::Tensor lend_impl(const at::Tensor& spyre, bool borrow);
 
   const c10::Storage& host_storage_for(const c10::Storage& spyre);
   const LentStorage* find_by_host(const c10::StorageImpl* host) const;
   c10::Storage adopt_storage(const c10::Storage& host);
 
+  // A scope lives for one operator call, and almost every operator takes a handful of
+  // tensors: inline capacity for that many keeps the bookkeeping off the heap (each
+  // std::vector growth was a malloc/free pair per call, a measurable part of the emulated
+  // device's per-op overhead next to CPU's). Larger calls (cat of many tensors) spill to
+  // the heap as before.
+  static constexpr unsigned kInline = 4;
+
   const char* op_;
   c10::Device device_;
   bool adopt_results_;
-  std::vector<LentStorage> storages_;
-  std::vector<LentTensor> tensors_;
-  std::vector<const c10::StorageImpl*> cpu_inputs_;
-  std::vector<c10::StorageImpl*> adopted_;
+  c10::SmallVector<LentStorage, kInline> storages_;
+  c10::SmallVector<LentTensor, kInline> tensors_;
+  c10::SmallVector<const c10::StorageImpl*, kInline> cpu_inputs_;
+  c10::SmallVector<c10::StorageImpl*, kInline> adopted_;
 };
 
 // A spyre tensor over `storage` with the dtype, geometry and conj/neg bits of

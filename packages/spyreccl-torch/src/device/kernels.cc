@@ -1,6 +1,7 @@
 // Explicit spyre kernels: tensor creation, geometry (views, resize, set_) and
 // the host<->spyre copy. Everything else reaches the boxed fallback in
-// fallback.cc, which runs CPU kernels on the spyre memory in place.
+// fallback.cc, which runs CPU kernels on the spyre memory in place (binary
+// arithmetic does the same unboxed, binary_ops.cc).
 //
 // These are explicit because they either create or re-point spyre storages
 // (which the fallback cannot do without a spyre tensor to start from), or
