@@ -17,7 +17,7 @@ same rank processes time, round by round in rotating order:
 - ``dtensor floor spyreccl``: the DTensor model itself, the same shards, on a mesh whose
   group moves nothing (``transferless_mesh``): the same step with only the transfers
   skipped. Eager it keeps DTensor's dispatch and the functional calls; compiled, the same
-  graph, collectives (as fusion boundaries) included. ``spyreccl`` minus it is the
+  generated code, collective calls included. ``spyreccl`` minus it is the
   communication in the step, it minus the floor what the step's structure costs beyond the
   bare shards (eager mostly DTensor's dispatch);
 

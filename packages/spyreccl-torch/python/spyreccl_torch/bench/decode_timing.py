@@ -99,12 +99,13 @@ def transferless_mesh(device_type: str, world_size: int) -> Any:
     made it, every rank alone). A tensor-parallel model on it
     (:func:`spyreccl_torch.models.llama.rehome_tensor_parallel`) runs DTensor's whole eager
     dispatch, redistributions and the functional collectives' calls included, and compiled
-    the same graph (its collectives still fusion boundaries), without any transfer or wait
-    for a peer: the *DTensor floor*, the step with only the communication skipped (wrong
-    numbers, right timing). Its collective calls take torch's generic path (c10d's
-    dispatcher op, a microsecond or two) rather than spyreccl's lean one, so it errs, by
-    that much per call, on the slow side. Collective: every rank calls it at the same point.
-    None where this torch has no FakeProcessGroup to build it from."""
+    the same generated code (the same kernels, the collective calls in place), without any
+    transfer or wait for a peer: the *DTensor floor*, the step with only the communication
+    skipped (wrong numbers, right timing). Its collective calls take torch's generic path
+    (c10d's dispatcher op) rather than spyreccl's lean one, which costs about what
+    spyreccl's call costs without its transfer (docs/notes/tp-decode.md, *The DTensor
+    floor*). Collective: every rank calls it at the same point. None where this torch has
+    no FakeProcessGroup to build it from."""
     try:
         from torch._C._distributed_c10d import FakeProcessGroup
 
