@@ -32,25 +32,15 @@ c10::Device call_device(const at::Tensor& self, const at::Tensor& other) {
   return is_spyre(self) ? self.device() : other.device();
 }
 
-// The caller's arguments outlive the scope: borrowed, not referenced (see the top).
-at::Tensor lend(HostAliasScope& scope, const at::Tensor& t) {
-  if (is_spyre(t)) {
-    return scope.lend_borrowed(t);
-  }
-  if (t.defined()) {
-    scope.note_cpu_input(t);
-  }
-  return t;
-}
-
 // Calls CPU's kernel of `Op` on the lent operands (lent in argument order, as the fallback
 // does) and maps its result back to spyre.
 template <class Op, class... Extra>
 at::Tensor run_on_cpu_kernel(const char* name, const at::Tensor& self, const at::Tensor& other,
                              const Extra&... extra) {
   HostAliasScope scope(name, call_device(self, other));
-  const at::Tensor host_self = lend(scope, self);
-  const at::Tensor host_other = lend(scope, other);
+  // The caller's arguments outlive the scope: borrowed, not referenced (see the top).
+  const at::Tensor host_self = scope.lend_argument(self, /*borrow=*/true);
+  const at::Tensor host_other = scope.lend_argument(other, /*borrow=*/true);
   const at::Tensor result = Op::redispatch(kCpuKernel, host_self, host_other, extra...);
   scope.commit();
   scope.write_back_lent();

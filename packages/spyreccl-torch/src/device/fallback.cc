@@ -95,18 +95,6 @@ std::optional<CallDevice> find_device(const c10::FunctionSchema& schema, const c
   return std::nullopt;
 }
 
-// The scope remembers every spyre tensor it lends (and writes them back after the kernel
-// ran, write_back_lent), so no list of its own is kept here.
-c10::IValue lend_tensor(HostAliasScope& scope, const at::Tensor& t) {
-  if (is_spyre(t)) {
-    return scope.lend(t);
-  }
-  if (t.defined()) {
-    scope.note_cpu_input(t);
-  }
-  return t;
-}
-
 c10::IValue lend_list(HostAliasScope& scope, const c10::IValue& value) {
   c10::List<c10::IValue> original = value.toList();
   // A fresh list of the same element type: the caller's list must not be
@@ -114,7 +102,7 @@ c10::IValue lend_list(HostAliasScope& scope, const c10::IValue& value) {
   c10::impl::GenericList lent_list(original.elementType());
   lent_list.reserve(original.size());
   for (const c10::IValue& element : original) {
-    lent_list.push_back(element.isTensor() ? lend_tensor(scope, element.toTensor()) : element);
+    lent_list.push_back(element.isTensor() ? scope.lend_argument(element.toTensor()) : element);
   }
   return c10::IValue(std::move(lent_list));
 }
@@ -154,7 +142,9 @@ void spyre_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/,
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& value = args[i];
     if (value.isTensor()) {
-      value = lend_tensor(scope, value.toTensor());
+      // The scope remembers every spyre tensor it lends (and writes them back after the
+      // kernel ran, write_back_lent), so no list of its own is kept here.
+      value = scope.lend_argument(value.toTensor());
     } else if (is_tensor_list(value)) {
       value = lend_list(scope, value);
     } else if (value.isDevice()) {

@@ -99,6 +99,17 @@ at::Tensor HostAliasScope::lend_impl(const at::Tensor& spyre, bool borrow) {
   return host;
 }
 
+at::Tensor HostAliasScope::lend_argument(const at::Tensor& t, bool borrow) {
+  if (!t.defined()) {
+    return t;
+  }
+  if (t.device().type() == kSpyreDeviceType) {
+    return lend_impl(t, borrow);
+  }
+  note_cpu_input(t);
+  return t;
+}
+
 void HostAliasScope::note_cpu_input(const at::Tensor& cpu) {
   if (cpu.has_storage()) {
     cpu_inputs_.push_back(cpu.storage().unsafeGetStorageImpl());

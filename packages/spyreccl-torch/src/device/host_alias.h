@@ -49,6 +49,11 @@ class HostAliasScope {
   // is copied instead of being taken over.
   void note_cpu_input(const at::Tensor& cpu);
 
+  // One tensor argument of the op, as CPU's kernel takes it: a spyre tensor lent (lend(), or
+  // lend_borrowed() with `borrow`), a CPU tensor noted (note_cpu_input) and passed as is, an
+  // undefined one passed as is. What the boxed fallback and the unboxed kernels share.
+  at::Tensor lend_argument(const at::Tensor& t, bool borrow = false);
+
   // After the CPU kernel: moves memory that kernels reallocated into the
   // spyre storages. Call once, before write_back/to_spyre.
   void commit();
