@@ -434,8 +434,9 @@ def pins(session: nox.Session) -> None:
 # What runs with SPYRECCL_SPYRE_MEMORY=discrete in `tests_discrete`: a spyre tensor's
 # data_ptr() then faults when the host reads it (as on real Spyre cards), so the device's own
 # tests show that every torch operation still works, and the backend must stage every spyre
-# tensor through host buffers (the collective, functional/compiled, DDP, FSDP2, TP,
-# reliability and multi-node tests check its numbers against the same references).
+# tensor through host buffers (the collective, functional/compiled, DDP, FSDP2, TP training
+# and decode, vendor routing, reliability and multi-node tests check its numbers against the
+# same references).
 DISCRETE_MEMORY_TESTS = [
     "tests/test_device.py",
     "tests/test_device_autocast.py",
@@ -455,9 +456,17 @@ DISCRETE_MEMORY_TESTS = [
     "tests/test_ddp.py",
     "tests/test_fsdp2.py",
     "tests/test_dtensor_tp.py",
+    "tests/test_2d_mesh.py",
+    "tests/test_tp_generate.py",
+    "tests/test_llama_consumers.py",
+    "tests/test_direct_ops.py",
+    "tests/test_inline_fastpath.py",
+    "tests/test_future_callbacks.py",
+    "tests/test_vendor_coexistence.py",
     "tests/reliability/test_timeouts_and_abort.py",
     "tests/reliability/test_peer_death.py",
     "tests/reliability/test_mismatch.py",
+    "tests/reliability/test_flight_recorder.py",
     "tests/multinode/test_multinode.py::test_two_nodes_two_ranks_every_operation",
 ]
 
