@@ -5,8 +5,9 @@ host-addressable (``_C._host_addressable("spyre")`` is False) and the backend st
 spyre tensor through host buffers with the device's own copies: one copy each way up to one
 chunk (through a preallocated small slot up to 64 KiB), a chunk pipeline above it
 (all_reduce, broadcast, all_gather, reduce_scatter, gather, scatter, all_to_all with equal
-splits, reduce). These tests prove from the backend's staging counters that the staged path ran,
-how many chunks a pipeline split a message into, that small slots come back, and that the
+or split sizes, reduce). These tests prove from the backend's staging counters that the
+staged path ran, how many chunks a pipeline split a message into (a split-size all_to_all:
+the count its ranks agreed on), that small slots come back, and that the
 default ``host`` mode stays zero-copy (counters stay 0) — always against float64
 references computed on the host from every rank's inputs.
 The rest of the suite runs in discrete mode through ``nox -s tests_discrete``.
@@ -251,6 +252,95 @@ def test_gather_scatter_all_to_all_reduce_run_as_pipelines(rank_pool, seeded):
         for op in ("gather", "scatter", "all_to_all_single", "reduce"):
             assert counts[op] == (1, chunks), (op, counts)
         assert counts["all_to_all_single in place"] == (0, 0), counts
+
+
+def _split_counts(world: int, large: int) -> list[list[int]]:
+    """counts[r][p]: rows rank r sends to rank p. Uneven, one pair empty, and one pair
+    (the last rank to rank 0) of `large` rows: the only message past one chunk, so the ranks
+    that neither send nor receive it must learn the chunk count from the others."""
+    counts = [[3 + 5 * r + 2 * p for p in range(world)] for r in range(world)]
+    counts[0][world - 1] = 0
+    counts[world - 1][0] = large
+    return counts
+
+
+def split_all_to_all(seed: int, large: int, ctx):
+    """all_to_all_single with split sizes (rows of 3 elements) and the list form, every dtype
+    family, fresh inputs into poisoned outputs, each checked exactly against the blocks the
+    peers sent; returns each case's (pipelined_ops, pipeline_chunks, staged_buffers)."""
+    world, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    counts = _split_counts(world, large)
+    sends = counts[rank]
+    recvs = [counts[p][rank] for p in range(world)]
+    result = {}
+    for index, dtype in enumerate(
+        (torch.float64, torch.bfloat16, torch.int32, torch.complex64, torch.uint8)
+    ):
+        parts = []
+        for r in range(world):
+            g = torch.Generator().manual_seed(seed + 17 * index + r)
+            shape = (sum(counts[r]), 3)
+            if dtype == torch.uint8:
+                parts.append(torch.randint(0, 256, shape, dtype=dtype, generator=g))
+            elif dtype == torch.complex64:
+                parts.append(torch.randn(shape, dtype=torch.complex64, generator=g))
+            else:
+                parts.append(_inputs(seed + 17 * index + r, 1, shape[0] * 3, dtype)[0].view(shape))
+        # Rows of rank p's input bound for this rank, in rank order.
+        expected = torch.cat(
+            [parts[p][sum(counts[p][:rank]) : sum(counts[p][: rank + 1])] for p in range(world)]
+        )
+        out = torch.full((sum(recvs), 3), 77, dtype=dtype, device=dev)
+        before = _counters()
+        dist.all_to_all_single(out, parts[rank].to(dev), recvs, sends)
+        delta = _delta(before, _counters())
+        torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0, msg=f"{dtype}")
+        result[str(dtype)] = (
+            delta["pipelined_ops"],
+            delta["pipeline_chunks"],
+            delta["staged_buffers"],
+        )
+    # The list form: one tensor per peer, packed into one buffer by the backend.
+    parts = [_inputs(seed + 99 + r, 1, sum(counts[r]), torch.float32)[0] for r in range(world)]
+    inputs = list(parts[rank].to(dev).split(sends))
+    outputs = [torch.full((n,), 77.0, device=dev) for n in recvs]
+    before = _counters()
+    dist.all_to_all(outputs, inputs)
+    delta = _delta(before, _counters())
+    for p in range(world):
+        start = sum(counts[p][:rank])
+        torch.testing.assert_close(
+            outputs[p].cpu(), parts[p][start : start + recvs[p]], rtol=0, atol=0, msg=f"from {p}"
+        )
+    result["list"] = (delta["pipelined_ops"], delta["pipeline_chunks"], delta["staged_buffers"])
+    return result
+
+
+# The large pair's bytes: rows of 3 elements (the list form: 1-D, float32). With 700 rows:
+# float64 and complex64 16800 bytes (5 chunks of 4096), int32 8400 (3), bfloat16 4200 (2),
+# uint8 2100 and the list form 2800 (one chunk: staged whole). With 3000 rows float64, int32 and
+# complex64 reach the 8-chunk cap, bfloat16 makes 5, uint8 and the list form 3.
+SPLIT_CASES = {
+    "torch.float64": 24,
+    "torch.bfloat16": 6,
+    "torch.int32": 12,
+    "torch.complex64": 24,
+    "torch.uint8": 3,
+    "list": 4,
+}
+
+
+@pytest.mark.parametrize("large", [700, 3000])
+def test_split_all_to_all_pipelines_on_the_agreed_chunk_count(rank_pool, seeded, large):
+    for rank, result in enumerate(rank_pool.run(split_all_to_all, seeded.seed, large, timeout=300)):
+        for case, row_bytes in SPLIT_CASES.items():
+            chunks = min(8, math.ceil(large * row_bytes / CHUNK_BYTES))
+            pipelined, ran, staged = result[case]
+            if chunks > 1:
+                # Every rank, whether or not the large pair is its own, ran the same chunks.
+                assert (pipelined, ran) == (1, chunks), (rank, case, result[case])
+            else:
+                assert (pipelined, ran, staged) == (0, 0, 2), (rank, case, result[case])
 
 
 def pipeline_chunks_of_all_reduce(seed: int, numel: int, ctx):

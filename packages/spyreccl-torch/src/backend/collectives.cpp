@@ -251,12 +251,53 @@ AllToAllLayout makeLayout(const std::vector<int64_t>& sendElements,
   return layout;
 }
 
+// Whether an all-to-all with split sizes on these buffers may run as a staged pipeline: both
+// sides staged and pipelines allowed for the group. Its ranks cannot see each other's split
+// sizes, so those that may agree on the chunk count when it runs (agreeOnSplitChunks).
+bool splitPipelineAllowed(const Buffers& buffers, int groupSize) {
+  return buffers[0].hostStaged() && buffers[1].hostStaged() &&
+         pipelineAllowed(buffers[0].userTensor().device().type(), groupSize);
+}
+
+// Every rank's largest message to or from one peer, maximised over the group by a core
+// all_reduce of one word (a few us, only where staged pipelines are allowed: real cards, or
+// a core per rank for the copy thread), then the chunk count all ranks derive from it.
+int64_t agreeOnSplitChunks(const std::vector<int64_t>& sendElements,
+                           const std::vector<int64_t>& recvElements, size_t elementSize,
+                           spyrecclComm_t comm, const char* opName) {
+  int64_t largest = 0;
+  for (size_t p = 0; p < sendElements.size(); ++p) {
+    largest = std::max({largest, sendElements[p], recvElements[p]});
+  }
+  int64_t bytes = largest * static_cast<int64_t>(elementSize);
+  checkCore(spyrecclAllReduce(&bytes, &bytes, 1, spyrecclInt64, spyrecclMax, comm), comm,
+            std::string(opName) + " (agreeing on the staged pipeline's chunk count)");
+  return splitPipelineChunks(static_cast<uint64_t>(bytes));
+}
+
 Step allToAllvStep(CommBuffer input, CommBuffer output, std::vector<int64_t> sendElements,
-                   std::vector<int64_t> recvElements, const char* opName) {
+                   std::vector<int64_t> recvElements, const char* opName, bool mayPipeline,
+                   int groupSize) {
   Step step;
   step.buffers = {std::move(input), std::move(output)};
+  if (mayPipeline && splitPipelineAllowed(step.buffers, groupSize)) {
+    for (auto& buffer : step.buffers) {
+      buffer.markPipelined();
+    }
+  }
   step.issue = [sendElements = std::move(sendElements), recvElements = std::move(recvElements),
                 opName](const Buffers& b, spyrecclComm_t comm) {
+    if (b[0].pipelined()) {
+      const int64_t chunks = agreeOnSplitChunks(sendElements, recvElements,
+                                                b[0].userTensor().element_size(), comm, opName);
+      runStagedAllToAllv(b[0], b[1], sendElements, recvElements, chunks, opName,
+                         [&](const void* in, const size_t* sc, const size_t* sd, void* out,
+                             const size_t* rc, const size_t* rd, const std::string& what) {
+                           checkCore(spyrecclAllToAllv(in, sc, sd, out, rc, rd, b[0].dtype(), comm),
+                                     comm, what);
+                         });
+      return;
+    }
     const AllToAllLayout layout = makeLayout(sendElements, recvElements, b[0].units());
     checkCore(spyrecclAllToAllv(b[0].data(), layout.sendCounts.data(), layout.sendDispls.data(),
                                 b[1].data(), layout.recvCounts.data(), layout.recvDispls.data(),
@@ -827,8 +868,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::alltoall_base(
       sendElements.push_back(inSplits[p] * inRow);
       recvElements.push_back(outSplits[p] * outRow);
     }
+    // As for equal splits, an aliasing input is snapshotted whole, never pipelined.
     op.steps.push_back(allToAllvStep(std::move(in), std::move(out), std::move(sendElements),
-                                     std::move(recvElements), kOp));
+                                     std::move(recvElements), kOp, !input.is_alias_of(output),
+                                     size_));
   }
   return submit(std::move(op));
 }
@@ -866,7 +909,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::alltoall(std::vector<at::Te
   at::Tensor flatOut = allocateFlat(inputs[0], op.outNelems);
   Step step = allToAllvStep(CommBuffer::input(flatIn, kMove, kOp, "inputTensors"),
                             CommBuffer::output(flatOut, kMove, kOp, "outputTensors"),
-                            std::move(sendElements), std::move(recvElements), kOp);
+                            std::move(sendElements), std::move(recvElements), kOp,
+                            /*mayPipeline=*/true, size_);
   std::vector<at::Tensor> inList = inputs;
   std::vector<at::Tensor> outList = outputs;
   step.before = [flatIn, inList]() { packInto(flatIn, inList); };

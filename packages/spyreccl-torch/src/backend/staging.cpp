@@ -545,9 +545,10 @@ void countCopy(bool toHost, size_t bytes) {
 void countStagedBuffer() { gCounters.stagedBuffers.fetch_add(1, std::memory_order_relaxed); }
 
 bool pipelineWanted(size_t bytes, c10::DeviceType type, int groupSize) {
-  if (bytes <= stagingChunkBytes()) {
-    return false;
-  }
+  return bytes > stagingChunkBytes() && pipelineAllowed(type, groupSize);
+}
+
+bool pipelineAllowed(c10::DeviceType type, int groupSize) {
   switch (pipelineSetting().load(std::memory_order_relaxed)) {
     case PipelineSetting::kOn:
       return true;
@@ -617,6 +618,88 @@ void runStagedPipeline(const StagedSide& input, const StagedSide& output, int si
   if (output.buffer != nullptr && output.copyBack) {
     finishDeviceFlat(*output.buffer, out.device);
   }
+}
+
+int64_t splitPipelineChunks(uint64_t largestPairBytes) {
+  const uint64_t chunk = stagingChunkBytes();
+  if (largestPairBytes <= chunk) {
+    return 1;
+  }
+  return static_cast<int64_t>(
+      std::min<uint64_t>(kMaxChunks, (largestPairBytes + chunk - 1) / chunk));
+}
+
+void runStagedAllToAllv(const CommBuffer& input, const CommBuffer& output,
+                        const std::vector<int64_t>& sendElements,
+                        const std::vector<int64_t>& recvElements, int64_t chunks,
+                        const char* opName, const SplitChunkCall& call) {
+  const at::Tensor inDevice = deviceFlat(input, /*fill=*/true);
+  const at::Tensor inHost = hostFlat(input);
+  at::Tensor outDevice = deviceFlat(output, /*fill=*/false);
+  const at::Tensor outHost = hostFlat(output);
+  const auto units = static_cast<size_t>(input.units());
+  const size_t peers = sendElements.size();
+  // Where each peer's run starts on either side (elements; the same on device and host).
+  std::vector<int64_t> sendStart(peers), recvStart(peers);
+  for (size_t p = 1; p < peers; ++p) {
+    sendStart[p] = sendStart[p - 1] + sendElements[p - 1];
+    recvStart[p] = recvStart[p - 1] + recvElements[p - 1];
+  }
+  // Piece k of a pair's c elements: [c*k/chunks, c*(k+1)/chunks), known to both ends.
+  auto pieceStart = [chunks](int64_t c, int64_t k) { return c * k / chunks; };
+  // (destination, source) copies of chunk k in one direction, skipping empty pieces.
+  auto copies = [&](int64_t k, const std::vector<int64_t>& counts,
+                    const std::vector<int64_t>& starts, const at::Tensor& device,
+                    const at::Tensor& host, bool toHost) {
+    Copies out;
+    for (size_t p = 0; p < peers; ++p) {
+      const int64_t begin = starts[p] + pieceStart(counts[p], k);
+      const int64_t n = pieceStart(counts[p], k + 1) - pieceStart(counts[p], k);
+      if (n == 0) {
+        continue;
+      }
+      at::Tensor h = host.narrow(0, begin, n);
+      at::Tensor d = device.narrow(0, begin, n);
+      if (toHost) {
+        out.emplace_back(std::move(h), std::move(d));
+      } else {
+        out.emplace_back(std::move(d), std::move(h));
+      }
+    }
+    return out;
+  };
+  std::vector<Chunk> pieces;
+  pieces.reserve(static_cast<size_t>(chunks));
+  for (int64_t k = 0; k < chunks; ++k) {
+    Chunk chunk;
+    chunk.in = copies(k, sendElements, sendStart, inDevice, inHost, /*toHost=*/true);
+    chunk.call = [&, k](const std::string& what) {
+      std::vector<size_t> sc(peers), sd(peers), rc(peers), rd(peers);
+      for (size_t p = 0; p < peers; ++p) {
+        const int64_t s0 = pieceStart(sendElements[p], k);
+        const int64_t r0 = pieceStart(recvElements[p], k);
+        sc[p] = static_cast<size_t>(pieceStart(sendElements[p], k + 1) - s0) * units;
+        sd[p] = static_cast<size_t>(sendStart[p] + s0) * units;
+        rc[p] = static_cast<size_t>(pieceStart(recvElements[p], k + 1) - r0) * units;
+        rd[p] = static_cast<size_t>(recvStart[p] + r0) * units;
+      }
+      call(inHost.data_ptr(), sc.data(), sd.data(), outHost.data_ptr(), rc.data(), rd.data(), what);
+    };
+    chunk.out = copies(k, recvElements, recvStart, outDevice, outHost, /*toHost=*/false);
+    pieces.push_back(std::move(chunk));
+  }
+  if (chunks == 1) {
+    // Nothing to overlap: the whole message in, the call, out, on this thread.
+    const at::ThreadLocalState tls;
+    copyTask(tls, std::move(pieces[0].in), true)();
+    pieces[0].call(opName);
+    copyTask(tls, std::move(pieces[0].out), false)();
+    countStagedBuffer();
+    countStagedBuffer();
+  } else {
+    runPipeline(pieces, opName);
+  }
+  finishDeviceFlat(output, outDevice);
 }
 
 }  // namespace spyreccl_torch

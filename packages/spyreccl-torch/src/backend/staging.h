@@ -8,8 +8,8 @@
 //  - Small messages (at most one chunk) take the shortest route: CommBuffer::prepare copies
 //    the whole tensor in, the core runs once, CommBuffer::commit copies it out.
 //  - Larger all_reduce, broadcast, reduce, all_gather, reduce_scatter, gather, scatter and
-//    all_to_all (equal splits), where pipelineWanted says so, run as a pipeline of chunks
-//    along one rank's block: while the
+//    all_to_all (equal splits, and split sizes: runStagedAllToAllv), where pipelineWanted says
+//    so, run as a pipeline of chunks along one rank's block: while the
 //    core works on chunk k, a copy thread brings chunk k+1 in and takes chunk k-1 out, so the
 //    copies hide behind the collective (or the reverse).
 //
@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
@@ -71,6 +72,16 @@ void countStagedBuffer();
 // device type, the machine's CPU count and the settings, so the ranks of a node agree.
 bool pipelineWanted(size_t bytes, c10::DeviceType type, int groupSize);
 
+// pipelineWanted without the size test: whether an operation of this group on `type` may run
+// as a pipeline at all. Operations whose ranks cannot tell each other's sizes (all_to_all with
+// split sizes) decide on this, then agree on the chunk count (splitPipelineChunks).
+bool pipelineAllowed(c10::DeviceType type, int groupSize);
+
+// Chunks of a split-size all_to_all pipeline whose largest message between two ranks, over
+// every rank, is `largestPairBytes` (agreed by the ranks): one up to the chunk setting, then
+// one per chunk setting, at most 8 (as for the other pipelines).
+int64_t splitPipelineChunks(uint64_t largestPairBytes);
+
 // SPYRECCL_STAGING_PIPELINE as a setting: "auto", "1" or "0" (tests, the benchmark).
 std::string stagingPipelineSetting();
 void setStagingPipelineSetting(const std::string& setting);
@@ -116,5 +127,22 @@ using ChunkCall =
 
 void runStagedPipeline(const StagedSide& input, const StagedSide& output, int size,
                        const char* opName, const ChunkCall& call);
+
+// The pipelined all_to_all with split sizes: `sendElements[p]` elements go to rank p and
+// `recvElements[p]` come from it, packed in rank order on both sides. Every rank cuts each
+// pair's message into the same `chunks` pieces (piece k of c elements: [c*k/chunks,
+// c*(k+1)/chunks)), which both ends of a pair derive from the pair's own count, so chunk k is
+// one core all-to-all with per-peer counts on every rank. `chunks` must be the same on every
+// rank (splitPipelineChunks of an agreed maximum). One chunk runs on the calling thread (the
+// whole message in, the call, the whole message out), without the copy thread's hand-offs.
+// `call` gets host base pointers and per-peer counts and displacements in core elements.
+using SplitChunkCall = std::function<void(
+    const void* in, const size_t* sendCounts, const size_t* sendDispls, void* out,
+    const size_t* recvCounts, const size_t* recvDispls, const std::string& what)>;
+
+void runStagedAllToAllv(const CommBuffer& input, const CommBuffer& output,
+                        const std::vector<int64_t>& sendElements,
+                        const std::vector<int64_t>& recvElements, int64_t chunks,
+                        const char* opName, const SplitChunkCall& call);
 
 }  // namespace spyreccl_torch
