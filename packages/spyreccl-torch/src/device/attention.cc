@@ -18,8 +18,9 @@
 // spyre tensors at the end. Calling ATen on the spyre tensors themselves computes the same
 // numbers with the same CPU kernels, but each of the call's fifteen to thirty operators
 // then reaches the boxed fallback (fallback.cc), which lends its operands and adopts its
-// result once per operator: that bookkeeping made a decode step's attention cost about
-// three times CPU's (docs/notes/device-op-overhead.md).
+// result once per operator: on a decode step's shapes that bookkeeping was a sixth of the
+// call (docs/notes/device-op-overhead.md). The intermediates (scores, probabilities) are
+// CPU memory that lives within the call; spyre's memory statistics count the results.
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/TensorOperators.h>
