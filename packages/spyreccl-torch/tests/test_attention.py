@@ -152,6 +152,161 @@ def test_dropout_is_reproducible_and_its_gradient_is_exact():
     assert torch.autograd.gradcheck(attention, (q, k, v))
 
 
+# --- the op called directly ----------------------------------------------------------------
+#
+# The kernels compute on CPU tensors lent from the spyre ones, under one scope for the whole
+# call (attention.cc). These tests pin what that must not change: the numbers (bit for bit
+# those of the same formula run with CPU's kernels, and close to a float64 reference), the
+# layouts the op's meta function declares, the device of every result, and the memory.
+
+EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention
+EFFICIENT_BACKWARD = torch.ops.aten._scaled_dot_product_efficient_attention_backward
+# Odd sizes everywhere: batch, heads, queries, keys, head dim, value head dim.
+OB, OH, OL, OS, OE, OEV = 3, 5, 7, 11, 6, 9
+
+
+def _kernel_formula(q, k, v, bias, is_causal, scale):
+    """attention.cc's forward as CPU operators, in its order (output, log-sum-exp)."""
+    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)).mul_(scale)
+    if is_causal:
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+        scores.masked_fill_(keep.logical_not(), -math.inf)
+    if bias is not None:
+        if bias.dtype == torch.bool:
+            bias = torch.zeros_like(bias, dtype=acc).masked_fill_(bias.logical_not(), -math.inf)
+        scores.add_(bias.to(acc))
+    lse = torch.logsumexp(scores, -1)
+    probs = (scores - lse.masked_fill(lse.isneginf(), 0.0).unsqueeze(-1)).exp_()
+    return torch.matmul(probs, v.to(acc)).to(q.dtype), lse
+
+
+def _float64_attention(q, k, v, bias, is_causal, scale):
+    """An independent reference: softmax attention in float64 (output, log-sum-exp)."""
+    q, k, v = q.double(), k.double(), v.double()
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-2, -1) * scale
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), -math.inf)
+    if bias is not None:
+        scores = scores.masked_fill(~bias, -math.inf) if bias.dtype == torch.bool else scores + bias
+    return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
+
+
+def _direct_inputs(gen, dtype, bias_kind):
+    q = torch.randn(OB, OH, OL, OE, generator=gen, dtype=torch.float64).to(dtype)
+    k = torch.randn(OB, OH, OS, OE, generator=gen, dtype=torch.float64).to(dtype)
+    v = torch.randn(OB, OH, OS, OEV, generator=gen, dtype=torch.float64).to(dtype)
+    # q and k as the decode step passes them: q a transposed view, k non-contiguous.
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    k = torch.randn(OB, OS, OH, OE, generator=gen, dtype=torch.float64).to(dtype).transpose(1, 2)
+    bias = None
+    if bias_kind == "float":
+        bias = torch.randn(OB, 1, OL, OS, generator=gen, dtype=torch.float64).to(dtype)
+    elif bias_kind == "bool":
+        bias = torch.rand(OB, OH, OL, OS, generator=gen) > 0.3
+        bias[..., 0] = True  # every query sees a key (the float64 softmax has no safe rows)
+    return q, k, v, bias
+
+
+def _spyre_bytes(device):
+    torch.spyre.synchronize(device)
+    return torch.spyre.memory_allocated(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("bias_kind", "is_causal", "scale"),
+    [(None, False, None), (None, True, 0.3), ("float", False, None), ("bool", True, 1.3)],
+)
+@pytest.mark.parametrize("compute_log_sumexp", [False, True])
+def test_efficient_attention_forward_is_the_formula_on_cpu(
+    dtype, bias_kind, is_causal, scale, compute_log_sumexp
+):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, bias = _direct_inputs(gen, dtype, bias_kind)
+    sq, sk, sv = (t.to(SPYRE) for t in (q, k, v))
+    sbias = None if bias is None else bias.to(SPYRE)
+    before = _spyre_bytes(sq.device)
+    out, lse, philox_seed, philox_offset = EFFICIENT(
+        sq, sk, sv, sbias, compute_log_sumexp, 0.0, is_causal, scale=scale
+    )
+    what = f"{dtype}, bias {bias_kind}, causal {is_causal}, seed {seed}"
+    assert {t.device for t in (out, lse, philox_seed, philox_offset)} == {sq.device}, what
+    # The meta function's layouts: output (B, H, L, Ev) over (B, L, H, Ev) memory, float32
+    # log-sum-exp padded to 32 queries with +inf (or empty), 0-d int64 seed and offset.
+    assert out.shape == (OB, OH, OL, OEV) and out.dtype == dtype, what
+    assert out.stride() == (OL * OH * OEV, OEV, OH * OEV, 1), what
+    assert philox_seed.shape == () and philox_seed.dtype == torch.int64
+    assert philox_offset.shape == () and philox_offset.dtype == torch.int64
+    want_out, want_lse = _kernel_formula(q, k, v, bias, is_causal, scale)
+    # Bit for bit: the same operators, run by CPU's kernels.
+    assert torch.equal(out.cpu(), want_out), what
+    if compute_log_sumexp:
+        assert lse.shape == (OB, OH, 32) and lse.dtype == torch.float32, what
+        assert torch.equal(lse.cpu()[..., :OL], want_lse.float()), what
+        assert torch.isposinf(lse.cpu()[..., OL:]).all(), what
+    else:
+        assert lse.shape == (OB, OH, 0) and lse.dtype == torch.float32, what
+    # And close to softmax attention in float64 (from the inputs as spyre saw them).
+    ref_out, ref_lse = _float64_attention(q, k, v, bias, is_causal, scale)
+    tol = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+    torch.testing.assert_close(
+        out.cpu().double(), ref_out, rtol=tol[dtype], atol=tol[dtype], msg=what
+    )
+    if compute_log_sumexp:
+        torch.testing.assert_close(
+            lse.cpu()[..., :OL].double(), ref_lse, rtol=1e-6, atol=1e-6, msg=what
+        )
+    # The results are adopted spyre memory, released with them; nothing else stays behind.
+    del out, lse, philox_seed, philox_offset
+    assert _spyre_bytes(sq.device) == before, what
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias_on", [SPYRE, "cpu"])
+def test_efficient_attention_backward_matches_float64_autograd(dtype, bias_on):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, bias = _direct_inputs(gen, dtype, "float")
+    dout = torch.randn(OB, OH, OL, OEV, generator=gen, dtype=torch.float64).to(dtype)
+    sq, sk, sv, sd = (t.to(SPYRE) for t in (q, k, v, dout))
+    sbias = bias.expand(OB, OH, OL, OS).to(bias_on)
+    out, lse, philox_seed, philox_offset = EFFICIENT(sq, sk, sv, sbias, True, 0.0, False)
+    grads = EFFICIENT_BACKWARD(
+        sd, sq, sk, sv, sbias, out, lse, philox_seed, philox_offset, 0.0,
+        [True, True, True, True], False,
+    )  # fmt: skip
+    leaves = [t.double().requires_grad_() for t in (q, k, v, bias.expand(OB, OH, OL, OS))]
+    ref, _ = _float64_attention(*leaves[:3], leaves[3], False, None)
+    ref.backward(dout.double())
+    what = f"{dtype}, bias on {bias_on}, seed {seed}"
+    tol = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 2e-2}[dtype]
+    for name, got, leaf, like in zip(("q", "k", "v", "bias"), grads, leaves, (sq, sk, sv, sbias)):
+        assert got.device == like.device and got.dtype == dtype, f"grad {name}: {what}"
+        atol = tol * max(1.0, leaf.grad.abs().max().item())
+        torch.testing.assert_close(
+            got.cpu().double(), leaf.grad, rtol=tol, atol=atol, msg=f"grad {name}: {what}"
+        )
+    # The meta function's layouts: q, k, v gradients over (B, L, H, E) memory; the bias
+    # gradient's last dimension padded to 16.
+    assert grads[0].stride() == (OL * OH * OE, OE, OH * OE, 1), what
+    assert grads[1].stride() == (OS * OH * OE, OE, OH * OE, 1), what
+    assert grads[2].stride() == (OS * OH * OEV, OEV, OH * OEV, 1), what
+    assert grads[3].stride()[-2:] == (16, 1), what
+
+
+def test_efficient_attention_names_a_cpu_operand():
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v, _ = _direct_inputs(gen, torch.float32, None)
+    with pytest.raises(
+        RuntimeError, match="_scaled_dot_product_efficient_attention: expected spyre"
+    ):
+        EFFICIENT(q, k.to(SPYRE), v.to(SPYRE), None, False, 0.0, False)
+
+
 # --- tensor parallel attention (2 ranks) --------------------------------------------------
 
 DIM, HEADS, BATCH, SEQ = 32, 4, 2, 6

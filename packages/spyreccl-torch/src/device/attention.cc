@@ -12,6 +12,15 @@
 // float32, as the math path does. Dropout masks come from the spyre Philox
 // stream, and the (seed, offset) returned by the forward rebuilds the same mask
 // in the backward.
+//
+// Both kernels run their arithmetic on CPU tensors lent from the spyre ones, under one
+// HostAliasScope for the whole call (host_alias.h), and hand their fresh results back as
+// spyre tensors at the end. Calling ATen on the spyre tensors themselves computes the same
+// numbers with the same CPU kernels, but each of the call's fifteen to thirty operators
+// then reaches the boxed fallback (fallback.cc), which lends its operands and adopts its
+// result once per operator: on a decode step's shapes that bookkeeping was a sixth of the
+// call (docs/notes/device-op-overhead.md). The intermediates (scores, probabilities) are
+// CPU memory that lives within the call; spyre's memory statistics count the results.
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/TensorOperators.h>
@@ -36,6 +45,7 @@
 #include <tuple>
 
 #include "device_state.h"
+#include "host_alias.h"
 #include "philox.h"
 
 namespace spyreccl::device {
@@ -70,6 +80,45 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
     return static_cast<int64_t>(SDPBackend::math);
   }
   return static_cast<int64_t>(SDPBackend::error);
+}
+
+bool is_spyre(const at::Tensor& t) { return t.defined() && t.device().type() == kSpyreDeviceType; }
+
+// The device of a call whose tensors must all be spyre tensors (SDPA's front end checks
+// that query, key and value share a device; a direct call of the op gets the same answer
+// here rather than a result on a device nobody asked for).
+c10::Device spyre_device_of(const char* op, std::initializer_list<const at::Tensor*> tensors) {
+  const at::Tensor* first = nullptr;
+  for (const at::Tensor* t : tensors) {
+    if (!t->defined()) {
+      continue;
+    }
+    TORCH_CHECK(is_spyre(*t), op, ": expected spyre tensors for query, key, value (and the ",
+                "backward's gradient, output and log-sum-exp), got one on ", t->device());
+    if (first == nullptr) {
+      first = t;
+    } else {
+      TORCH_CHECK(t->device() == first->device(), op,
+                  ": expected all tensors on one spyre device, got ", first->device(), " and ",
+                  t->device());
+    }
+  }
+  TORCH_INTERNAL_ASSERT(first != nullptr);
+  return first->device();
+}
+
+// The CPU tensor a kernel below computes with: `t` lent from spyre (the caller's argument,
+// alive for the whole call, so borrowed), or `t` itself on CPU (an attention bias may be
+// a CPU tensor, which the fallback also accepted), or undefined.
+at::Tensor host_operand(HostAliasScope& scope, const at::Tensor& t) {
+  return scope.lend_argument(t, /*borrow=*/true);
+}
+
+std::optional<at::Tensor> host_operand(HostAliasScope& scope, const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) {
+    return std::nullopt;
+  }
+  return host_operand(scope, *t);
 }
 
 at::ScalarType compute_dtype(at::ScalarType t) {
@@ -141,38 +190,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const std::optional<at::Tensor>& attn_bias, bool compute_log_sumexp, double dropout_p,
     bool is_causal, std::optional<double> scale) {
-  check_inputs("_scaled_dot_product_efficient_attention", query, key, value);
-  TORCH_CHECK(0.0 <= dropout_p && dropout_p <= 1.0,
-              "_scaled_dot_product_efficient_attention: dropout_p must be in [0, 1], got ",
+  constexpr const char* kOp = "_scaled_dot_product_efficient_attention";
+  check_inputs(kOp, query, key, value);
+  TORCH_CHECK(0.0 <= dropout_p && dropout_p <= 1.0, kOp, ": dropout_p must be in [0, 1], got ",
               dropout_p);
-  const at::ScalarType acc = compute_dtype(query.scalar_type());
-  at::Tensor scores = scores_of(query, key, attn_bias, is_causal, softmax_scale(query, scale), acc);
+  const c10::Device device = spyre_device_of(kOp, {&query, &key, &value});
+  HostAliasScope scope(kOp, device);
+  const at::Tensor q = host_operand(scope, query);
+  const at::Tensor k = host_operand(scope, key);
+  const at::Tensor v = host_operand(scope, value);
+  const std::optional<at::Tensor> bias = host_operand(scope, attn_bias);
+
+  const at::ScalarType acc = compute_dtype(q.scalar_type());
+  at::Tensor scores = scores_of(q, k, bias, is_causal, softmax_scale(q, scale), acc);
   at::Tensor lse = at::logsumexp(scores, -1);
   at::Tensor probs = probabilities(scores, lse);
   uint64_t seed = 0;
   uint64_t first = 0;
   if (dropout_p > 0.0) {
-    at::Tensor keep =
-        reserve_keep_mask(probs.sizes(), 1.0 - dropout_p, query.device(), seed, first);
+    // Drawn on the spyre device (its Philox stream), then lent like the inputs.
+    const at::Tensor keep =
+        scope.lend(reserve_keep_mask(probs.sizes(), 1.0 - dropout_p, device, seed, first));
     probs = probs.mul_(keep).div_(1.0 - dropout_p);
   }
   // The layout the op's meta function declares (and DTensor, fake tensors and
   // inductor plan with): output (B, H, L, Ev) over (B, L, H, Ev) memory, float32
   // log-sum-exp padded to a multiple of 32 queries, 0-dim int64 seed and offset.
-  at::Tensor out = transposed_heads_empty(query.size(0), query.size(1), query.size(2),
-                                          value.size(3), query.options());
-  out.copy_(at::matmul(probs, value.to(acc)));
+  at::Tensor out = transposed_heads_empty(q.size(0), q.size(1), q.size(2), v.size(3), q.options());
+  out.copy_(at::matmul(probs, v.to(acc)));
   at::Tensor saved_lse;
   if (compute_log_sumexp) {
-    const int64_t padded = (query.size(2) + 31) / 32 * 32;
-    saved_lse = at::full({query.size(0), query.size(1), padded},
-                         std::numeric_limits<float>::infinity(), lse.options().dtype(at::kFloat));
-    saved_lse.narrow(-1, 0, query.size(2)).copy_(lse);
+    const int64_t padded = (q.size(2) + 31) / 32 * 32;
+    saved_lse = at::full({q.size(0), q.size(1), padded}, std::numeric_limits<float>::infinity(),
+                         lse.options().dtype(at::kFloat));
+    saved_lse.narrow(-1, 0, q.size(2)).copy_(lse);
   } else {
-    saved_lse = at::empty({query.size(0), query.size(1), 0}, lse.options().dtype(at::kFloat));
+    saved_lse = at::empty({q.size(0), q.size(1), 0}, lse.options().dtype(at::kFloat));
   }
-  return {out, saved_lse, philox_scalar(seed, query.device()),
-          philox_scalar(first, query.device())};
+  // Nothing above resized or re-pointed a lent tensor; commit() and write_back_lent() keep
+  // the scope's contract all the same (they cost a comparison per lent tensor).
+  scope.commit();
+  scope.write_back_lent();
+  return {scope.to_spyre(out), scope.to_spyre(saved_lse), philox_scalar(seed, device),
+          philox_scalar(first, device)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_backward(
@@ -181,16 +241,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
     const at::Tensor& logsumexp, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
     double dropout_p, std::array<bool, 4> grad_input_mask, bool is_causal,
     std::optional<double> scale) {
-  check_inputs("_scaled_dot_product_efficient_attention_backward", query, key, value);
+  constexpr const char* kOp = "_scaled_dot_product_efficient_attention_backward";
+  check_inputs(kOp, query, key, value);
   if (!grad_out.defined()) {
     return {};  // no gradient flowed into the output: none flows out
   }
-  const std::optional<at::Tensor> attn_bias =
-      attn_bias_or_undefined.defined() ? std::optional<at::Tensor>(attn_bias_or_undefined)
-                                       : std::nullopt;
-  const at::ScalarType acc = compute_dtype(query.scalar_type());
-  const double s = softmax_scale(query, scale);
-  at::Tensor scores = scores_of(query, key, attn_bias, is_causal, s, acc);
+  const c10::Device device =
+      spyre_device_of(kOp, {&grad_out, &query, &key, &value, &out, &logsumexp});
+  HostAliasScope scope(kOp, device);
+  const at::Tensor q = host_operand(scope, query);
+  const at::Tensor k = host_operand(scope, key);
+  const at::Tensor v = host_operand(scope, value);
+  const at::Tensor given_out = host_operand(scope, out);
+  const at::Tensor given_lse = host_operand(scope, logsumexp);
+  const std::optional<at::Tensor> attn_bias = host_operand(
+      scope, attn_bias_or_undefined.defined() ? std::optional<at::Tensor>(attn_bias_or_undefined)
+                                              : std::nullopt);
+  const at::ScalarType acc = compute_dtype(q.scalar_type());
+  const double s = softmax_scale(q, scale);
+  at::Tensor scores = scores_of(q, k, attn_bias, is_causal, s, acc);
   // The op differentiates through the `logsumexp` and `out` it is given, not
   // through this block of keys alone: ring attention (context parallelism) runs
   // the backward once per block of keys and values, with the log-sum-exp and
@@ -201,13 +270,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   const at::Tensor own_lse = at::logsumexp(scores, -1);
   at::Tensor lse = own_lse;
   bool own = true;
-  if (logsumexp.defined() && logsumexp.dim() == 3 && logsumexp.size(-1) >= query.size(2)) {
-    const at::Tensor given = logsumexp.narrow(-1, 0, query.size(2));
+  if (given_lse.defined() && given_lse.dim() == 3 && given_lse.size(-1) >= q.size(2)) {
+    const at::Tensor given = given_lse.narrow(-1, 0, q.size(2));
     own = at::equal(given, own_lse.to(given.scalar_type()));
     if (!own) {
-      TORCH_CHECK(out.defined() && out.sizes() == grad_out.sizes(),
-                  "_scaled_dot_product_efficient_attention_backward: a log-sum-exp other than "
-                  "the forward's own needs the matching output, of the shape of grad_out");
+      TORCH_CHECK(given_out.defined() && given_out.sizes() == grad_out.sizes(), kOp,
+                  ": a log-sum-exp other than the forward's own needs the matching output, of "
+                  "the shape of grad_out");
       lse = given.to(acc);
     }
   }
@@ -215,18 +284,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   at::Tensor dropped = probs;
   std::optional<at::Tensor> keep;
   if (dropout_p > 0.0) {
-    keep = keep_mask(probs.sizes(), 1.0 - dropout_p, query.device(),
-                     static_cast<uint64_t>(philox_seed.item<int64_t>()),
-                     static_cast<uint64_t>(philox_offset.item<int64_t>()));
+    // The forward's mask, rebuilt on the spyre device from its (seed, offset), then lent.
+    keep = scope.lend(keep_mask(probs.sizes(), 1.0 - dropout_p, device,
+                                static_cast<uint64_t>(philox_seed.item<int64_t>()),
+                                static_cast<uint64_t>(philox_offset.item<int64_t>())));
     dropped = probs * *keep / (1.0 - dropout_p);
   }
-  const at::Tensor dout = grad_out.to(acc);
+  const at::Tensor dout = host_operand(scope, grad_out).to(acc);
   // Gradients in the layout of the op's meta function: q, k, v gradients over
   // (B, L, H, E) memory, the bias gradient with its last dimension padded to 16.
-  at::Tensor grad_v = transposed_heads_like(value);
+  at::Tensor grad_v = transposed_heads_like(v);
   grad_v.copy_(at::matmul(dropped.transpose(-2, -1), dout));
   // d(softmax): dS = P * (dP - rowsum(dP * P)), dP = dO V^T (through the dropout).
-  at::Tensor dprobs = at::matmul(dout, value.to(acc).transpose(-2, -1));
+  at::Tensor dprobs = at::matmul(dout, v.to(acc).transpose(-2, -1));
   if (keep.has_value()) {
     dprobs.mul_(*keep).div_(1.0 - dropout_p);
   }
@@ -234,21 +304,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention_b
   // probabilities rather than from `out`, which half/bfloat16 inputs have rounded;
   // otherwise from the given output (the one merged over every block of keys).
   const at::Tensor row = own ? (dprobs * probs).sum(-1, /*keepdim=*/true)
-                             : (dout * out.to(acc)).sum(-1, /*keepdim=*/true);
+                             : (dout * given_out.to(acc)).sum(-1, /*keepdim=*/true);
   const at::Tensor dscores = probs * (dprobs - row);
-  at::Tensor grad_q = transposed_heads_like(query);
-  grad_q.copy_(at::matmul(dscores, key.to(acc)).mul_(s));
-  at::Tensor grad_k = transposed_heads_like(key);
-  grad_k.copy_(at::matmul(dscores.transpose(-2, -1), query.to(acc)).mul_(s));
+  at::Tensor grad_q = transposed_heads_like(q);
+  grad_q.copy_(at::matmul(dscores, k.to(acc)).mul_(s));
+  at::Tensor grad_k = transposed_heads_like(k);
+  grad_k.copy_(at::matmul(dscores.transpose(-2, -1), q.to(acc)).mul_(s));
   at::Tensor grad_bias;
-  if (grad_input_mask[3] && attn_bias.has_value() && attn_bias->defined()) {
-    const int64_t S = key.size(2);
-    grad_bias = at::empty({query.size(0), query.size(1), query.size(2), (S + 15) / 16 * 16},
-                          attn_bias->options())
-                    .narrow(-1, 0, S);
+  if (grad_input_mask[3] && attn_bias.has_value()) {
+    const int64_t S = k.size(2);
+    grad_bias =
+        at::empty({q.size(0), q.size(1), q.size(2), (S + 15) / 16 * 16}, attn_bias->options())
+            .narrow(-1, 0, S);
     grad_bias.copy_(dscores);
   }
-  return {grad_q, grad_k, grad_v, grad_bias};
+  scope.commit();
+  scope.write_back_lent();
+  // The bias gradient lives where the bias does (a CPU bias keeps a CPU gradient).
+  return {scope.to_spyre(grad_q), scope.to_spyre(grad_k), scope.to_spyre(grad_v),
+          is_spyre(attn_bias_or_undefined) ? scope.to_spyre(grad_bias) : grad_bias};
 }
 
 }  // namespace
