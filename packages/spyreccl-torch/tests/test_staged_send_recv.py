@@ -260,20 +260,51 @@ def test_consecutive_messages_and_any_source(rank_pool, seeded):
         assert (ops, ran) == (expected, expected * chunks), (rank, ops, ran)
 
 
-def mismatched_receive(recv_numel: int, ctx):
-    """On a fresh group, rank 0 sends 3072 float32 (3 chunks) and rank 1 receives
-    `recv_numel`; returns rank 1's error message and how long it took. The default group
-    must keep working."""
+def strided_messages(seed: int, ctx):
+    """A strided (every other element) float32 send into a transposed (non-contiguous)
+    receive buffer, both larger than a chunk: through dense device temporaries."""
+    rank, dev = ctx.rank, ctx.device
+    if rank > 1:
+        return None
+    message = _message(seed, 0, 1, 2 * 3001, torch.float32, salt=40)
+    before = _counters()
+    if rank == 0:
+        source = message.to(dev)[::2]
+        assert not source.is_contiguous()
+        dist.send(source, dst=1)
+        _exact(source, message[::2], "strided send: the sent tensor")
+    else:
+        out = _poisoned(2 * 3001, torch.float32, dev).view(3001, 2).t()[0]
+        assert not out.is_contiguous()
+        dist.recv(out, src=0)
+        _exact(out, message[::2], "strided recv")
+    return _pipelines_since(before)
+
+
+def test_strided_tensors(rank_pool, seeded):
+    results = rank_pool.run(strided_messages, seeded.seed, timeout=120)
+    chunks = _chunks(3001, torch.float32)
+    assert results[:2] == [(1, chunks), (1, chunks)], results
+
+
+def mismatched_receive(send, receive, ctx):
+    """On a fresh group, rank 0 sends `send` = (elements, dtype name) and rank 1 receives
+    `receive`; returns rank 1's error message and how long it took. The default group must
+    keep working."""
     group = dist.new_group(backend="spyreccl", timeout=datetime.timedelta(seconds=20))
     message = elapsed = None
     if ctx.rank == 0:
-        work = dist.isend(torch.randn(3072, device=ctx.device), dst=1, group=group)
+        numel, dtype = send
+        work = dist.isend(
+            _message(0, 0, 1, numel, getattr(torch, dtype)).to(ctx.device), dst=1, group=group
+        )
         try:
             work.wait()  # may complete (the chunks fit the core's slots) or fail: not hang
         except RuntimeError:
             pass
     elif ctx.rank == 1:
-        out = torch.empty(recv_numel, device=ctx.device)
+        numel, dtype = receive
+        out = torch.empty(numel, dtype=getattr(torch, dtype), device=ctx.device)
         start = time.monotonic()
         with pytest.raises(RuntimeError) as info:
             dist.recv(out, src=0, group=group)
@@ -284,20 +315,34 @@ def mismatched_receive(recv_numel: int, ctx):
     return message, elapsed
 
 
-# 4096 float32: 4 chunks of the same size as the sender's 3 (only the header tells them
-# apart); 40000: larger chunks (the core refuses the first message); 100: one chunk, not
-# pipelined (the core refuses the header message).
-@pytest.mark.parametrize("recv_numel", [4096, 40_000, 100])
-def test_size_mismatch_fails_the_receive(make_pool, recv_numel):
+# (sent, received): 3072 against 4096 float32 are 3 and 4 chunks of the same size (only the
+# header tells them apart); the same bytes in another dtype (the header again); 40000
+# elements make larger chunks (the core refuses the first message); 100 elements fit one
+# chunk and are not pipelined (the core refuses the first message, either way round).
+MISMATCHES = [
+    ((3072, "float32"), (4096, "float32")),
+    ((3072, "float32"), (3072, "int32")),
+    ((3072, "float32"), (40_000, "float32")),
+    ((3072, "float32"), (100, "float32")),
+    ((100, "float32"), (4096, "float32")),
+]
+
+
+@pytest.mark.parametrize(("send", "receive"), MISMATCHES, ids=str)
+def test_size_mismatch_fails_the_receive(make_pool, send, receive):
     pool = make_pool(2, **POOL, env=DISCRETE)
-    message, elapsed = pool.run(mismatched_receive, recv_numel, timeout=120)[1]
+    message, elapsed = pool.run(mismatched_receive, send, receive, timeout=120)[1]
     assert elapsed < 15, f"the mismatched recv took {elapsed:.1f}s to fail: {message}"
     assert "recv" in message and "rank 0" in message, message
-    if recv_numel > CHUNK_BYTES // 4:
+    numel, dtype = receive
+    if numel * getattr(torch, dtype).itemsize > CHUNK_BYTES:
         # The pipelined receive names its argument and what it expected.
-        assert "'tensors[0]'" in message and f"{recv_numel} elements" in message, message
-    if recv_numel == 4096:
-        assert "3072 elements of torch.float32" in message, message
+        assert f"'tensors[0]' ({numel} elements of torch.{dtype}" in message or (
+            f"'tensors[0]' holds {numel} elements of torch.{dtype}" in message
+        ), message
+    if (send, receive) in MISMATCHES[:2]:
+        # Only the header tells these apart: it names what the sender sent.
+        assert f"rank 0 sent {send[0]} elements of torch.{send[1]}" in message, message
 
 
 def receive_without_sender(ctx):
