@@ -128,9 +128,13 @@ void PeerPipeline::checkHeader() {
   }
   std::string sent = "a message that is not a staged send of spyreccl";
   if (header.magic == kHeaderMagic) {
+    // Named only when it is one (the header comes from another process).
+    const bool known = header.scalarType >= 0 &&
+                       header.scalarType < static_cast<int32_t>(at::ScalarType::NumOptions);
     sent = std::to_string(header.numel) + " elements of " +
-           dtypeName(static_cast<at::ScalarType>(header.scalarType)) + " (" +
-           std::to_string(header.bytes) + " bytes)";
+           (known ? dtypeName(static_cast<at::ScalarType>(header.scalarType))
+                  : "dtype #" + std::to_string(header.scalarType)) +
+           " (" + std::to_string(header.bytes) + " bytes)";
   }
   const std::string message = "spyreccl " + what_ + ": argument 'tensors[0]' holds " +
                               std::to_string(numel_) + " elements of " +
