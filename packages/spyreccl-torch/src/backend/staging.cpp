@@ -426,12 +426,6 @@ void* elementAddress(const at::Tensor& flat, int64_t offset) {
   return static_cast<unsigned char*>(flat.data_ptr()) + offset * flat.element_size();
 }
 
-// Elements per chunk of a pipeline over blocks of `block` elements of `elementSize` bytes
-// (one rank's block): the chunk setting, grown so that no pipeline has more than kMaxChunks
-// chunks. Every chunk is a core call that waits for the peers and two hand-offs to the copy
-// thread; past a few chunks more of them only add those waits (the copies already overlap
-// all but one chunk's worth).
-
 // One side (input or output) of a pipelined step, on its device and its host buffer. Every
 // pipeline walks one rank's block (`block` elements) chunk by chunk; chunk [offset, offset+n)
 // of the side is
