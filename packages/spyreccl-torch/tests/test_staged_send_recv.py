@@ -260,6 +260,21 @@ def test_consecutive_messages_and_any_source(rank_pool, seeded):
         assert (ops, ran) == (expected, expected * chunks), (rank, ops, ran)
 
 
+def beyond_the_inline_bound(seed: int, numel: int, ctx):
+    """An unbatched float32 ring of `numel` elements, more than the 4 MiB up to which a lone
+    send or receive is posted on the calling thread: posted by the progress thread."""
+    before = _counters()
+    _unbatched_ring(numel, torch.float32, seed, ctx)
+    return _pipelines_since(before)
+
+
+def test_messages_beyond_the_inline_bound(rank_pool, seeded):
+    numel = (4 << 20) // 4 + 3
+    chunks = _chunks(numel, torch.float32)
+    for result in rank_pool.run(beyond_the_inline_bound, seeded.seed, numel, timeout=120):
+        assert result == (2, 2 * chunks), result
+
+
 def strided_messages(seed: int, ctx):
     """A strided (every other element) float32 send into a transposed (non-contiguous)
     receive buffer, both larger than a chunk: through dense device temporaries."""
