@@ -3,7 +3,8 @@
 //
 // A lone send or receive is posted and left in flight on the progress thread, so that rings
 // of sends and receives progress (op_execution.h). A pipelined one keeps that: post() never
-// waits for a peer and poll() never blocks on one. What changes is what the core moves:
+// waits for a peer (a receive from any source aside, below) and poll() never blocks on one.
+// What changes is what the core moves:
 //  - The message is split into chunks of stagingChunkElements() elements: the same plan on
 //    both sides, from the element count, the element size and the chunk setting alone.
 //  - Message 0 is a 64-byte header (the sender's byte count and dtype) followed by chunk 0,
