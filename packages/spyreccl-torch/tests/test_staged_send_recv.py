@@ -8,10 +8,10 @@ tensor (fresh random values, poisoned receive buffers) for every dtype family, o
 exactly one chunk and one element (one byte for bytes) over it, blocking pairs, unbatched
 isend/irecv rings, batch_isend_irecv, receives from any source, consecutive messages to one
 peer, strided tensors and messages beyond the inline bound, and that the staging counters
-show a pipeline for every large message and none for the small ones. A size mismatch must fail the receive with a message naming it, and a
-receive without a sender must time out within the group's timeout; host mode stays
-zero-copy. The pools force discrete memory, so this file checks the same in both test
-sessions.
+show a pipeline for every large message and none for the small ones. A size mismatch must
+fail the receive with a message naming it, and a receive without a sender must time out
+within the group's timeout; host mode stays zero-copy. The pools force discrete memory, so
+this file checks the same in both test sessions.
 """
 
 from __future__ import annotations
