@@ -450,6 +450,7 @@ DISCRETE_MEMORY_TESTS = [
     "tests/test_sync_batch_norm.py",
     "tests/ops",
     "tests/test_staged_path.py",
+    "tests/test_staged_send_recv.py",
     "tests/test_functional_collectives.py",
     "tests/test_funcol_fast_path.py",
     "tests/test_compile_collectives.py",

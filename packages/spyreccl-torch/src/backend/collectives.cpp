@@ -961,6 +961,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSpyreccl::pointToPoint(std::vector<at
     call.source = std::make_shared<int>(-1);
     op.sourceRank = call.source;
   }
+  // Larger than a chunk: a chain of chunk messages (peer_pipeline.h), split alike on both
+  // sides from the byte count and the settings.
+  pipelineIfStaged(step.buffers, step.buffers[0].bytes(), size_);
   step.peerCall = std::move(call);
   op.steps.push_back(std::move(step));
   return submit(std::move(op));

@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "backend/peer_pipeline.h"
 #include "backend/staging.h"
 
 namespace spyreccl_torch {
@@ -143,6 +144,86 @@ void runP2PGroup(std::vector<Step>& steps, size_t begin, size_t end, spyrecclCom
   }
 }
 
+// A step of runPostedPeerSteps: a pipeline, or one posted request.
+struct PostedPeerStep {
+  std::unique_ptr<PeerPipeline> pipeline;
+  spyrecclRequest_t request = nullptr;
+  bool done = false;
+};
+
+bool pollPosted(PostedPeerStep& posted, const Step& step, spyrecclComm_t comm) {
+  if (posted.pipeline) {
+    return posted.pipeline->poll();
+  }
+  int done = 0;
+  const spyrecclResult_t result = spyrecclTest(posted.request, &done);
+  if (result != spyrecclSuccess) {
+    posted.request = nullptr;  // released by the core with its error
+    throwCoreError(result, comm, describePeerCall(*step.peerCall, step.seq));
+  }
+  return done != 0;
+}
+
+// How long a wait for the peers of posted steps sleeps at most; a peer's move, the timeout
+// and a peer's death end it earlier (the core reports those through the requests).
+constexpr int64_t kPostedWaitUs = 10000;
+
+// The point-to-point steps [begin, end) of which one at least runs as a PeerPipeline: every
+// step posted as requests (in batch order, so each pair's messages keep their order), then
+// progressed together until all completed. Requests progress together like a group's
+// operations (the core moves every pending request whenever one is polled), so a ring of
+// sends and receives completes as inside spyrecclGroupStart/End; a group itself cannot
+// hold a pipeline, whose later copies wait for its earlier messages.
+void runPostedPeerSteps(std::vector<Step>& steps, size_t begin, size_t end, Communicator& comm) {
+  for (size_t i = begin; i < end; ++i) {
+    prepareStep(steps[i]);
+  }
+  std::vector<PostedPeerStep> posted(end - begin);
+  for (size_t i = begin; i < end; ++i) {
+    PostedPeerStep& entry = posted[i - begin];
+    try {
+      if (pipelinedPeerStep(steps[i])) {
+        entry.pipeline = std::make_unique<PeerPipeline>(
+            steps[i], comm, describePeerCall(*steps[i].peerCall, steps[i].seq));
+        entry.pipeline->post();
+      } else {
+        entry.request = postPeerCall(steps[i], comm.get());
+      }
+    } catch (const std::exception& e) {
+      if (i > begin) {
+        // The steps posted before this one would wait for peers that may never match them.
+        comm.abort(std::string("spyreccl: ") + describePeerGroup(steps, begin, end) +
+                   " failed part-way: " + e.what());
+      }
+      throw;
+    }
+  }
+  for (;;) {
+    bool all = true;
+    for (size_t i = begin; i < end; ++i) {
+      PostedPeerStep& entry = posted[i - begin];
+      entry.done = entry.done || pollPosted(entry, steps[i], comm.get());
+      all = all && entry.done;
+    }
+    if (all) {
+      break;
+    }
+    (void)spyrecclCommPoll(comm.get(), kPostedWaitUs, nullptr);  // errors: the requests'
+  }
+  for (size_t i = begin; i < end; ++i) {
+    finishStep(steps[i]);
+  }
+}
+
+bool anyPipelined(const std::vector<Step>& steps, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    if (pipelinedPeerStep(steps[i])) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 bool groupable(const Step& step) { return step.peerCall && step.peerCall->groupable(); }
@@ -156,12 +237,16 @@ size_t payloadBytes(const OpRecord& op) {
          static_cast<size_t>(c10::elementSize(op.dtype));
 }
 
-void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
+void runSteps(std::vector<Step>& steps, Communicator& comm) {
   flight::Running<std::vector<Step>> traced(steps);
   size_t i = 0;
   while (i < steps.size()) {
     if (!groupable(steps[i])) {
-      runSingleStep(steps[i], comm);
+      if (pipelinedPeerStep(steps[i])) {
+        runPostedPeerSteps(steps, i, i + 1, comm);  // a receive from any source
+      } else {
+        runSingleStep(steps[i], comm.get());
+      }
       ++i;
       continue;
     }
@@ -169,10 +254,12 @@ void runSteps(std::vector<Step>& steps, spyrecclComm_t comm) {
     while (end < steps.size() && groupable(steps[end])) {
       ++end;
     }
-    if (end - i == 1) {
-      runSingleStep(steps[i], comm);
+    if (anyPipelined(steps, i, end)) {
+      runPostedPeerSteps(steps, i, end, comm);
+    } else if (end - i == 1) {
+      runSingleStep(steps[i], comm.get());
     } else {
-      runP2PGroup(steps, i, end, comm);
+      runP2PGroup(steps, i, end, comm.get());
     }
     i = end;
   }
@@ -221,16 +308,24 @@ bool OpJob::run() noexcept {
 
 bool OpJob::poll() noexcept {
   try {
-    int done = 0;
-    const spyrecclResult_t result = spyrecclTest(request_, &done);
-    if (result != spyrecclSuccess) {
-      request_ = nullptr;  // the core releases a request that reports its error
-      throwCoreError(result, comm_->get(), describePeerCall(*steps_[0].peerCall, steps_[0].seq));
+    if (pipeline_) {
+      at::ThreadLocalStateGuard tlsGuard(tls_);  // its last copies and their counts
+      if (!pipeline_->poll()) {
+        return false;
+      }
+      pipeline_.reset();
+    } else {
+      int done = 0;
+      const spyrecclResult_t result = spyrecclTest(request_, &done);
+      if (result != spyrecclSuccess) {
+        request_ = nullptr;  // the core releases a request that reports its error
+        throwCoreError(result, comm_->get(), describePeerCall(*steps_[0].peerCall, steps_[0].seq));
+      }
+      if (!done) {
+        return false;
+      }
+      request_ = nullptr;
     }
-    if (!done) {
-      return false;
-    }
-    request_ = nullptr;
     at::ThreadLocalStateGuard tlsGuard(tls_);
     finishStep(steps_[0]);
     flight::markCompleted(steps_[0].trace);
@@ -238,6 +333,7 @@ bool OpJob::poll() noexcept {
     work_->finishSuccess();
   } catch (...) {
     flight::markFailed(trace_, std::current_exception());
+    pipeline_.reset();  // waits for its copies: none may outlive the buffers
     steps_.clear();
     work_->finishError(std::current_exception());
   }
@@ -256,10 +352,17 @@ bool OpJob::postRequest() noexcept {
     comm_->useTimeout(timeout_);
     prepareStep(steps_[0]);
     flight::markStarted(trace_ = steps_[0].trace);
-    request_ = postPeerCall(steps_[0], comm_->get());
+    if (pipelinedPeerStep(steps_[0])) {
+      pipeline_ = std::make_unique<PeerPipeline>(
+          steps_[0], *comm_, describePeerCall(*steps_[0].peerCall, steps_[0].seq));
+      pipeline_->post();
+    } else {
+      request_ = postPeerCall(steps_[0], comm_->get());
+    }
     return false;
   } catch (...) {
     flight::markFailed(trace_, std::current_exception());
+    pipeline_.reset();
     steps_.clear();
     work_->finishError(std::current_exception());
     return true;

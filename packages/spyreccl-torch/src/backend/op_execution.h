@@ -13,6 +13,7 @@
 
 #include "backend/communicator.h"
 #include "backend/errors.h"
+#include "backend/peer_pipeline.h"
 #include "backend/process_group_spyreccl.hpp"
 #include "backend/progress_thread.h"
 #include "backend/work.h"
@@ -27,7 +28,7 @@ bool lonePeerCall(const std::vector<Step>& steps);
 // Bytes an operation moves per rank: the larger of its input and its output.
 size_t payloadBytes(const OpRecord& op);
 
-void runSteps(std::vector<Step>& steps, spyrecclComm_t comm);
+void runSteps(std::vector<Step>& steps, Communicator& comm);
 
 // Refuses to start an operation on an aborted communicator, saying why; `description()`
 // names the operation, built only then.
@@ -50,7 +51,7 @@ void runOp(std::vector<Step>& steps, std::chrono::milliseconds timeout, Communic
            Description&& description) {
   checkNotAborted(comm, description);
   comm.useTimeout(timeout);
-  runSteps(steps, comm.get());
+  runSteps(steps, comm);
 }
 
 // Runs the steps of one operation against `comm` and completes `work` with the outcome, on
@@ -67,6 +68,8 @@ void executeOp(WorkSpyreccl& work, std::vector<Step>& steps, std::chrono::millis
 // while it waits for its peer, as with NCCL or gloo. Blocking here would deadlock every
 // rank of an unbatched ring whose messages exceed the staging slots: each progress thread
 // would wait in its send for a peer whose receive is queued behind that peer's own send.
+// A staged one larger than a chunk is posted as a PeerPipeline (peer_pipeline.h), in flight
+// the same way.
 class OpJob : public ProgressThread::Job {
  public:
   OpJob(c10::intrusive_ptr<WorkSpyreccl> work, std::vector<Step> steps,
@@ -100,8 +103,9 @@ class OpJob : public ProgressThread::Job {
   bool postRequest() noexcept;
 
   c10::intrusive_ptr<WorkSpyreccl> work_;
-  spyrecclRequest_t request_ = nullptr;  // the posted send/receive, until it completes
-  bool postedInline_ = false;            // startInline() posted request_
+  spyrecclRequest_t request_ = nullptr;     // the posted send/receive, until it completes
+  std::unique_ptr<PeerPipeline> pipeline_;  // instead of request_: a pipelined one
+  bool postedInline_ = false;               // startInline() posted request_
   std::vector<Step> steps_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<Communicator> comm_;

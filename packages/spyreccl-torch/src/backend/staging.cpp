@@ -395,8 +395,7 @@ void runPipeline(std::vector<Chunk>& chunks, const char* opName) {
     }
     throw;
   }
-  gCounters.pipelinedOps.fetch_add(1, std::memory_order_relaxed);
-  gCounters.pipelineChunks.fetch_add(chunks.size(), std::memory_order_relaxed);
+  countPipeline(chunks.size());
 }
 
 // A pipelined buffer's tensor as one flat run of elements on its device: the tensor itself
@@ -425,17 +424,6 @@ at::Tensor hostFlat(const CommBuffer& buffer) {
 
 void* elementAddress(const at::Tensor& flat, int64_t offset) {
   return static_cast<unsigned char*>(flat.data_ptr()) + offset * flat.element_size();
-}
-
-// Elements per chunk of a pipeline over blocks of `block` elements of `elementSize` bytes
-// (one rank's block): the chunk setting, grown so that no pipeline has more than kMaxChunks
-// chunks. Every chunk is a core call that waits for the peers and two hand-offs to the copy
-// thread; past a few chunks more of them only add those waits (the copies already overlap
-// all but one chunk's worth).
-int64_t chunkElements(int64_t block, int64_t elementSize) {
-  const int64_t setting =
-      std::max<int64_t>(1, static_cast<int64_t>(stagingChunkBytes()) / elementSize);
-  return std::max(setting, (block + kMaxChunks - 1) / kMaxChunks);
 }
 
 // One side (input or output) of a pipelined step, on its device and its host buffer. Every
@@ -544,6 +532,29 @@ void countCopy(bool toHost, size_t bytes) {
 
 void countStagedBuffer() { gCounters.stagedBuffers.fetch_add(1, std::memory_order_relaxed); }
 
+void countPipeline(size_t chunks) {
+  gCounters.pipelinedOps.fetch_add(1, std::memory_order_relaxed);
+  gCounters.pipelineChunks.fetch_add(chunks, std::memory_order_relaxed);
+}
+
+// Elements per chunk of a pipeline over blocks of `block` elements of `elementSize` bytes
+// (one rank's block): the chunk setting, grown so that no pipeline has more than kMaxChunks
+// chunks. Every chunk is a core call that waits for the peers and two hand-offs to the copy
+// thread; past a few chunks more of them only add those waits (the copies already overlap
+// all but one chunk's worth).
+int64_t stagingChunkElements(int64_t block, int64_t elementSize) {
+  const int64_t setting =
+      std::max<int64_t>(1, static_cast<int64_t>(stagingChunkBytes()) / elementSize);
+  return std::max(setting, (block + kMaxChunks - 1) / kMaxChunks);
+}
+
+std::future<void> submitStagingCopy(const at::ThreadLocalState& tls, at::Tensor destination,
+                                    at::Tensor source, bool toHost) {
+  Copies copies;
+  copies.emplace_back(std::move(destination), std::move(source));
+  return CopyThread::get().submit(copyTask(tls, std::move(copies), toHost));
+}
+
 bool pipelineWanted(size_t bytes, c10::DeviceType type, int groupSize) {
   return bytes > stagingChunkBytes() && pipelineAllowed(type, groupSize);
 }
@@ -595,7 +606,7 @@ void runStagedPipeline(const StagedSide& input, const StagedSide& output, int si
   const Side& sized = in.present() ? in : out;
   const int64_t block =
       sized.layout == StagedLayout::kFlat ? sized.host.numel() : sized.host.numel() / size;
-  const int64_t step = chunkElements(block, any.userTensor().element_size());
+  const int64_t step = stagingChunkElements(block, any.userTensor().element_size());
   const auto units = static_cast<size_t>(any.units());
   std::vector<Chunk> chunks;
   for (int64_t offset = 0; offset < block; offset += step) {

@@ -12,6 +12,10 @@
 //    so, run as a pipeline of chunks along one rank's block: while the
 //    core works on chunk k, a copy thread brings chunk k+1 in and takes chunk k-1 out, so the
 //    copies hide behind the collective (or the reverse).
+//  - Larger sends and receives, where pipelineWanted says so, travel as a chain of chunk
+//    messages on the same copy thread (peer_pipeline.h): the sender's copy of chunk k+1
+//    overlaps the transfer of chunk k, the receiver's copy of chunk k the receipt of chunk
+//    k+1, and the send or receive stays posted without blocking on its peer.
 //
 // Every rank must split an operation the same way: the decision and the chunk size depend
 // only on the element count and the chunk setting (SPYRECCL_STAGING_CHUNK_BYTES, the same on
@@ -21,10 +25,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
 
@@ -60,6 +66,19 @@ StagingCounters stagingCounters();
 void resetStagingCounters();
 void countCopy(bool toHost, size_t bytes);
 void countStagedBuffer();
+// One operation ran as a pipeline of `chunks` chunks (counted once it succeeded).
+void countPipeline(size_t chunks);
+
+// Elements per chunk of a pipeline along blocks of `block` elements of `elementSize` bytes:
+// the chunk setting, grown so that no pipeline has more than 8 chunks. Depends only on its
+// arguments and the setting, so every rank splits an operation alike.
+int64_t stagingChunkElements(int64_t block, int64_t elementSize);
+
+// `destination.copy_(source)` (one of them host memory) on the pipelines' copy thread, after
+// the copies submitted before it, under `tls` (the issuing thread's grad mode, ...), counted
+// in the direction `toHost`. The future reports its end and rethrows its error.
+std::future<void> submitStagingCopy(const at::ThreadLocalState& tls, at::Tensor destination,
+                                    at::Tensor source, bool toHost);
 
 // Whether an operation of a group of `groupSize` ranks on tensors of `type`, whose driving
 // buffer holds `bytes`, runs as a pipeline: only past one chunk, and then as
