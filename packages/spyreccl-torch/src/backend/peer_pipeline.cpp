@@ -166,6 +166,22 @@ void PeerPipeline::submitCopy(size_t k, bool toHost) {
                       : submitStagingCopy(tls_, std::move(device), std::move(host), false);
 }
 
+void PeerPipeline::postMessage(size_t k) {
+  const int64_t length = chunkLength(k);
+  // Message 0: the header and chunk 0, as bytes; message k: chunk k in the core dtype.
+  void* data = k == 0 ? host_.data_ptr() : hostData_.narrow(0, chunkBegin(k), length).data_ptr();
+  const size_t count = k == 0 ? static_cast<size_t>(kHeaderBytes + length * user_.element_size())
+                              : static_cast<size_t>(length * units_);
+  const spyrecclDataType_t dtype = k == 0 ? spyrecclUint8 : dtype_;
+  const spyrecclResult_t result =
+      sends_ ? spyrecclIsend(data, count, dtype, peer_, call_.tag, comm_.get(), &requests_[k])
+             : spyrecclIrecv(data, count, dtype, peer_, call_.tag, comm_.get(), &requests_[k]);
+  if (result != spyrecclSuccess) {
+    requests_[k] = nullptr;
+    throwCoreError(result, comm_.get(), describeChunk(k));
+  }
+}
+
 void PeerPipeline::postSends() {
   writeHeader();
   for (size_t k = 0; k < chunks(); ++k) {
@@ -178,21 +194,7 @@ void PeerPipeline::postSends() {
         (void)spyrecclCommPoll(comm_.get(), 0, nullptr);
       }
       copies_[k].get();
-      const int64_t length = chunkLength(k);
-      spyrecclResult_t result = spyrecclSuccess;
-      if (k == 0) {
-        result = spyrecclIsend(host_.data_ptr(),
-                               static_cast<size_t>(kHeaderBytes + length * user_.element_size()),
-                               spyrecclUint8, peer_, call_.tag, comm_.get(), &requests_[k]);
-      } else {
-        result = spyrecclIsend(hostData_.narrow(0, chunkBegin(k), length).data_ptr(),
-                               static_cast<size_t>(length * units_), dtype_, peer_, call_.tag,
-                               comm_.get(), &requests_[k]);
-      }
-      if (result != spyrecclSuccess) {
-        requests_[k] = nullptr;
-        throwCoreError(result, comm_.get(), describeChunk(k));
-      }
+      postMessage(k);
     }
   } catch (const std::exception& e) {
     // A chunk that cannot be posted leaves the peer waiting for it behind the ones posted.
@@ -204,21 +206,7 @@ void PeerPipeline::postSends() {
 void PeerPipeline::postReceives(size_t first) {
   try {
     for (size_t k = first; k < chunks(); ++k) {
-      const int64_t length = chunkLength(k);
-      spyrecclResult_t result = spyrecclSuccess;
-      if (k == 0) {
-        result = spyrecclIrecv(host_.data_ptr(),
-                               static_cast<size_t>(kHeaderBytes + length * user_.element_size()),
-                               spyrecclUint8, peer_, call_.tag, comm_.get(), &requests_[k]);
-      } else {
-        result = spyrecclIrecv(hostData_.narrow(0, chunkBegin(k), length).data_ptr(),
-                               static_cast<size_t>(length * units_), dtype_, peer_, call_.tag,
-                               comm_.get(), &requests_[k]);
-      }
-      if (result != spyrecclSuccess) {
-        requests_[k] = nullptr;
-        throwCoreError(result, comm_.get(), describeChunk(k));
-      }
+      postMessage(k);
     }
   } catch (const std::exception& e) {
     abortPosted("spyreccl " + describeChunk(0) + " failed part-way: " + e.what());

@@ -70,6 +70,8 @@ class PeerPipeline {
   int64_t chunkBegin(size_t k) const { return static_cast<int64_t>(k) * step_; }
   int64_t chunkLength(size_t k) const;
   std::string describeChunk(size_t k) const;
+  // Posts message k as this pipeline's send or receive; throws the core's error.
+  void postMessage(size_t k);
   void postSends();
   void postReceives(size_t first);
   void receiveFirstFromAnySource();
