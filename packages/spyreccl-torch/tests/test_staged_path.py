@@ -22,34 +22,16 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from _staging_support import CHUNK_BYTES, DISCRETE, POOL
+from _staging_support import counters as _counters
+from _staging_support import delta as _delta
 
-CHUNK_BYTES = 4096
-# Pipelines forced on: this file proves what they do whatever the machine's core count
-# (the default, auto, pipelines the emulated device's copies only given a spare core per
-# rank; test_auto_pipelines_where_a_core_is_spare checks that choice).
-DISCRETE = {
-    "SPYRECCL_SPYRE_MEMORY": "discrete",
-    "SPYRECCL_STAGING_CHUNK_BYTES": str(CHUNK_BYTES),
-    "SPYRECCL_STAGING_PIPELINE": "1",
-}
-
-POOL = {"backend": "cpu:gloo,spyre:spyreccl", "set_device": True}
 pytestmark = pytest.mark.rank_pool_options(**POOL, env=DISCRETE)
 
 # Element counts: one element, one chunk exactly (int64, the widest dtype used), just over
 # one chunk, several chunks with an odd remainder.
 SMALL = [1, CHUNK_BYTES // 8]
 LARGE = [1025, 5001]
-
-
-def _counters():
-    from spyreccl_torch import _C
-
-    return _C._staging_counters()
-
-
-def _delta(before, after):
-    return {key: after[key] - before[key] for key in after}
 
 
 def _inputs(seed: int, world: int, numel: int, dtype: torch.dtype) -> list[torch.Tensor]:

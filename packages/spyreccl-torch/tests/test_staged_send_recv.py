@@ -23,16 +23,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from _staging_support import CHUNK_BYTES, DISCRETE, POOL
+from _staging_support import counters as _counters
 
 from spyreccl_testing.inputs import poison_
 
-CHUNK_BYTES = 4096
-DISCRETE = {
-    "SPYRECCL_SPYRE_MEMORY": "discrete",
-    "SPYRECCL_STAGING_CHUNK_BYTES": str(CHUNK_BYTES),
-    "SPYRECCL_STAGING_PIPELINE": "1",
-}
-POOL = {"backend": "cpu:gloo,spyre:spyreccl", "set_device": True}
 pytestmark = pytest.mark.rank_pool_options(**POOL, env=DISCRETE)
 
 # Every dtype family: 4-, 2- and 8-byte types, one-byte types (bool and uint8), complex.
@@ -95,12 +90,6 @@ def _exact(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
         raise AssertionError(
             f"{what}: {wrong.numel()} of {same.numel()} bytes differ, first at byte {int(wrong[0])}"
         )
-
-
-def _counters():
-    from spyreccl_torch import _C
-
-    return _C._staging_counters()
 
 
 def _pipelines_since(before) -> tuple[int, int]:
