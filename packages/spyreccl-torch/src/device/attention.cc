@@ -82,8 +82,6 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
   return static_cast<int64_t>(SDPBackend::error);
 }
 
-bool is_spyre(const at::Tensor& t) { return t.defined() && t.device().type() == kSpyreDeviceType; }
-
 // The device of a call whose tensors must all be spyre tensors (SDPA's front end checks
 // that query, key and value share a device; a direct call of the op gets the same answer
 // here rather than a result on a device nobody asked for).

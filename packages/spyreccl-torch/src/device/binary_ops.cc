@@ -24,8 +24,6 @@ namespace {
 
 constexpr c10::DispatchKeySet kCpuKernel{c10::DispatchKey::CPU};
 
-bool is_spyre(const at::Tensor& t) { return t.defined() && t.device().type() == kSpyreDeviceType; }
-
 // The fallback's choice: the device of the first spyre tensor (one of the two is, or the
 // dispatcher would not have come here).
 c10::Device call_device(const at::Tensor& self, const at::Tensor& other) {

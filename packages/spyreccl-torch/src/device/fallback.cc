@@ -29,8 +29,6 @@
 namespace spyreccl::device {
 namespace {
 
-bool is_spyre(const at::Tensor& t) { return t.defined() && t.device().type() == kSpyreDeviceType; }
-
 bool is_tensor_type(const c10::TypePtr& type) {
   return type->kind() == c10::TypeKind::TensorType ||
          (type->kind() == c10::TypeKind::OptionalType &&

@@ -100,13 +100,12 @@ at::Tensor HostAliasScope::lend_impl(const at::Tensor& spyre, bool borrow) {
 }
 
 at::Tensor HostAliasScope::lend_argument(const at::Tensor& t, bool borrow) {
-  if (!t.defined()) {
-    return t;
-  }
-  if (t.device().type() == kSpyreDeviceType) {
+  if (is_spyre(t)) {
     return lend_impl(t, borrow);
   }
-  note_cpu_input(t);
+  if (t.defined()) {
+    note_cpu_input(t);
+  }
   return t;
 }
 

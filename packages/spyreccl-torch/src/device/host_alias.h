@@ -25,7 +25,14 @@
 
 #include <optional>
 
+#include "device_state.h"
+
 namespace spyreccl::device {
+
+// Whether `t` is a (defined) spyre tensor: what the lending paths ask of every argument.
+inline bool is_spyre(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kSpyreDeviceType;
+}
 
 class HostAliasScope {
  public:

@@ -30,8 +30,6 @@
 namespace spyreccl::device {
 namespace {
 
-bool is_spyre(const at::Tensor& t) { return t.defined() && t.device().type() == kSpyreDeviceType; }
-
 void check_factory_options(const char* op, std::optional<c10::Layout> layout,
                            std::optional<bool> pin_memory) {
   TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, op,
