@@ -31,6 +31,23 @@ inline void checkCore(spyrecclResult_t result, spyrecclComm_t comm, const std::s
   }
 }
 
+// Tests a posted send or receive (spyrecclTest) without blocking: true once it completed.
+// The core releases a request that completed or failed, so `request` is cleared then; a
+// failure throws the core's error, named by `describe()` (built only on that path).
+template <class Describe>
+bool testPosted(spyrecclRequest_t& request, spyrecclComm_t comm, Describe&& describe) {
+  int done = 0;
+  const spyrecclResult_t result = spyrecclTest(request, &done);
+  if (result != spyrecclSuccess) {
+    request = nullptr;
+    throwCoreError(result, comm, describe());
+  }
+  if (done != 0) {
+    request = nullptr;
+  }
+  return done != 0;
+}
+
 // A DistBackendError carrying `message` (timeouts and aborts detected by the backend itself).
 std::exception_ptr makeDistBackendError(const std::string& message);
 

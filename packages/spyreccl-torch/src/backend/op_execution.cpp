@@ -155,13 +155,8 @@ bool pollPosted(PostedPeerStep& posted, const Step& step, spyrecclComm_t comm) {
   if (posted.pipeline) {
     return posted.pipeline->poll();
   }
-  int done = 0;
-  const spyrecclResult_t result = spyrecclTest(posted.request, &done);
-  if (result != spyrecclSuccess) {
-    posted.request = nullptr;  // released by the core with its error
-    throwCoreError(result, comm, describePeerCall(*step.peerCall, step.seq));
-  }
-  return done != 0;
+  return testPosted(posted.request, comm,
+                    [&] { return describePeerCall(*step.peerCall, step.seq); });
 }
 
 // How long a wait for the peers of posted steps sleeps at most; a peer's move, the timeout
@@ -314,17 +309,10 @@ bool OpJob::poll() noexcept {
         return false;
       }
       pipeline_.reset();
-    } else {
-      int done = 0;
-      const spyrecclResult_t result = spyrecclTest(request_, &done);
-      if (result != spyrecclSuccess) {
-        request_ = nullptr;  // the core releases a request that reports its error
-        throwCoreError(result, comm_->get(), describePeerCall(*steps_[0].peerCall, steps_[0].seq));
-      }
-      if (!done) {
-        return false;
-      }
-      request_ = nullptr;
+    } else if (!testPosted(request_, comm_->get(), [this] {
+                 return describePeerCall(*steps_[0].peerCall, steps_[0].seq);
+               })) {
+      return false;
     }
     at::ThreadLocalStateGuard tlsGuard(tls_);
     finishStep(steps_[0]);

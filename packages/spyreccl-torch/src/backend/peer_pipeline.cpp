@@ -162,8 +162,7 @@ void PeerPipeline::submitCopy(size_t k, bool toHost) {
   const int64_t length = chunkLength(k);
   at::Tensor host = hostData_.narrow(0, begin, length);
   at::Tensor device = device_.narrow(0, begin, length);
-  copies_[k] = toHost ? submitStagingCopy(tls_, std::move(host), std::move(device), true)
-                      : submitStagingCopy(tls_, std::move(device), std::move(host), false);
+  copies_[k] = submitStagingCopy(tls_, std::move(host), std::move(device), toHost);
 }
 
 void PeerPipeline::postMessage(size_t k) {
@@ -237,16 +236,7 @@ bool PeerPipeline::test(size_t k) {
   if (requests_[k] == nullptr) {
     return true;
   }
-  int done = 0;
-  const spyrecclResult_t result = spyrecclTest(requests_[k], &done);
-  if (result != spyrecclSuccess) {
-    requests_[k] = nullptr;  // the core releases a request that reports its error
-    throwCoreError(result, comm_.get(), describeChunk(k));
-  }
-  if (done) {
-    requests_[k] = nullptr;
-  }
-  return done != 0;
+  return testPosted(requests_[k], comm_.get(), [&] { return describeChunk(k); });
 }
 
 bool PeerPipeline::poll() {

@@ -333,6 +333,15 @@ class CopyThread {
 // (destination, source) pairs of one direction of one chunk.
 using Copies = std::vector<std::pair<at::Tensor, at::Tensor>>;
 
+// Adds the copy between `host` and `device` in the direction `toHost` to `copies`.
+void addCopy(Copies& copies, at::Tensor host, at::Tensor device, bool toHost) {
+  if (toHost) {
+    copies.emplace_back(std::move(host), std::move(device));
+  } else {
+    copies.emplace_back(std::move(device), std::move(host));
+  }
+}
+
 struct Chunk {
   Copies in;
   std::function<void(const std::string& what)> call;
@@ -450,13 +459,8 @@ struct Side {
     const int runs = layout == StagedLayout::kFlat ? 1 : size;
     const int64_t base = hostOffset(offset, size);
     for (int r = 0; r < runs; ++r) {
-      at::Tensor h = host.narrow(0, base + r * n, n);
-      at::Tensor d = device.narrow(0, r * block + offset, n);
-      if (toHost) {
-        out.emplace_back(std::move(h), std::move(d));
-      } else {
-        out.emplace_back(std::move(d), std::move(h));
-      }
+      addCopy(out, host.narrow(0, base + r * n, n), device.narrow(0, r * block + offset, n),
+              toHost);
     }
     return out;
   }
@@ -548,10 +552,10 @@ int64_t stagingChunkElements(int64_t block, int64_t elementSize) {
   return std::max(setting, (block + kMaxChunks - 1) / kMaxChunks);
 }
 
-std::future<void> submitStagingCopy(const at::ThreadLocalState& tls, at::Tensor destination,
-                                    at::Tensor source, bool toHost) {
+std::future<void> submitStagingCopy(const at::ThreadLocalState& tls, at::Tensor host,
+                                    at::Tensor device, bool toHost) {
   Copies copies;
-  copies.emplace_back(std::move(destination), std::move(source));
+  addCopy(copies, std::move(host), std::move(device), toHost);
   return CopyThread::get().submit(copyTask(tls, std::move(copies), toHost));
 }
 
@@ -669,13 +673,7 @@ void runStagedAllToAllv(const CommBuffer& input, const CommBuffer& output,
       if (n == 0) {
         continue;
       }
-      at::Tensor h = host.narrow(0, begin, n);
-      at::Tensor d = device.narrow(0, begin, n);
-      if (toHost) {
-        out.emplace_back(std::move(h), std::move(d));
-      } else {
-        out.emplace_back(std::move(d), std::move(h));
-      }
+      addCopy(out, host.narrow(0, begin, n), device.narrow(0, begin, n), toHost);
     }
     return out;
   };

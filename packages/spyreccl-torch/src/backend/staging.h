@@ -74,11 +74,11 @@ void countPipeline(size_t chunks);
 // arguments and the setting, so every rank splits an operation alike.
 int64_t stagingChunkElements(int64_t block, int64_t elementSize);
 
-// `destination.copy_(source)` (one of them host memory) on the pipelines' copy thread, after
-// the copies submitted before it, under `tls` (the issuing thread's grad mode, ...), counted
-// in the direction `toHost`. The future reports its end and rethrows its error.
-std::future<void> submitStagingCopy(const at::ThreadLocalState& tls, at::Tensor destination,
-                                    at::Tensor source, bool toHost);
+// The copy between `host` and `device` in the direction `toHost`, on the pipelines' copy
+// thread, after the copies submitted before it, under `tls` (the issuing thread's grad mode,
+// ...), and counted. The future reports its end and rethrows its error.
+std::future<void> submitStagingCopy(const at::ThreadLocalState& tls, at::Tensor host,
+                                    at::Tensor device, bool toHost);
 
 // Whether an operation of a group of `groupSize` ranks on tensors of `type`, whose driving
 // buffer holds `bytes`, runs as a pipeline: only past one chunk, and then as
