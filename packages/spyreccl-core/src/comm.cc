@@ -91,6 +91,7 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
     c.spinMaxNs =
         static_cast<int64_t>(envBytes("SPYRECCL_SPIN_MAX_NS", static_cast<size_t>(c.spinMaxNs)));
     c.yieldNs = static_cast<int64_t>(envBytes("SPYRECCL_YIELD_NS", static_cast<size_t>(c.yieldNs)));
+    c.eagerMaxBytes = envBytes("SPYRECCL_EAGER_BROADCAST_MAX_BYTES", c.eagerMaxBytes);
   }
   if (config != nullptr) {
     SPYRECCL_CHECK_ARG(config->size >= offsetof(spyrecclConfig_t, version) + sizeof(unsigned), op,
@@ -132,6 +133,10 @@ CommConfig resolveConfig(const spyrecclConfig_t* config, int nranks, const char*
   SPYRECCL_CHECK_ARG(c.p2pChunkBytes <= kMaxChunkBytes, op,
                      "p2pChunkBytes = %zu exceeds the maximum of %zu", c.p2pChunkBytes,
                      kMaxChunkBytes);
+  SPYRECCL_CHECK_ARG(c.eagerMaxBytes <= transport::kEagerMaxBytes, op,
+                     "SPYRECCL_EAGER_BROADCAST_MAX_BYTES = %zu exceeds the largest one-way "
+                     "broadcast, %zu bytes (0 turns one-way broadcasts off)",
+                     c.eagerMaxBytes, transport::kEagerMaxBytes);
   // Every rank must derive the same sizes: only deterministic rounding below. Each rank's
   // share of a chunk must stay a useful size (>= 256 bytes) even for many ranks.
   c.chunkBytes = transport::alignUp(
@@ -162,6 +167,8 @@ Communicator::Communicator(int rank, int nranks, CommConfig config,
       pids_(pids),
       peerArenas_(nranks),
       premul_(kMaxPreMulSum) {
+  eager_.index.assign(nranks, 0);
+  eager_.slotSeq.assign(transport::kEagerSlots, 0);
   startTickClock();  // the flight recorder's time base (common/clock.h)
   who_ = format("rank %d/%d", rank, nranks);
   if (!config_.name.empty()) who_ += " '" + config_.name + "'";
@@ -196,7 +203,10 @@ Communicator::~Communicator() {
 
 void Communicator::exchange(uint32_t s, const Descriptor* announce) {
   RankControl* me = control(rank_);
-  if (announce != nullptr) me->desc[s & 1] = *announce;  // published by the release below
+  if (announce != nullptr) {  // published by the release below
+    me->desc[s & 1] = *announce;
+    me->desc[s & 1].eagerDigest = eager_.digest;
+  }
   me->step.store(s, std::memory_order_release);
   transport::notify(&me->step, sleepers());
   for (int k = 1; k < nranks_; ++k) waitPeerStep((rank_ + k) % nranks_, s);
@@ -227,7 +237,57 @@ void Communicator::waitPeerStep(int peer, uint32_t s) {
   transport::waitUntil(spin_, word, sleepers(), ready, [&](int64_t waited, bool full) {
     if (!pendingP2P_.empty()) progressPendingP2P();
     checkWait(waited, full, nullptr, ready, describe, behind);
+    if (full) checkPeerCalls(s);
   });
+}
+
+void Communicator::checkPeerCalls(uint32_t s) const {
+  const Descriptor& mine = current_;
+  if (mine.seq == 0) return;  // a step outside any collective (the init probes)
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    // opSeq before step: a peer that released a later call has published every step of
+    // the earlier ones, so a peer seen past our call and still behind our step skipped it.
+    const uint64_t theirSeq = eager(p)->opSeq.load(std::memory_order_acquire);
+    if (static_cast<int32_t>(control(p)->step.load(std::memory_order_acquire) - s) >= 0) continue;
+    if (theirSeq < mine.seq) continue;  // not there yet
+    Descriptor theirs{};
+    const bool known = peerCall(p, mine.seq, &theirs);
+    if (known && algorithms::sameCall(theirs, mine) && theirSeq == mine.seq) continue;
+    SPYRECCL_THROW(spyrecclMismatch, "%s: rank %d called %s but %s", opLabel().c_str(), rank_,
+                   algorithms::describe(mine).c_str(), describePeerCall(p, mine.seq).c_str());
+  }
+}
+
+bool Communicator::peerCall(int peer, uint64_t seq, Descriptor* out) const {
+  const transport::EagerControl* e = eager(peer);
+  if (seq == 0 || e->opSeq.load(std::memory_order_acquire) < seq) return false;
+  const transport::HistoryEntry& h = e->history[seq % transport::kHistoryCalls];
+  uint64_t words[transport::kDescriptorWords];
+  for (int w = 0; w < transport::kDescriptorWords; ++w) {
+    words[w] = h.words[w].load(std::memory_order_relaxed);
+  }
+  // The entry is overwritten only by call seq + kHistoryCalls, released through opSeq.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (e->opSeq.load(std::memory_order_relaxed) >= seq + transport::kHistoryCalls) return false;
+  std::memcpy(out, words, sizeof *out);
+  return out->seq == seq;
+}
+
+std::string Communicator::describePeerCall(int peer, uint64_t seq) const {
+  Descriptor theirs{};
+  if (peerCall(peer, seq, &theirs)) {
+    return format("rank %d called %s as its collective seq %llu", peer,
+                  algorithms::describe(theirs).c_str(), static_cast<unsigned long long>(seq));
+  }
+  const uint64_t now = eager(peer)->opSeq.load(std::memory_order_acquire);
+  Descriptor latest{};
+  const bool known = peerCall(peer, now, &latest);
+  return format(
+      "rank %d called another collective as its collective seq %llu (it is now at seq "
+      "%llu%s%s)",
+      peer, static_cast<unsigned long long>(seq), static_cast<unsigned long long>(now),
+      known ? ", " : "", known ? algorithms::describe(latest).c_str() : "");
 }
 
 void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
@@ -235,6 +295,20 @@ void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
     if (p == rank_) continue;
     const Descriptor& theirs = control(p)->desc[s & 1];
     if (algorithms::sameCall(theirs, mine)) continue;
+    if (theirs.seq != mine.seq) {
+      // The ranks are at different calls: one-way broadcasts take no step, so the first
+      // call that differs is at the smaller sequence number; name both calls there.
+      const uint64_t first = std::min(theirs.seq, mine.seq);
+      Descriptor ours{}, peers{};
+      if (peerCall(rank_, first, &ours) && peerCall(p, first, &peers) &&
+          !algorithms::sameCall(ours, peers)) {
+        SPYRECCL_THROW(spyrecclMismatch,
+                       "%s: rank %d called %s as its collective seq %llu but rank %d called %s",
+                       opLabel().c_str(), rank_, algorithms::describe(ours).c_str(),
+                       static_cast<unsigned long long>(first), p,
+                       algorithms::describe(peers).c_str());
+      }
+    }
     std::string peerSeq =
         theirs.seq != mine.seq
             ? format(" as its collective seq %llu", static_cast<unsigned long long>(theirs.seq))
@@ -242,6 +316,31 @@ void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
     SPYRECCL_THROW(spyrecclMismatch, "%s: rank %d called %s but rank %d called %s%s",
                    opLabel().c_str(), rank_, algorithms::describe(mine).c_str(), p,
                    algorithms::describe(theirs).c_str(), peerSeq.c_str());
+  }
+  // The arguments agree; so must the one-way broadcasts before this call, whose mismatches
+  // only their receivers could see in the call (algorithms/eager.h).
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    const Descriptor& theirs = control(p)->desc[s & 1];
+    if (theirs.eagerDigest == eager_.digest) continue;
+    const transport::EagerControl* e = eager(p);
+    auto latest = [](const transport::EagerControl* ec) {
+      const uint64_t completed = ec->completed.load(std::memory_order_relaxed);
+      if (completed == 0) return std::string("none");
+      uint64_t words[transport::kDescriptorWords];
+      for (int w = 0; w < transport::kDescriptorWords; ++w) {
+        words[w] = ec->lastEager.words[w].load(std::memory_order_relaxed);
+      }
+      Descriptor last{};
+      std::memcpy(&last, words, sizeof last);
+      return format("%llu, the latest %s as its collective seq %llu",
+                    static_cast<unsigned long long>(completed), algorithms::describe(last).c_str(),
+                    static_cast<unsigned long long>(last.seq));
+    };
+    SPYRECCL_THROW(spyrecclMismatch,
+                   "%s: the one-way small broadcasts before it differ: rank %d called broadcasts "
+                   "(%s) but rank %d called broadcasts (%s); the calls of every rank must match",
+                   opLabel().c_str(), rank_, latest(eager(rank_)).c_str(), p, latest(e).c_str());
   }
 }
 
@@ -414,15 +513,20 @@ void Communicator::probeCma() {
                                                        : PathAdvisor::voteFloor(stagedNs, cmaNs);
   // Step 2: agree. Every rank publishes its verdict; CMA is used only if all succeeded. The
   // vote floor is the smallest proposal: the ranks vote wherever one rank's probe found the
-  // single copy worth measuring (their votes then decide, as above the floor).
+  // single copy worth measuring (their votes then decide, as above the floor). The largest
+  // one-way broadcast is agreed here too (the smallest proposal), since a root and its
+  // receivers must take the same path.
   const uint32_t s2 = beginStep();
   control(rank_)->xfer[s2 & 1][0] = ok ? 1 : 0;
   control(rank_)->xfer[s2 & 1][1] = proposal;
+  control(rank_)->xfer[s2 & 1][2] = config_.eagerMaxBytes;
   exchange(s2);
   bool all = true;
   size_t floor = SIZE_MAX;
   int floorRank = 0;
+  size_t eagerMax = transport::kEagerMaxBytes;
   for (int p = 0; p < nranks_; ++p) {
+    eagerMax = std::min<size_t>(eagerMax, control(p)->xfer[s2 & 1][2]);
     all = all && control(p)->xfer[s2 & 1][0] == 1;
     const size_t theirs = control(p)->xfer[s2 & 1][1];
     if (theirs < floor) {
@@ -431,6 +535,7 @@ void Communicator::probeCma() {
     }
   }
   (void)word;
+  eagerMax_ = static_cast<int64_t>(eagerMax);
   cmaOn_ = all;
   if (all) {
     cmaState_ = "on";
@@ -548,6 +653,18 @@ bool Communicator::readSlot(uint64_t index, FlightRecord* out) const {
 Descriptor Communicator::beginOp(Descriptor d) {
   d.seq = ++seq_;
   curKind_ = d.kind;
+  current_ = d;
+  {
+    // Our call, readable by peers that wait for us (checkPeerCalls, algorithms/eager.h).
+    transport::EagerControl* e = eager(rank_);
+    transport::HistoryEntry& h = e->history[d.seq % transport::kHistoryCalls];
+    uint64_t words[transport::kDescriptorWords];
+    std::memcpy(words, &d, sizeof d);
+    for (int w = 0; w < transport::kDescriptorWords; ++w) {
+      h.words[w].store(words[w], std::memory_order_relaxed);
+    }
+    e->opSeq.store(d.seq, std::memory_order_release);
+  }
   customLabel_.clear();
   SPYRECCL_LOG(kTrace, who_.c_str(), "seq %llu %s: start at step %u",
                static_cast<unsigned long long>(d.seq), algorithms::describe(d).c_str(), step_ + 1);
@@ -610,9 +727,17 @@ void Communicator::throwPeerFailure(int peer, const std::string& waitingFor) con
     what = format("rank %d (pid %d) aborted the communicator (spyrecclCommAbort)%s during %s", peer,
                   pid, exited, opLabel().c_str());
   } else if (status == transport::kStatusFailed) {
+    // The peer's own words when it failed for a reason of its own (a mismatch only it could
+    // see, a timeout); a remote error of its own already names the rank behind it, below.
+    const int code = pc->failCode.load(std::memory_order_relaxed);
+    std::string cause =
+        code == spyrecclRemoteError
+            ? std::string()
+            : std::string(pc->failText, strnlen(pc->failText, transport::kFailTextBytes));
     what =
-        format("rank %d (pid %d) failed with %s%s during %s", peer, pid,
-               resultName(pc->failCode.load(std::memory_order_relaxed)), exited, opLabel().c_str());
+        format("rank %d (pid %d) failed with %s%s%s%s%s during %s", peer, pid,
+               resultName(pc->failCode.load(std::memory_order_relaxed)), cause.empty() ? "" : " (",
+               cause.c_str(), cause.empty() ? "" : ")", exited, opLabel().c_str());
   } else {
     what = format("rank %d (pid %d) died during %s", peer, pid, opLabel().c_str());
   }
@@ -669,6 +794,10 @@ void Communicator::markFailed(spyrecclResult_t code, const std::string& message)
   }
   RankControl* me = control(rank_);
   me->failCode.store(code, std::memory_order_relaxed);
+  const std::string first = message.substr(0, message.find('\n'));
+  const size_t n = std::min(first.size(), transport::kFailTextBytes - 1);
+  std::memcpy(me->failText, first.data(), n);
+  me->failText[n] = '\0';
   uint32_t expected = transport::kStatusActive;
   me->status.compare_exchange_strong(expected, transport::kStatusFailed, std::memory_order_acq_rel);
   wakeAll();
@@ -695,6 +824,7 @@ void Communicator::wakeAll() {
   for (int r = 0; r < nranks_; ++r) {
     transport::futexWakeAll(&control(r)->step);
     transport::futexWakeAll(&control(r)->doorbell);
+    transport::futexWakeAll(&eager(r)->posted);
   }
 }
 

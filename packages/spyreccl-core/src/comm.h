@@ -65,6 +65,10 @@ struct CommConfig {
   // How long a wait yields before it sleeps (transport/wait.h): spyrecclConfig_t::yieldNs,
   // SPYRECCL_YIELD_NS.
   int64_t yieldNs = transport::kYieldNs;
+  // Broadcasts of at most this many bytes go one-way (algorithms/eager.h): this rank's
+  // proposal (SPYRECCL_EAGER_BROADCAST_MAX_BYTES, at most transport::kEagerMaxBytes; 0: off);
+  // the ranks use the smallest one.
+  size_t eagerMaxBytes = transport::kEagerMaxBytes;
   std::string name;
 };
 
@@ -115,6 +119,32 @@ class Communicator {
   std::string opLabel() const;
   void setOpLabel(std::string label) { customLabel_ = std::move(label); }
 
+  // ---- one-way small broadcasts (algorithms/eager.h) --------------------------------
+  // Largest broadcast (bytes) that goes one-way, agreed by the ranks at init (probeCma;
+  // SPYRECCL_EAGER_BROADCAST_MAX_BYTES on any rank lowers it, 0 turns it off); -1 while
+  // not agreed, so that nothing goes one-way before every rank knows the limit.
+  int64_t eagerMaxBytes() const { return eagerMax_; }
+  transport::EagerControl* eager(int r) const { return layout_.eager(base(), r); }
+  std::atomic<uint32_t>* eagerConsumed(int r, int root) const {
+    return layout_.eagerConsumed(base(), r, root);
+  }
+  struct EagerState {
+    std::vector<uint32_t> index;    // per root: its slots this rank posted (root) or read
+    std::vector<uint64_t> slotSeq;  // as a root: the call seq each slot of the ring holds
+    uint32_t freeUntil = 0;         // as a root: first slot index not known to be free
+    uint64_t digest = 0;            // of every one-way broadcast completed (Descriptor)
+    uint64_t completed = 0;
+  };
+  EagerState& eagerState() { return eager_; }
+  // The descriptor of the collective this rank runs now (beginOp).
+  const transport::Descriptor& currentCall() const { return current_; }
+  // Copies rank `peer`'s call `seq` into *out from its history in the segment; false when
+  // the peer has not begun it yet or has run kHistoryCalls calls past it.
+  bool peerCall(int peer, uint64_t seq, transport::Descriptor* out) const;
+  // "rank 1 called allreduce(count=4, float32, sum) as its collective seq 7" for mismatch
+  // messages about a peer's call `seq` (or "...went past seq 7" when no longer recorded).
+  std::string describePeerCall(int peer, uint64_t seq) const;
+
   // ---- waiting ---------------------------------------------------------------------
   // Cheap checks on every slow-path wakeup; full checks (deadline, peer status, peer
   // liveness) about every 50 ms. `peers` lists the ranks whose failure dooms the wait
@@ -124,6 +154,7 @@ class Communicator {
   void checkWait(int64_t waitedNs, bool full, const std::vector<int>* peers, Ready&& ready,
                  Describe&& waitingFor, Awaited&& awaited);
   void waitPeerStep(int peer, uint32_t s);
+  [[noreturn]] void throwPeerFailure(int peer, const std::string& waitingFor) const;
 
   // ---- failure state -----------------------------------------------------------------
   // Throws spyrecclInvalidUsage when an earlier error broke the communicator.
@@ -233,8 +264,7 @@ class Communicator {
   // are plain stores, and a reader never sees half of a record. Every field is an atomic
   // accessed relaxed, ordered by the version's fences: no data race in the C++ sense.
   enum RecordState : uint32_t { kRunning, kDone, kFailed };
-  static constexpr int kDescWords = sizeof(transport::Descriptor) / sizeof(uint64_t);
-  static_assert(sizeof(transport::Descriptor) % sizeof(uint64_t) == 0, "descriptor in words");
+  static constexpr int kDescWords = transport::kDescriptorWords;
   struct FlightSlot {
     std::atomic<uint32_t> version{0};
     std::atomic<uint64_t> index{0};  // which record (0, 1, ...) the slot holds
@@ -265,7 +295,10 @@ class Communicator {
   };
 
   [[noreturn]] void throwAborted(const std::string& waitingFor) const;
-  [[noreturn]] void throwPeerFailure(int peer, const std::string& waitingFor) const;
+  // A peer still behind step `s` whose call differs from ours (its history says so, or it
+  // went past our call without taking this step): a mismatch no descriptor exchange can
+  // show, because the peer ran a one-way broadcast that takes no step.
+  void checkPeerCalls(uint32_t s) const;
   [[noreturn]] void throwTimeout(int64_t waitedNs, const std::string& waitingFor) const;
   void verifyDescriptors(uint32_t s, const transport::Descriptor& mine) const;
   void probeDirect(const transport::Descriptor* announce);
@@ -285,6 +318,9 @@ class Communicator {
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
   uint32_t curKind_ = 0;
+  transport::Descriptor current_{};
+  int64_t eagerMax_ = -1;
+  EagerState eager_;
   std::string customLabel_;
   std::vector<PeerP2P> p2p_;
   std::vector<algorithms::P2POp*> pendingP2P_;

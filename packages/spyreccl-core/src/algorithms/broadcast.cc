@@ -1,4 +1,5 @@
-// broadcast and scatter: the root streams its data through its staging buffers, one chunk
+// broadcast and scatter. A broadcast of at most eagerMaxBytes goes one-way
+// (algorithms/eager.h). Otherwise the root streams its data through its staging buffers, one chunk
 // per step; the other ranks copy their part out after each step's wait. Double buffering
 // lets the root fill chunk j + 1 while the others still copy chunk j.
 // When the root's buffer is in its memory arena (algorithms/direct.h), or is ordinary
@@ -8,6 +9,7 @@
 
 #include "algorithms/collectives.h"
 #include "algorithms/direct.h"
+#include "algorithms/eager.h"
 #include "algorithms/op_scope.h"
 
 namespace spyreccl::algorithms {
@@ -19,6 +21,11 @@ void broadcast(Communicator& c, const void* sendbuff, void* recvbuff, size_t cou
   const size_t bytes = count * kernels::dtypeSize(dtype);
   const size_t chunk = c.layout().chunkBytes();
   const size_t nsteps = std::max<size_t>(1, ceilDiv(bytes, chunk));
+  if (eagerBroadcastFits(c, bytes)) {
+    eagerBroadcast(c, *scope.desc(), sendbuff, recvbuff, bytes, root);
+    scope.succeed();
+    return;
+  }
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
   std::optional<DirectTransfer> x;

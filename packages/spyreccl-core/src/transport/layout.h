@@ -5,6 +5,9 @@
 //                                         arena offsets, status flags
 //   [staging: nranks x 2 x chunkBytes]    collective data, double-buffered by step parity
 //   [mailbox: nranks x nranks pairs]      send/recv: control + 2 slots of p2pChunkBytes
+//   [eager: nranks]                       one-way small broadcasts: each rank's ring of
+//                                         slots as a root, its recent calls, and how many
+//                                         of every root's slots it has read
 //
 // Every structure that one rank writes and others poll is cache-line aligned so that
 // unrelated updates never share a line; staging buffers are page aligned (memcpy/AVX
@@ -21,7 +24,7 @@ namespace spyreccl::transport {
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 constexpr uint32_t kSegmentMagic = 0x53505347u;  // "SPSG"
-constexpr uint32_t kSegmentVersion = 6;
+constexpr uint32_t kSegmentVersion = 7;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -52,7 +55,14 @@ struct Descriptor {
   int32_t root;    // -1 when the collective has none
   int32_t redop;   // -1 when the collective does not reduce
   uint64_t extra;  // kind specific; 0 when unused
+  // Digest of the one-way small broadcasts this rank completed before this collective
+  // (algorithms/eager.h): compared like the arguments, so that small broadcasts whose
+  // mismatch no rank could see in the call itself fail at the next collective that waits
+  // for every rank. Not part of the call's arguments (algorithms::sameCall ignores it).
+  uint64_t eagerDigest;
 };
+constexpr int kDescriptorWords = sizeof(Descriptor) / sizeof(uint64_t);
+static_assert(sizeof(Descriptor) % sizeof(uint64_t) == 0, "a descriptor is whole words");
 
 // Values of RankControl::status (a rank only ever moves away from kStatusActive).
 enum : uint32_t {
@@ -65,6 +75,7 @@ enum : uint32_t {
 constexpr int kXferWords = 8;
 // CPU affinity masks published at bootstrap: 1024 CPUs (glibc's cpu_set_t).
 constexpr int kCpuMaskWords = 16;
+constexpr size_t kFailTextBytes = 512;
 
 struct alignas(kCacheLine) RankControl {
   // Collective progress: the last step this rank published. Own cache line: it is the
@@ -89,6 +100,10 @@ struct alignas(kCacheLine) RankControl {
   // (rendezvous/bootstrap.cc: ranks bound to a core each do not).
   uint32_t cpuMaskKnown;
   uint64_t cpuMask[kCpuMaskWords];
+  // The first line of the error that failed this rank, written before status becomes
+  // kStatusFailed (release): a peer that finds this rank failed names the cause, which
+  // matters where this rank saw a mismatch that the peer could not (algorithms/eager.h).
+  char failText[kFailTextBytes];
 };
 
 // Per ordered pair (src -> dst). `posted` is written by the sender only, `consumed` by
@@ -132,6 +147,47 @@ struct alignas(kCacheLine) ChunkHeader {
 };
 static_assert(sizeof(ChunkHeader) == kCacheLine, "a chunk header fills one cache line");
 
+// ---- one-way small broadcasts (algorithms/eager.h) ----------------------------------------
+
+// Slots in each rank's ring: how many small broadcasts a root may run ahead of the slowest
+// receiver.
+constexpr uint32_t kEagerSlots = 64;
+// Largest payload of a one-way broadcast (bytes); larger ones take the step protocol.
+constexpr size_t kEagerMaxBytes = 256;
+// Calls of each rank kept readable by its peers (EagerControl::history).
+constexpr uint32_t kHistoryCalls = 16;
+
+// One slot of a root's ring: the broadcast's descriptor, then its payload.
+struct alignas(kCacheLine) EagerSlot {
+  Descriptor desc;
+  uint64_t bytes;
+  alignas(kCacheLine) uint8_t payload[kEagerMaxBytes];
+};
+
+// One call of a rank, readable by its peers while they wait: words of a Descriptor,
+// atomics because the owner may overwrite an entry while a peer reads it (the reader then
+// finds opSeq moved on by kHistoryCalls and discards what it read).
+struct alignas(kCacheLine) HistoryEntry {
+  std::atomic<uint64_t> words[kDescriptorWords];
+};
+
+// Per rank. Written by its owner only; the consumed counters (one per root, after the
+// struct) too.
+struct alignas(kCacheLine) EagerControl {
+  // Slots this rank has posted as a root (slot i % kEagerSlots holds the i-th).
+  alignas(kCacheLine) std::atomic<uint32_t> posted;
+  // Sequence number of the latest collective this rank began (0: none): history[seq %
+  // kHistoryCalls] holds its descriptor, written before this is released.
+  alignas(kCacheLine) std::atomic<uint64_t> opSeq;
+  HistoryEntry history[kHistoryCalls];
+  // The latest one-way broadcast this rank completed and how many it completed: read by
+  // peers in the descriptor exchange of a later collective (ordered by its step) to name
+  // both sides when the ranks' broadcast digests differ.
+  HistoryEntry lastEager;
+  std::atomic<uint64_t> completed;
+  EagerSlot slots[kEagerSlots];
+};
+
 inline size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 // Offsets of every region; a pure function of (nranks, chunkBytes, p2pChunkBytes), so
@@ -146,7 +202,10 @@ class Layout {
     slotBytes_ = alignUp(sizeof(ChunkHeader) + p2pChunkBytes, kCacheLine);
     mailboxBytes_ = alignUp(sizeof(MailboxControl) + 2 * slotBytes_, kCacheLine);
     mailboxOff_ = alignUp(stagingOff_ + 2 * chunkBytes * nranks, kPage);
-    total_ = alignUp(mailboxOff_ + mailboxBytes_ * nranks * nranks, kPage);
+    eagerOff_ = alignUp(mailboxOff_ + mailboxBytes_ * nranks * nranks, kPage);
+    eagerBytes_ =
+        alignUp(sizeof(EagerControl) + sizeof(std::atomic<uint32_t>) * nranks, kCacheLine);
+    total_ = alignUp(eagerOff_ + eagerBytes_ * nranks, kPage);
   }
 
   int nranks() const { return nranks_; }
@@ -169,6 +228,15 @@ class Layout {
     auto* mb = reinterpret_cast<uint8_t*>(mailbox(base, src, dst));
     return reinterpret_cast<ChunkHeader*>(mb + sizeof(MailboxControl) + (index & 1) * slotBytes_);
   }
+  EagerControl* eager(uint8_t* base, int r) const {
+    return reinterpret_cast<EagerControl*>(base + eagerOff_ + eagerBytes_ * static_cast<size_t>(r));
+  }
+  // How many of rank `root`'s slots rank `r` has read (written by r only).
+  std::atomic<uint32_t>* eagerConsumed(uint8_t* base, int r, int root) const {
+    return reinterpret_cast<std::atomic<uint32_t>*>(reinterpret_cast<uint8_t*>(eager(base, r)) +
+                                                    sizeof(EagerControl)) +
+           root;
+  }
   static uint8_t* payload(ChunkHeader* h) { return reinterpret_cast<uint8_t*>(h + 1); }
   static const uint8_t* payload(const ChunkHeader* h) {
     return reinterpret_cast<const uint8_t*>(h + 1);
@@ -178,6 +246,7 @@ class Layout {
   int nranks_ = 0;
   size_t chunkBytes_ = 0, p2pChunkBytes_ = 0;
   size_t ranksOff_ = 0, stagingOff_ = 0, mailboxOff_ = 0, slotBytes_ = 0, mailboxBytes_ = 0;
+  size_t eagerOff_ = 0, eagerBytes_ = 0;
   size_t total_ = 0;
 };
 

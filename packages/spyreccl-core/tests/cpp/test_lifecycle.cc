@@ -306,7 +306,9 @@ void blockingHookBody(RankContext& ctx) {
 void mismatchBody(RankContext& ctx, const std::string& variant) {
   const int odd = ctx.nranks - 1;
   const bool me = ctx.rank == odd;
-  std::vector<float> send(64, 1.0f), recv(64 * size_t(ctx.nranks));
+  // 128 floats: above the largest one-way broadcast (transport::kEagerMaxBytes), so the
+  // broadcast variant takes the step protocol, in which every rank fails in the call.
+  std::vector<float> send(128, 1.0f), recv(128 * size_t(ctx.nranks));
   spyrecclResult_t rc;
   if (variant == "count") {
     rc = spyrecclAllReduce(send.data(), recv.data(), me ? 63 : 64, spyrecclFloat32, spyrecclSum,
@@ -318,7 +320,7 @@ void mismatchBody(RankContext& ctx, const std::string& variant) {
     rc = spyrecclAllReduce(send.data(), recv.data(), 64, me ? spyrecclInt32 : spyrecclFloat32,
                            spyrecclSum, ctx.comm);
   } else if (variant == "root") {
-    rc = spyrecclBroadcast(send.data(), recv.data(), 64, spyrecclFloat32, me ? 1 : 0, ctx.comm);
+    rc = spyrecclBroadcast(send.data(), recv.data(), 128, spyrecclFloat32, me ? 1 : 0, ctx.comm);
   } else {  // "collective"
     rc = me ? spyrecclAllGather(send.data(), recv.data(), 64, spyrecclFloat32, ctx.comm)
             : spyrecclAllReduce(send.data(), recv.data(), 64, spyrecclFloat32, spyrecclSum,
@@ -334,6 +336,72 @@ void mismatchBody(RankContext& ctx, const std::string& variant) {
   SPY_CHECK(async == spyrecclMismatch, "async error after a mismatch: %s",
             spyrecclGetErrorString(async));
   SPY_CHECK_RC(spyrecclBarrier(ctx.comm), spyrecclInvalidUsage, ctx.comm);
+}
+
+// One-way small broadcasts (algorithms/eager.h) whose calls do not match: a receiver that
+// can see the mismatch fails in the call; every other rank (a root returns before anyone
+// reads its slot) fails at its next collective that waits for every rank, here a barrier.
+// Either way the message names both calls, and a failed receiver's output is untouched.
+void eagerMismatchBody(RankContext& ctx, const std::string& variant) {
+  const int odd = ctx.nranks - 1;
+  const bool me = ctx.rank == odd;
+  std::vector<float> send(16), recv(16, -7.0f);
+  for (size_t i = 0; i < send.size(); ++i) send[i] = float(ctx.rank * 100 + int(i)) + 0.5f;
+  const int root = me && variant == "root" ? 1 : 0;
+  const size_t count = me && variant == "count" ? 15 : 16;
+  spyrecclResult_t rc;
+  if (variant == "collective" && me) {
+    rc = spyrecclAllReduce(send.data(), recv.data(), 16, spyrecclFloat32, spyrecclSum, ctx.comm);
+  } else {
+    rc = spyrecclBroadcast(send.data(), recv.data(), count, spyrecclFloat32, root, ctx.comm);
+  }
+  std::string msg = rc == spyrecclSuccess ? "" : spyrecclGetLastError(ctx.comm);
+  SPY_CHECK(rc == spyrecclSuccess || rc == spyrecclMismatch, "%s: got %s (\"%s\")", variant.c_str(),
+            spyrecclGetErrorString(rc), msg.c_str());
+  if (rc == spyrecclMismatch && ctx.rank != root) {
+    for (float v : recv) SPY_CHECK(v == -7.0f, "a failed receiver's output was written: %g", v);
+  }
+  if (rc == spyrecclSuccess) {
+    // Deferred to the next synchronising collective: our own mismatch (the digests of the
+    // broadcasts differ) or a receiver's, named in its failure.
+    rc = spyrecclBarrier(ctx.comm);
+    msg = rc == spyrecclSuccess ? "" : spyrecclGetLastError(ctx.comm);
+    SPY_CHECK(rc == spyrecclMismatch ||
+                  (rc == spyrecclRemoteError && contains(msg, "failed with spyrecclMismatch")),
+              "%s: the barrier after a mismatched one-way broadcast got %s (\"%s\")",
+              variant.c_str(), spyrecclGetErrorString(rc), msg.c_str());
+  }
+  SPY_CHECK(contains(msg, " called ") && contains(msg, " but rank "),
+            "the mismatch message should name both calls: \"%s\"", msg.c_str());
+  SPY_CHECK_RC(spyrecclBarrier(ctx.comm), spyrecclInvalidUsage, ctx.comm);
+}
+
+// Many one-way broadcasts in a row, more than a root's ring holds, from every root in turn
+// and with a synchronising allreduce now and then: every receiver gets every payload.
+void eagerStreamBody(RankContext& ctx) {
+  const int n = ctx.nranks;
+  uint64_t seed = 0x5eed0000u + uint64_t(n);
+  auto value = [&](int call, int root, size_t i) {
+    return float((call * 31 + root * 7 + int(i)) % 977) * 0.25f - 50.0f + float(seed % 3);
+  };
+  for (int call = 0; call < 200; ++call) {
+    const int root = (call / 40) % n;  // 40 in a row from one root: the ring wraps twice
+    const size_t count = 1 + size_t(call * 13) % 64;  // 4..256 bytes
+    std::vector<float> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = ctx.rank == root ? value(call, root, i) : NAN;
+    SPY_CHECK_OK(spyrecclBroadcast(buf.data(), buf.data(), count, spyrecclFloat32, root, ctx.comm),
+                 ctx.comm);
+    for (size_t i = 0; i < count; ++i) {
+      SPY_CHECK(buf[i] == value(call, root, i), "call %d root %d element %zu: %g, expected %g",
+                call, root, i, buf[i], value(call, root, i));
+    }
+    if (call % 17 == 16) {
+      float x = float(ctx.rank + 1);
+      SPY_CHECK_OK(spyrecclAllReduce(&x, &x, 1, spyrecclFloat32, spyrecclSum, ctx.comm), ctx.comm);
+      SPY_CHECK(x == float(n * (n + 1) / 2), "allreduce between broadcasts: %g", x);
+    }
+  }
+  SPY_CHECK_OK(spyrecclBarrier(ctx.comm), ctx.comm);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -628,6 +696,15 @@ void bindingBody(RankContext& ctx, bool own) {
                     [v](RankContext& ctx) { mismatchBody(ctx, v); });
     }
   }
+  for (const char* variant : {"count", "root", "collective"}) {
+    const std::string v = variant;
+    for (int ws : {2, 3}) {
+      registerRanks(format("errors.eager_mismatch_%s/ws%d", variant, ws), ws,
+                    [v](RankContext& ctx) { eagerMismatchBody(ctx, v); });
+    }
+  }
+  for (int ws : {2, 3, 4})
+    registerRanks(format("lifecycle.eager_stream/ws%d", ws), ws, eagerStreamBody);
   registerRanks("errors.timeout/ws2", 2, timeoutBody,
                 [](RunOptions& o) { o.config.timeoutMs = 400; });
   registerRanks("errors.init_timeout/ws2", 2, initTimeoutBody,

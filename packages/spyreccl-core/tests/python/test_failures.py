@@ -38,10 +38,15 @@ def _catch(fn, *args, **kwargs):
 # ---------------------------------------------------------------------------------------
 
 
+# Broadcasts above the largest one-way broadcast (256 bytes) take the step protocol, in
+# which every rank sees every descriptor: a mismatch fails every rank in the call itself.
+STEP_ELEMENTS = 128
+
+
 def rank_mismatch(comm, kind):
     sub = comm.split(0)
     with sub:
-        x = np.ones(16 + (comm.rank if kind == "count" else 0), dtype=np.float32)
+        x = np.ones(STEP_ELEMENTS + (comm.rank if kind == "count" else 0), dtype=np.float32)
         if kind == "count":
             error, _ = _catch(sub.all_reduce, x)
         elif kind == "op":
@@ -70,6 +75,51 @@ def test_mismatch_detected_on_every_rank(rank_pool, kind):
         assert str(error) != spyreccl_core.error_string(spyreccl_core.Result.MISMATCH)
         assert "rank" in str(error), str(error)
         assert broken == spyreccl_core.Result.MISMATCH
+
+
+def rank_one_way_mismatch(comm, kind):
+    """A small (one-way) broadcast that does not match: returns what the call raised and,
+    when it succeeded, what the next barrier raised, with the receiver's output."""
+    sub = comm.split(0)
+    with sub:
+        odd = comm.rank == comm.size - 1
+        rng = np.random.default_rng(1000 + comm.rank)
+        x = rng.standard_normal(15 if odd and kind == "count" else 16).astype(np.float32)
+        before = x.copy()
+        root = 1 if odd and kind == "root" else 0
+        if kind == "collective" and odd:
+            error, _ = _catch(sub.all_reduce, x)
+        else:
+            error, _ = _catch(sub.broadcast, x, root)
+        in_call = error is not None
+        if error is None:
+            error, _ = _catch(sub.barrier)
+        untouched = bool(np.array_equal(x, before))
+    comm.barrier()
+    return in_call, error, untouched, comm.rank == root
+
+
+@pytest.mark.parametrize("kind", ["count", "collective", "root"])
+def test_one_way_broadcast_mismatch_fails_by_the_next_synchronising_call(rank_pool, kind):
+    in_calls = []
+    for rank, (in_call, error, untouched, is_root) in enumerate(
+        rank_pool.run(rank_one_way_mismatch, kind)
+    ):
+        in_calls.append(in_call)
+        # In the call (a receiver that sees the root's slot or history) or at the barrier
+        # after it (the root returned before anyone read its slot), naming both calls.
+        assert isinstance(error, (spyreccl_core.MismatchError, spyreccl_core.RemoteError)), (
+            rank,
+            error,
+        )
+        assert "called" in str(error) and "but rank" in str(error), str(error)
+        if isinstance(error, spyreccl_core.RemoteError):
+            assert "failed with spyrecclMismatch" in str(error), str(error)
+        if in_call and not is_root:
+            assert untouched, f"rank {rank}: a failed receiver's output was written"
+    if kind == "count":
+        # The receiver with the other count sees the root's slot: it fails in the call.
+        assert in_calls[-1], in_calls
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ spyreccl compares every rank's descriptor of a collective in its first step, bef
 data is combined, so a mismatch must fail on every rank with a message naming both sides,
 and leave every output untouched (poisoned outputs stay poisoned, in-place inputs keep
 their values). Each case forks a fresh 3-rank group, since a mismatch breaks the group.
+A one-way (small) broadcast's root returns before its receivers read it: a rank that could
+not see such a mismatch in the call fails at its next collective that waits for every rank,
+with the same message.
 
 With TORCH_DISTRIBUTED_DEBUG=DETAIL, c10d wraps the backend in ProcessGroupWrapper, which
 checks each collective's fingerprint over a gloo helper group before running it: the
@@ -47,8 +50,17 @@ def _mismatched_call(kind: str, rank: int, world: int, seed: int):
         y_before = y.cpu()
         return (lambda: dist.all_reduce(y)), [(y, y_before)]
     if kind == "root":
+        # 100 floats: above the largest one-way broadcast (256 bytes), so every rank
+        # compares every descriptor in the call.
+        y = random_tensor(100, torch.float32, "spyre", rank_seed(seed, rank), nranks=world)
+        y_before = y.cpu()
         src = 1 if odd else 0
-        return (lambda: dist.broadcast(x, src=src)), [(x, before)]
+        return (lambda: dist.broadcast(y, src=src)), [(y, y_before)]
+    if kind in ("root_one_way", "count_one_way"):
+        # A one-way broadcast: its root returns before any receiver reads it.
+        src = 1 if odd and kind == "root_one_way" else 0
+        z = x[: n - 1] if odd and kind == "count_one_way" else x
+        return (lambda: dist.broadcast(z, src=src)), [(x, before)]
     if kind == "collective":
         if odd:
             out = poison_(torch.empty(n * world, device="spyre"))
@@ -77,6 +89,14 @@ def rank_mismatch(ctx, kind: str, seed: int):
         error = None
     except Exception as exc:
         error = exc
+    in_call = error is not None
+    if error is None and kind.endswith("_one_way"):
+        # A rank that could not see the mismatch in a one-way broadcast (its root, say)
+        # fails at its next collective that waits for every rank.
+        try:
+            dist.all_reduce(torch.ones(3, device="spyre"))
+        except Exception as exc:
+            error = exc
     untouched = []
     for tensor, expected in outputs:
         host = tensor.cpu()
@@ -90,6 +110,7 @@ def rank_mismatch(ctx, kind: str, seed: int):
         "dist_backend_error": isinstance(error, dist.DistBackendError),
         "message": str(error) if error else "",
         "untouched": untouched,
+        "in_call": in_call,
     }
 
 
@@ -106,6 +127,8 @@ def mismatch_scenario(kind: str, seed: int):
         "root",
         "collective",
         "order",
+        "root_one_way",
+        "count_one_way",
     ],
 )
 def test_mismatch_fails_on_every_rank_without_corruption(launcher, kind):
@@ -118,7 +141,14 @@ def test_mismatch_fails_on_every_rank_without_corruption(launcher, kind):
         assert re.search(r"rank \d+ called .* but rank \d+ called ", message), (
             f"rank {rank}: {message}"
         )
-        assert all(report["untouched"]), f"rank {rank}: an output was modified: {report}"
+        if not kind.endswith("_one_way"):
+            assert report["in_call"], f"rank {rank}: failed only after the call: {report}"
+        if report["in_call"]:
+            # (A one-way broadcast that succeeded on a receiver wrote the root's data.)
+            assert all(report["untouched"]), f"rank {rank}: an output was modified: {report}"
+    if kind == "count_one_way":
+        # The receiver with the other count reads the root's slot: it fails in the call.
+        assert reports[ODD_RANK]["in_call"], reports[ODD_RANK]
 
 
 # -- TORCH_DISTRIBUTED_DEBUG=DETAIL ------------------------------------------------------------
