@@ -419,7 +419,10 @@ void Communicator::probeDirect(const Descriptor* announce) {
 // ---------------------------------------------------------------------------------------
 
 void Communicator::probeCma() {
-  if (nranks_ < 2) return;
+  if (nranks_ < 2) {
+    eagerMax_ = 0;  // nobody to broadcast to
+    return;
+  }
   using algorithms::PathAdvisor;
   constexpr int kSizes = PathAdvisor::kProbeSizes;
   // The timing probe needs a staging slot that holds every probe size side by side, and an
@@ -881,6 +884,28 @@ std::string Communicator::dumpState() const {
                 static_cast<unsigned long long>(cmaBytes_.load(std::memory_order_relaxed)));
   out += format("  copy paths: %s; CPUs contended now (the load vote, from 64 KiB): %s\n",
                 cmaCalibration_.c_str(), transport::cpusContended() ? "yes" : "no");
+  {
+    // Read from the segment (any thread may dump): what this rank posted and read.
+    const transport::EagerControl* e = eager(rank_);
+    std::string read;
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      read += format("%s%d from rank %d", read.empty() ? "" : ", ",
+                     eagerConsumed(rank_, p)->load(std::memory_order_relaxed), p);
+    }
+    if (eagerMax_ > 0) {
+      out += format(
+          "  one-way broadcasts: up to %lld bytes, ring of %u slots; %u posted as the "
+          "root, read %s\n",
+          static_cast<long long>(eagerMax_), transport::kEagerSlots,
+          e->posted.load(std::memory_order_relaxed), read.c_str());
+    } else {
+      out += format("  one-way broadcasts: off (%s)\n",
+                    eagerMax_ < 0 ? "not agreed yet"
+                    : nranks_ < 2 ? "one rank"
+                                  : "SPYRECCL_EAGER_BROADCAST_MAX_BYTES=0 on some rank");
+    }
+  }
   // What this rank's estimates say where the ranks vote (its vote; the ranks' votes combine).
   out += advisor_.describe(
       [](uint32_t kind) { return kind == 0 ? "send/recv" : algorithms::kindName(kind); });

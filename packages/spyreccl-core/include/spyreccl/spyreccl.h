@@ -20,14 +20,19 @@
  *    A group's failure (spyrecclGroupEnd) is recorded in both places.
  *  - Buffers are host memory, addressed as (pointer, element count, data type). Counts are
  *    in elements, never bytes. A count of 0 is valid for every operation (it still
- *    synchronises the ranks and checks that all of them called the same collective).
+ *    synchronises the ranks and checks that all of them called the same collective;
+ *    a small broadcast does neither on its root, see below).
  *  - Collectives are blocking: they return when this rank's part of the operation is
  *    complete (its output buffer is final and its input buffer may be reused).
  *  - Every rank of a communicator must call the same collectives in the same order with
  *    matching (operation, data type, count, reduce op, root). A mismatch is detected and
  *    reported on every rank as spyrecclMismatch, naming both sides; the communicator is
  *    then unusable (like after any error other than spyrecclInvalidArgument) and must be
- *    destroyed.
+ *    destroyed. One exception to "in the call": a broadcast of at most 256 bytes is
+ *    one-way (SPYRECCL_EAGER_BROADCAST_MAX_BYTES; 0 turns it off). Its root returns once
+ *    the data is posted, before any receiver checked it, so a rank that cannot see such a
+ *    mismatch in the call fails at its next collective that waits for every rank, as
+ *    spyrecclMismatch, or spyrecclRemoteError naming the receiver that saw it.
  *  - Every wait is bounded: by the communicator's timeout (spyrecclTimeout), by
  *    spyrecclCommAbort (spyrecclAborted) and by the death or abort of a peer
  *    (spyrecclRemoteError, reported within a fraction of a second of the death).
@@ -420,7 +425,9 @@ SPYRECCL_API spyrecclResult_t spyrecclReduce(const void* sendbuff, void* recvbuf
                                              int root, spyrecclComm_t comm);
 
 /* spyrecclBroadcast: copies root's sendbuff to every rank's recvbuff. sendbuff is read on
- * root only (NULL allowed elsewhere). In place when sendbuff == recvbuff. */
+ * root only (NULL allowed elsewhere). In place when sendbuff == recvbuff. Up to 256 bytes
+ * (see the mismatch note above) the root returns once its data is copied into the
+ * communicator, without waiting for the receivers; it may run up to 64 such calls ahead. */
 SPYRECCL_API spyrecclResult_t spyrecclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                                 spyrecclDataType_t datatype, int root,
                                                 spyrecclComm_t comm);
