@@ -409,8 +409,8 @@ void checkPending(Communicator& c, int64_t now, bool full, const std::function<b
 // Sleeps on `c`'s doorbell until `ready`, checking every pending operation of `comms`.
 void waitDoorbell(Communicator& c, const std::vector<Communicator*>& comms,
                   const std::function<bool()>& ready) {
-  transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
-                       [&](int64_t, bool full) {
+  transport::waitUntil(transport::pairwise(c.spin()), &c.control(c.rank())->doorbell, c.sleepers(),
+                       ready, [&](int64_t, bool full) {
                          const int64_t now = nowNs();
                          for (Communicator* other : comms) checkPending(*other, now, full, ready);
                        });
@@ -632,8 +632,8 @@ int recvAnySource(Communicator& c, void* recv, size_t count, spyrecclDataType_t 
   try {
     while ((source = probe()) < 0) {
       if (progress(c)) continue;
-      transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
-                           [&](int64_t waited, bool full) {
+      transport::waitUntil(transport::pairwise(c.spin()), &c.control(c.rank())->doorbell,
+                           c.sleepers(), ready, [&](int64_t waited, bool full) {
                              c.checkWait(
                                  waited, full, nullptr, ready,
                                  [&] { return format("a message with tag %d from any rank", tag); },
