@@ -11,11 +11,15 @@
 //                           the single copy keeps winning by kProbeMargin, else the default.
 //   advisor.small_classes   16, 32 and 64 KiB messages keep separate estimates (the vote
 //                           may start there), so one size's winner does not decide another's.
+//   advisor.oversubscribed_spin  a point-to-point wait of ranks that oversubscribe the CPUs
+//                           spins once in 64 waits, keeps spinning while 7 of the last 8
+//                           spins paid off, and stops after the second failure in 8.
 #include <cstdint>
 #include <string>
 
 #include "algorithms/path_advisor.h"
 #include "multiproc.h"
+#include "transport/wait.h"
 
 namespace {
 
@@ -167,7 +171,26 @@ void smallClassesTest() {
       "the dump lists both classes: %s", d.c_str());
 }
 
+void oversubscribedSpinTest() {
+  spyreccl::transport::OversubscribedSpin s;
+  // No history: one wait in 64 tries a spin.
+  int tried = 0;
+  for (int i = 0; i < 640; ++i) tried += s.tryNow() ? 1 : 0;
+  SPY_CHECK(tried == 10, "without history %d of 640 waits spun, expected 10", tried);
+  // Seven spins that found the peer: every wait spins from then on.
+  for (int i = 0; i < 7; ++i) s.record(true);
+  for (int i = 0; i < 100; ++i) SPY_CHECK(s.tryNow(), "wait %d after 7 successes did not spin", i);
+  // One failure among the last 8 keeps it; the second stops it.
+  s.record(false);
+  SPY_CHECK(s.tryNow(), "one failure in 8 stopped the spins");
+  s.record(false);
+  int after = 0;
+  for (int i = 0; i < 64; ++i) after += s.tryNow() ? 1 : 0;
+  SPY_CHECK(after == 1, "after two failures in 8, %d of 64 waits spun, expected 1", after);
+}
+
 [[maybe_unused]] const bool registered = [] {
+  registerTest("advisor.oversubscribed_spin", oversubscribedSpinTest);
   registerTest("advisor.vote_floor", voteFloorTest);
   registerTest("advisor.small_classes", smallClassesTest);
   registerTest("advisor.learns", learnsTest);
