@@ -922,14 +922,16 @@ std::string Communicator::dumpState() const {
     if (p == rank_) {
       const uint64_t count = recordCount_.load(std::memory_order_acquire);
       if (count > 0 && readSlot(count - 1, &last)) d = last.d;
-    } else {
+    } else if (!peerCall(p, eager(p)->opSeq.load(std::memory_order_acquire), &d)) {
+      // Its latest call from its history (one-way broadcasts announce nothing in a step),
+      // else the latest descriptor it announced.
       const Descriptor& d0 = pc->desc[0];
       const Descriptor& d1 = pc->desc[1];
       d = d0.seq >= d1.seq ? d0 : d1;
     }
     uint32_t status = pc->status.load(std::memory_order_relaxed);
     bool dead = p != rank_ && watches_[p].dead();
-    out += format("    rank %-4d pid %-8d step %-8u %-8s last announced seq %llu %s%s\n", p,
+    out += format("    rank %-4d pid %-8d step %-8u %-8s latest call seq %llu %s%s\n", p,
                   pc->pid.load(std::memory_order_relaxed), step, status < 4 ? kStatus[status] : "?",
                   static_cast<unsigned long long>(d.seq), algorithms::describe(d).c_str(),
                   dead ? " [process exited]" : "");

@@ -5,7 +5,7 @@ rank 1 never calls. Rank 1 keeps its communicator alive meanwhile (a destroyed o
 peer would be reported as departed, not as a timeout) and only moves on once rank 0 touched
 a file saying it is done. The timeout error must arrive within the configured timeout plus a
 scheduling allowance, carry the state dump (the flight-recorder-like record: this rank's
-collectives with sequence numbers and sizes, and what each peer last announced), and that
+collectives with sequence numbers and sizes, and each peer's latest call), and that
 dump must also be written to SPYRECCL_DUMP_DIR.
 """
 
@@ -194,11 +194,11 @@ def test_group_timeout_from_init_process_group(launcher, tmp_path):
     assert "spyrecclTimeout" in message, message
     assert timeout_s <= rank0["elapsed"] < timeout_s + SLACK_S, rank0
     # Flight-recorder-like dump: this rank's collectives with sequence numbers and sizes,
-    # and what every peer announced last (rank 1 is still at the first collective).
+    # and every peer's latest call (rank 1 is still at the first collective).
     seq = rank0["seq"]
     assert f"seq {seq}" in message and f"seq {seq - 1}" in message, message
     assert f"allreduce(count={COUNT}, float32, sum)" in message, message
-    assert "rank 1" in message and "last announced seq 1 " in message, message
+    assert "rank 1" in message and "latest call seq 1 " in message, message
     # The same dump is available on demand, and was written to SPYRECCL_DUMP_DIR.
     assert f"seq {seq}" in rank0["state"]
     (name,) = [n for n in dumps if n.endswith("-rank0.txt")]
