@@ -133,11 +133,8 @@ class Communicator {
     std::vector<uint64_t> slotSeq;  // as a root: the call seq each slot of the ring holds
     uint32_t freeUntil = 0;         // as a root: first slot index not known to be free
     uint64_t digest = 0;            // of every one-way broadcast completed (Descriptor)
-    uint64_t completed = 0;
   };
   EagerState& eagerState() { return eager_; }
-  // The descriptor of the collective this rank runs now (beginOp).
-  const transport::Descriptor& currentCall() const { return current_; }
   // Copies rank `peer`'s call `seq` into *out from its history in the segment; false when
   // the peer has not begun it yet or has run kHistoryCalls calls past it.
   bool peerCall(int peer, uint64_t seq, transport::Descriptor* out) const;

@@ -9,7 +9,10 @@
 //                                  (process_vm_readv); default on where the init probe allows
 //   SPYRECCL_CMA_CONTENDED         auto | 1 | 0: whether this rank's CPUs count as contended
 //                                  (lower CMA thresholds, algorithms/direct.h); auto: loadavg
-//   SPYRECCL_SPIN_MAX_NS           longest extended spin of a wait (default 30000; <= 2000: none)
+//   SPYRECCL_SPIN_MAX_NS           longest extended spin of a wait (default 30000; <= 2000: none,
+//                                  and no spin of point-to-point waits with more ranks than CPUs)
+//   SPYRECCL_EAGER_BROADCAST_MAX_BYTES  largest one-way broadcast (default and at most 256; 0:
+//                                  off; the ranks use the smallest value; algorithms/eager.h)
 //   SPYRECCL_YIELD_NS              how long a wait yields before it sleeps (default 2000000)
 //   SPYRECCL_CMA_MIN_BYTES         one threshold for them for every operation (default: the
 //                                  measured per-operation thresholds, algorithms/direct.cc)

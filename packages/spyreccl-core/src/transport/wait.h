@@ -102,14 +102,14 @@ struct SpinAdvisor {
 };
 
 // Decides whether a point-to-point wait of ranks that oversubscribe the CPUs spins kSpinNs
-// before it yields (SpinPolicy::pairwise),
-// from the outcomes of this thread's latest such spins (bit i of `history`: the (i+1)-th
-// latest found the peer). Mostly such a wait cannot end by spinning: the rank it waits for is
-// descheduled, and spinning only delays the yield that lets it run. But where only some of
-// the ranks communicate while the others sleep (two ranks in a ping-pong, the third blocked
-// in a later collective), the two have a CPU each and a hand-off takes well under a
-// microsecond, against 1.9 us through sched_yield. The spin is tried once in 64 waits and
-// kept while nearly every spin pays off; it stops again when the CPUs get crowded.
+// before it yields (SpinPolicy::pairwise), from the outcomes of this thread's latest such
+// spins (bit i of `history`: the (i+1)-th latest found the peer). Mostly such a wait cannot
+// end by spinning: the rank it waits for is descheduled, and spinning only delays the yield
+// that lets it run. But where only some of the ranks communicate while the others sleep (two
+// ranks in a ping-pong, the third blocked in a later collective), the two have a CPU each and
+// a hand-off takes well under a microsecond, against 1.9 us through sched_yield. The spin is
+// tried once in 64 waits and kept while nearly every spin pays off; it stops again when the
+// CPUs get crowded. SPYRECCL_SPIN_MAX_NS <= 2000 turns it off, with the extended spin.
 struct OversubscribedSpin {
   uint32_t history = 0;
   uint32_t declined = 0;
