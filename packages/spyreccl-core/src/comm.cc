@@ -208,7 +208,7 @@ void Communicator::exchange(uint32_t s, const Descriptor* announce) {
     me->desc[s & 1].eagerDigest = eager_.digest;
   }
   me->step.store(s, std::memory_order_release);
-  transport::notify(&me->step, sleepers());
+  transport::notify(&me->step, &me->stepSleepers);
   for (int k = 1; k < nranks_; ++k) waitPeerStep((rank_ + k) % nranks_, s);
   if (announce != nullptr) verifyDescriptors(s, *announce);
 }
@@ -234,11 +234,12 @@ void Communicator::waitPeerStep(int peer, uint32_t s) {
   auto behind = [this, s](int p) {
     return static_cast<int32_t>(control(p)->step.load(std::memory_order_acquire) - s) < 0;
   };
-  transport::waitUntil(spin_, word, sleepers(), ready, [&](int64_t waited, bool full) {
-    if (!pendingP2P_.empty()) progressPendingP2P();
-    checkWait(waited, full, nullptr, ready, describe, behind);
-    if (full) checkPeerCalls(s);
-  });
+  transport::waitUntil(spin_, word, &control(peer)->stepSleepers, ready,
+                       [&](int64_t waited, bool full) {
+                         if (!pendingP2P_.empty()) progressPendingP2P();
+                         checkWait(waited, full, nullptr, ready, describe, behind);
+                         if (full) checkPeerCalls(s);
+                       });
 }
 
 void Communicator::checkPeerCalls(uint32_t s) const {

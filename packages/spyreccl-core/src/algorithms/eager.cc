@@ -105,7 +105,7 @@ void post(Communicator& c, const Descriptor& d, const uint8_t* send, uint8_t* re
   if (bytes != 0) std::memcpy(slot.payload, send, bytes);
   st.slotSeq[i % kEagerSlots] = d.seq;
   e->posted.store(i + 1, std::memory_order_release);
-  transport::notify(&e->posted, c.sleepers());
+  transport::notify(&e->posted, &e->postedSleepers);
   st.index[me] = i + 1;
   if (bytes != 0 && send != recv) std::memcpy(recv, send, bytes);
   complete(c, d);
@@ -125,7 +125,7 @@ void receive(Communicator& c, const Descriptor& d, uint8_t* recv, size_t bytes, 
     };
     auto awaited = [root](int q) { return q == root; };
     transport::waitUntil(
-        c.spin(), &rc->posted, c.sleepers(), ready, [&](int64_t waited, bool full) {
+        c.spin(), &rc->posted, &rc->postedSleepers, ready, [&](int64_t waited, bool full) {
           if (!c.pendingP2P().empty()) c.progressPendingP2P();
           c.checkWait(waited, full, &peers, ready, waitingFor, awaited);
           if (!full) return;

@@ -51,7 +51,7 @@ namespace {
 void ringDoorbell(Communicator& c, int peer) {
   std::atomic<uint32_t>* db = &c.control(peer)->doorbell;
   db->fetch_add(1, std::memory_order_release);
-  transport::notify(db, c.sleepers());
+  transport::notify(db, &c.control(peer)->doorbellSleepers);
 }
 
 MailboxControl* outbox(Communicator& c, int peer) {
@@ -409,8 +409,8 @@ void checkPending(Communicator& c, int64_t now, bool full, const std::function<b
 // Sleeps on `c`'s doorbell until `ready`, checking every pending operation of `comms`.
 void waitDoorbell(Communicator& c, const std::vector<Communicator*>& comms,
                   const std::function<bool()>& ready) {
-  transport::waitUntil(transport::pairwise(c.spin()), &c.control(c.rank())->doorbell, c.sleepers(),
-                       ready, [&](int64_t, bool full) {
+  transport::waitUntil(transport::pairwise(c.spin()), &c.control(c.rank())->doorbell,
+                       &c.control(c.rank())->doorbellSleepers, ready, [&](int64_t, bool full) {
                          const int64_t now = nowNs();
                          for (Communicator* other : comms) checkPending(*other, now, full, ready);
                        });
@@ -536,8 +536,8 @@ void waitProgress(Communicator& c, int64_t maxWaitNs) {
     return expired || c.progressWake().load(std::memory_order_acquire) || anyCanProgress(c);
   };
   try {
-    transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell, c.sleepers(), ready,
-                         [&](int64_t, bool full) {
+    transport::waitUntil(c.spin(), &c.control(c.rank())->doorbell,
+                         &c.control(c.rank())->doorbellSleepers, ready, [&](int64_t, bool full) {
                            const int64_t now = nowNs();
                            // Polls are short (the caller bounds them, c10d's progress
                            // thread to 10 ms), shorter than the interval of the full checks
@@ -561,7 +561,7 @@ void wakeProgress(Communicator& c) {
   c.progressWake().store(true, std::memory_order_release);
   std::atomic<uint32_t>* db = &c.control(c.rank())->doorbell;
   db->fetch_add(1, std::memory_order_release);
-  transport::notify(db, c.sleepers());
+  transport::notify(db, &c.control(c.rank())->doorbellSleepers);
 }
 
 void runP2P(std::vector<P2POp>& ops) {
@@ -633,7 +633,8 @@ int recvAnySource(Communicator& c, void* recv, size_t count, spyrecclDataType_t 
     while ((source = probe()) < 0) {
       if (progress(c)) continue;
       transport::waitUntil(transport::pairwise(c.spin()), &c.control(c.rank())->doorbell,
-                           c.sleepers(), ready, [&](int64_t waited, bool full) {
+                           &c.control(c.rank())->doorbellSleepers, ready,
+                           [&](int64_t waited, bool full) {
                              c.checkWait(
                                  waited, full, nullptr, ready,
                                  [&] { return format("a message with tag %d from any rank", tag); },

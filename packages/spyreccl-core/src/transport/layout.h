@@ -24,7 +24,7 @@ namespace spyreccl::transport {
 constexpr size_t kCacheLine = 64;
 constexpr size_t kPage = 4096;
 constexpr uint32_t kSegmentMagic = 0x53505347u;  // "SPSG"
-constexpr uint32_t kSegmentVersion = 7;
+constexpr uint32_t kSegmentVersion = 8;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
@@ -40,8 +40,10 @@ struct alignas(kCacheLine) SegmentHeader {
   uint64_t totalBytes;
   std::atomic<uint32_t> ready;     // rank 0 finished writing the header
   std::atomic<uint32_t> attached;  // number of ranks that attached
-  // Waiters currently blocked in FUTEX_WAIT on any word of this segment: posters only pay
-  // for the FUTEX_WAKE syscall when this is non-zero.
+  // Waiters currently blocked in FUTEX_WAIT on a word without a counter of its own (a
+  // root's wait for its ring's read counts): posters of those words only pay for the
+  // FUTEX_WAKE syscall when this is non-zero. The hot words (step, doorbell, a ring's
+  // posted count) have their own counters beside them.
   alignas(kCacheLine) std::atomic<uint32_t> sleepers;
 };
 
@@ -81,9 +83,16 @@ struct alignas(kCacheLine) RankControl {
   // Collective progress: the last step this rank published. Own cache line: it is the
   // hottest word of the protocol (polled by every peer).
   alignas(kCacheLine) std::atomic<uint32_t> step;
+  // Peers blocked in FUTEX_WAIT on `step`: this rank's publication pays for FUTEX_WAKE only
+  // when non-zero. Per word rather than per segment, so that a rank asleep elsewhere (in a
+  // later collective, on its doorbell) costs the others no system call; on the line the
+  // poster has just written.
+  std::atomic<uint32_t> stepSleepers;
   // Point-to-point doorbell: bumped by a peer that posted a chunk to this rank or
   // consumed a chunk this rank posted; blocked senders/receivers futex-wait on it.
   alignas(kCacheLine) std::atomic<uint32_t> doorbell;
+  // This rank's threads blocked in FUTEX_WAIT on `doorbell` (as stepSleepers).
+  std::atomic<uint32_t> doorbellSleepers;
   // Descriptors double-buffered by step parity, like the staging buffers (see design.md).
   alignas(kCacheLine) Descriptor desc[2];
   // Direct transfers (algorithms/direct.h): arena offsets, addresses and lengths of this
@@ -176,6 +185,8 @@ struct alignas(kCacheLine) HistoryEntry {
 struct alignas(kCacheLine) EagerControl {
   // Slots this rank has posted as a root (slot i % kEagerSlots holds the i-th).
   alignas(kCacheLine) std::atomic<uint32_t> posted;
+  // Receivers blocked in FUTEX_WAIT on `posted` (as RankControl::stepSleepers).
+  std::atomic<uint32_t> postedSleepers;
   // Sequence number of the latest collective this rank began (0: none): history[seq %
   // kHistoryCalls] holds its descriptor, written before this is released.
   alignas(kCacheLine) std::atomic<uint64_t> opSeq;

@@ -108,13 +108,15 @@ struct SpinAdvisor {
 // that lets it run. But where only some of the ranks communicate while the others sleep (two
 // ranks in a ping-pong, the third blocked in a later collective), the two have a CPU each and
 // a hand-off takes well under a microsecond, against 1.9 us through sched_yield. The spin is
-// tried once in 64 waits and kept while nearly every spin pays off; it stops again when the
-// CPUs get crowded. SPYRECCL_SPIN_MAX_NS <= 2000 turns it off, with the extended spin.
+// tried once in 64 waits and kept while the latest spin, or 3 of the latest 4, paid off: a
+// sleeping rank's periodic wake-up (the futex phase's 1 ms slices) costs one failed spin, not
+// the spinning; two failures in a row stop it, as when the CPUs get crowded.
+// SPYRECCL_SPIN_MAX_NS <= 2000 turns it off, with the extended spin.
 struct OversubscribedSpin {
   uint32_t history = 0;
   uint32_t declined = 0;
   bool tryNow() {
-    if (__builtin_popcount(history & 0xFFu) >= 7) return true;
+    if ((history & 1u) != 0 || __builtin_popcount(history & 0xFu) >= 3) return true;
     return (++declined & 63u) == 0;
   }
   void record(bool arrived) { history = (history << 1) | (arrived ? 1u : 0u); }

@@ -12,8 +12,8 @@
 //   advisor.small_classes   16, 32 and 64 KiB messages keep separate estimates (the vote
 //                           may start there), so one size's winner does not decide another's.
 //   advisor.oversubscribed_spin  a point-to-point wait of ranks that oversubscribe the CPUs
-//                           spins once in 64 waits, keeps spinning while 7 of the last 8
-//                           spins paid off, and stops after the second failure in 8.
+//                           spins once in 64 waits, keeps spinning while the latest spin or
+//                           3 of the latest 4 paid off, and stops after two failures in a row.
 #include <cstdint>
 #include <string>
 
@@ -177,16 +177,19 @@ void oversubscribedSpinTest() {
   int tried = 0;
   for (int i = 0; i < 640; ++i) tried += s.tryNow() ? 1 : 0;
   SPY_CHECK(tried == 10, "without history %d of 640 waits spun, expected 10", tried);
-  // Seven spins that found the peer: every wait spins from then on.
-  for (int i = 0; i < 7; ++i) s.record(true);
-  for (int i = 0; i < 100; ++i) SPY_CHECK(s.tryNow(), "wait %d after 7 successes did not spin", i);
-  // One failure among the last 8 keeps it; the second stops it.
+  // A spin that found the peer: every wait spins from then on.
+  s.record(true);
+  for (int i = 0; i < 100; ++i) SPY_CHECK(s.tryNow(), "wait %d after a success did not spin", i);
+  // Three successes and one failure in the latest four keep it (a sleeper's wake-up).
+  s.record(true);
+  s.record(true);
   s.record(false);
-  SPY_CHECK(s.tryNow(), "one failure in 8 stopped the spins");
+  SPY_CHECK(s.tryNow(), "one failure after three successes stopped the spins");
+  // Two failures in a row stop it: back to one wait in 64.
   s.record(false);
   int after = 0;
   for (int i = 0; i < 64; ++i) after += s.tryNow() ? 1 : 0;
-  SPY_CHECK(after == 1, "after two failures in 8, %d of 64 waits spun, expected 1", after);
+  SPY_CHECK(after == 1, "after two failures in a row, %d of 64 waits spun, expected 1", after);
 }
 
 [[maybe_unused]] const bool registered = [] {
