@@ -427,7 +427,7 @@ SPYRECCL_API spyrecclResult_t spyrecclReduce(const void* sendbuff, void* recvbuf
 /* spyrecclBroadcast: copies root's sendbuff to every rank's recvbuff. sendbuff is read on
  * root only (NULL allowed elsewhere). In place when sendbuff == recvbuff. Up to 256 bytes
  * (see the mismatch note above) the root returns once its data is copied into the
- * communicator, without waiting for the receivers; it may run up to 64 such calls ahead. */
+ * communicator, without waiting for the receivers; it may run up to 256 such calls ahead. */
 SPYRECCL_API spyrecclResult_t spyrecclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                                 spyrecclDataType_t datatype, int root,
                                                 spyrecclComm_t comm);

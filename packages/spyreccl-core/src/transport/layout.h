@@ -160,7 +160,7 @@ static_assert(sizeof(ChunkHeader) == kCacheLine, "a chunk header fills one cache
 
 // Slots in each rank's ring: how many small broadcasts a root may run ahead of the slowest
 // receiver.
-constexpr uint32_t kEagerSlots = 64;
+constexpr uint32_t kEagerSlots = 256;
 // Largest payload of a one-way broadcast (bytes); larger ones take the step protocol.
 constexpr size_t kEagerMaxBytes = 256;
 // Calls of each rank kept readable by its peers (EagerControl::history).

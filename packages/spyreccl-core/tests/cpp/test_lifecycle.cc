@@ -384,8 +384,9 @@ void eagerStreamBody(RankContext& ctx) {
   auto value = [&](int call, int root, size_t i) {
     return float((call * 31 + root * 7 + int(i)) % 977) * 0.25f - 50.0f + float(seed % 3);
   };
-  for (int call = 0; call < 200; ++call) {
-    const int root = (call / 40) % n;  // 40 in a row from one root: the ring wraps twice
+  for (int call = 0; call < 1800; ++call) {
+    // 600 in a row from one root: its ring (transport::kEagerSlots, 256) wraps twice.
+    const int root = (call / 600) % n;
     const size_t count = 1 + size_t(call * 13) % 64;  // 4..256 bytes
     std::vector<float> buf(count);
     for (size_t i = 0; i < count; ++i) buf[i] = ctx.rank == root ? value(call, root, i) : NAN;

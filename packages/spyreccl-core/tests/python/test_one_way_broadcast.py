@@ -20,12 +20,12 @@ ONE_WAY_LINE = re.compile(r"one-way broadcasts: up to (\d+) bytes, ring of (\d+)
 
 
 def rank_many_small_broadcasts(comm, seed):
-    """300 broadcasts of 0-300 bytes from every root in turn (runs of 90 from one root: more
-    than a ring holds), each output poisoned first, an allreduce every 37 calls."""
+    """1500 broadcasts of 0-300 bytes from every root in turn (runs of 500 from one root: more
+    than its ring's 256 slots), each output poisoned first, an allreduce every 37 calls."""
     size, rank = comm.size, comm.rank
     got = []
-    for call in range(300):
-        root = (call // 90) % size
+    for call in range(1500):
+        root = (call // 500) % size
         count = (call * 7) % 76  # 0..75 float32: 0..300 bytes, both sides of the limit
         rng = np.random.default_rng([seed, call])
         data = rng.standard_normal(count).astype(np.float32)
@@ -115,9 +115,9 @@ def test_mismatch_fails_every_rank_in_the_call_with_the_path_off(size, seeded):
 
 
 def test_a_limit_above_the_ring_slot_is_refused(seeded):
-    envs = [{"SPYRECCL_EAGER_BROADCAST_MAX_BYTES": "257"}, {}]
+    # The setting is checked before the rank looks for its peers: rank 0 alone fails at once.
     uid = spyreccl_core.UniqueId().to_bytes()
-    args = [(rank, 2, uid, env, seeded.seed, False) for rank, env in enumerate(envs)]
+    args = [(0, 2, uid, {"SPYRECCL_EAGER_BROADCAST_MAX_BYTES": "257"}, seeded.seed, False)]
     with own_processes(_rank_main, args, method="spawn") as (pipes, _):
         assert pipes[0].poll(60), "rank 0 did not report"
         kind, text = pipes[0].recv()
