@@ -168,7 +168,6 @@ Communicator::Communicator(int rank, int nranks, CommConfig config,
       peerArenas_(nranks),
       premul_(kMaxPreMulSum) {
   eager_.index.assign(nranks, 0);
-  eager_.slotSeq.assign(transport::kEagerSlots, 0);
   startTickClock();  // the flight recorder's time base (common/clock.h)
   who_ = format("rank %d/%d", rank, nranks);
   if (!config_.name.empty()) who_ += " '" + config_.name + "'";
@@ -263,16 +262,12 @@ void Communicator::checkPeerCalls(uint32_t s) const {
 bool Communicator::peerCall(int peer, uint64_t seq, Descriptor* out) const {
   const transport::EagerControl* e = eager(peer);
   if (seq == 0 || e->opSeq.load(std::memory_order_acquire) < seq) return false;
-  const transport::HistoryEntry& h = e->history[seq % transport::kHistoryCalls];
-  uint64_t words[transport::kDescriptorWords];
-  for (int w = 0; w < transport::kDescriptorWords; ++w) {
-    words[w] = h.words[w].load(std::memory_order_relaxed);
-  }
+  const Descriptor d = e->history[seq % transport::kHistoryCalls].load();
   // The entry is overwritten only by call seq + kHistoryCalls, released through opSeq.
   std::atomic_thread_fence(std::memory_order_acquire);
   if (e->opSeq.load(std::memory_order_relaxed) >= seq + transport::kHistoryCalls) return false;
-  std::memcpy(out, words, sizeof *out);
-  return out->seq == seq;
+  *out = d;
+  return d.seq == seq;
 }
 
 std::string Communicator::describePeerCall(int peer, uint64_t seq) const {
@@ -328,12 +323,7 @@ void Communicator::verifyDescriptors(uint32_t s, const Descriptor& mine) const {
     auto latest = [](const transport::EagerControl* ec) {
       const uint64_t completed = ec->completed.load(std::memory_order_relaxed);
       if (completed == 0) return std::string("none");
-      uint64_t words[transport::kDescriptorWords];
-      for (int w = 0; w < transport::kDescriptorWords; ++w) {
-        words[w] = ec->lastEager.words[w].load(std::memory_order_relaxed);
-      }
-      Descriptor last{};
-      std::memcpy(&last, words, sizeof last);
+      const Descriptor last = ec->lastEager.load();
       return format("%llu, the latest %s as its collective seq %llu",
                     static_cast<unsigned long long>(completed), algorithms::describe(last).c_str(),
                     static_cast<unsigned long long>(last.seq));
@@ -661,12 +651,7 @@ Descriptor Communicator::beginOp(Descriptor d) {
   {
     // Our call, readable by peers that wait for us (checkPeerCalls, algorithms/eager.h).
     transport::EagerControl* e = eager(rank_);
-    transport::HistoryEntry& h = e->history[d.seq % transport::kHistoryCalls];
-    uint64_t words[transport::kDescriptorWords];
-    std::memcpy(words, &d, sizeof d);
-    for (int w = 0; w < transport::kDescriptorWords; ++w) {
-      h.words[w].store(words[w], std::memory_order_relaxed);
-    }
+    e->history[d.seq % transport::kHistoryCalls].store(d);
     e->opSeq.store(d.seq, std::memory_order_release);
   }
   customLabel_.clear();
@@ -738,10 +723,9 @@ void Communicator::throwPeerFailure(int peer, const std::string& waitingFor) con
         code == spyrecclRemoteError
             ? std::string()
             : std::string(pc->failText, strnlen(pc->failText, transport::kFailTextBytes));
-    what =
-        format("rank %d (pid %d) failed with %s%s%s%s%s during %s", peer, pid,
-               resultName(pc->failCode.load(std::memory_order_relaxed)), cause.empty() ? "" : " (",
-               cause.c_str(), cause.empty() ? "" : ")", exited, opLabel().c_str());
+    what = format("rank %d (pid %d) failed with %s%s%s%s%s during %s", peer, pid, resultName(code),
+                  cause.empty() ? "" : " (", cause.c_str(), cause.empty() ? "" : ")", exited,
+                  opLabel().c_str());
   } else {
     what = format("rank %d (pid %d) died during %s", peer, pid, opLabel().c_str());
   }

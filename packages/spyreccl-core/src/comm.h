@@ -129,10 +129,9 @@ class Communicator {
     return layout_.eagerConsumed(base(), r, root);
   }
   struct EagerState {
-    std::vector<uint32_t> index;    // per root: its slots this rank posted (root) or read
-    std::vector<uint64_t> slotSeq;  // as a root: the call seq each slot of the ring holds
-    uint32_t freeUntil = 0;         // as a root: first slot index not known to be free
-    uint64_t digest = 0;            // of every one-way broadcast completed (Descriptor)
+    std::vector<uint32_t> index;  // per root: its slots this rank posted (root) or read
+    uint32_t freeUntil = 0;       // as a root: first slot index not known to be free
+    uint64_t digest = 0;          // of every one-way broadcast completed (Descriptor)
   };
   EagerState& eagerState() { return eager_; }
   // Copies rank `peer`'s call `seq` into *out from its history in the segment; false when

@@ -19,13 +19,13 @@ void broadcast(Communicator& c, const void* sendbuff, void* recvbuff, size_t cou
   OpScope scope(c, makeDescriptor(Kind::kBroadcast, dtype, count, root));
   const int r = c.rank();
   const size_t bytes = count * kernels::dtypeSize(dtype);
-  const size_t chunk = c.layout().chunkBytes();
-  const size_t nsteps = std::max<size_t>(1, ceilDiv(bytes, chunk));
   if (eagerBroadcastFits(c, bytes)) {
     eagerBroadcast(c, *scope.desc(), sendbuff, recvbuff, bytes, root);
     scope.succeed();
     return;
   }
+  const size_t chunk = c.layout().chunkBytes();
+  const size_t nsteps = std::max<size_t>(1, ceilDiv(bytes, chunk));
   const auto* send = static_cast<const uint8_t*>(sendbuff);
   auto* recv = static_cast<uint8_t*>(recvbuff);
   std::optional<DirectTransfer> x;

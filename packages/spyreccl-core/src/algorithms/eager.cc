@@ -33,12 +33,9 @@ void complete(Communicator& c, const Descriptor& d) {
                         static_cast<uint64_t>(static_cast<uint32_t>(d.dtype)) << 40 ^ d.count;
   st.digest = mix64(st.digest ^ mix64(call));
   transport::EagerControl* e = c.eager(c.rank());
-  uint64_t words[transport::kDescriptorWords];
-  std::memcpy(words, &d, sizeof d);
-  for (int w = 0; w < transport::kDescriptorWords; ++w) {
-    e->lastEager.words[w].store(words[w], std::memory_order_relaxed);
-  }
-  e->completed.fetch_add(1, std::memory_order_relaxed);
+  e->lastEager.store(d);
+  // Written by this rank only: no read-modify-write needed.
+  e->completed.store(e->completed.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
 const char* const kRootLater =
@@ -50,7 +47,9 @@ void waitForSlot(Communicator& c, uint32_t i) {
   const int me = c.rank();
   Communicator::EagerState& st = c.eagerState();
   const uint32_t need = i + 1 - kEagerSlots;  // receivers must have read this many
-  const uint64_t heldSeq = st.slotSeq[i % kEagerSlots];
+  // The call the slot holds (0 while the ring has not wrapped yet; then no wait below).
+  const Descriptor& held = c.eager(me)->slots[i % kEagerSlots].desc;
+  const uint64_t heldSeq = held.seq;
   uint32_t minRead = need + kEagerSlots;  // the smallest count read, once all have `need`
   for (int p = 0; p < c.nranks(); ++p) {
     if (p == me) continue;
@@ -70,7 +69,6 @@ void waitForSlot(Communicator& c, uint32_t i) {
         // A receiver that began a later call without reading the slot called something
         // else as that call (opSeq is released after the slot's read count).
         if (c.eager(p)->opSeq.load(std::memory_order_acquire) <= heldSeq || ready()) return;
-        const Descriptor& held = c.eager(me)->slots[i % kEagerSlots].desc;
         SPYRECCL_THROW(spyrecclMismatch,
                        "%s: rank %d called %s as its collective seq %llu but %s%s",
                        c.opLabel().c_str(), me, describe(held).c_str(),
@@ -103,7 +101,6 @@ void post(Communicator& c, const Descriptor& d, const uint8_t* send, uint8_t* re
   slot.desc = d;
   slot.bytes = bytes;
   if (bytes != 0) std::memcpy(slot.payload, send, bytes);
-  st.slotSeq[i % kEagerSlots] = d.seq;
   e->posted.store(i + 1, std::memory_order_release);
   transport::notify(&e->posted, &e->postedSleepers);
   st.index[me] = i + 1;

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace spyreccl::transport {
 
@@ -178,6 +179,19 @@ struct alignas(kCacheLine) EagerSlot {
 // finds opSeq moved on by kHistoryCalls and discards what it read).
 struct alignas(kCacheLine) HistoryEntry {
   std::atomic<uint64_t> words[kDescriptorWords];
+
+  void store(const Descriptor& d) {
+    uint64_t w[kDescriptorWords];
+    std::memcpy(w, &d, sizeof d);
+    for (int i = 0; i < kDescriptorWords; ++i) words[i].store(w[i], std::memory_order_relaxed);
+  }
+  Descriptor load() const {
+    uint64_t w[kDescriptorWords];
+    for (int i = 0; i < kDescriptorWords; ++i) w[i] = words[i].load(std::memory_order_relaxed);
+    Descriptor d;
+    std::memcpy(&d, w, sizeof d);
+    return d;
+  }
 };
 
 // Per rank. Written by its owner only; the consumed counters (one per root, after the
