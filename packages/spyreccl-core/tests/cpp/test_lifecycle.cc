@@ -342,11 +342,16 @@ void mismatchBody(RankContext& ctx, const std::string& variant) {
 // can see the mismatch fails in the call; every other rank (a root returns before anyone
 // reads its slot) fails at its next collective that waits for every rank, here a barrier.
 // Either way the message names both calls, and a failed receiver's output is untouched.
+// A float drawn from the test's seed: the same on every rank that computes it.
+float seededValue(uint64_t seed, int rank, uint64_t index) {
+  return float(int64_t(randomBits(seed, rank, index) % 2000001) - 1000000) * 0.001f;
+}
+
 void eagerMismatchBody(RankContext& ctx, const std::string& variant) {
   const int odd = ctx.nranks - 1;
   const bool me = ctx.rank == odd;
   std::vector<float> send(16), recv(16, -7.0f);
-  for (size_t i = 0; i < send.size(); ++i) send[i] = float(ctx.rank * 100 + int(i)) + 0.5f;
+  for (size_t i = 0; i < send.size(); ++i) send[i] = seededValue(ctx.seed, ctx.rank, i);
   const int root = me && variant == "root" ? 1 : 0;
   const size_t count = me && variant == "count" ? 15 : 16;
   spyrecclResult_t rc;
@@ -380,9 +385,8 @@ void eagerMismatchBody(RankContext& ctx, const std::string& variant) {
 // and with a synchronising allreduce now and then: every receiver gets every payload.
 void eagerStreamBody(RankContext& ctx) {
   const int n = ctx.nranks;
-  uint64_t seed = 0x5eed0000u + uint64_t(n);
   auto value = [&](int call, int root, size_t i) {
-    return float((call * 31 + root * 7 + int(i)) % 977) * 0.25f - 50.0f + float(seed % 3);
+    return seededValue(ctx.seed, root, uint64_t(call) * 64 + i);
   };
   for (int call = 0; call < 1800; ++call) {
     // 600 in a row from one root: its ring (transport::kEagerSlots, 256) wraps twice.

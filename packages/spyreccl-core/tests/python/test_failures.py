@@ -77,13 +77,13 @@ def test_mismatch_detected_on_every_rank(rank_pool, kind):
         assert broken == spyreccl_core.Result.MISMATCH
 
 
-def rank_one_way_mismatch(comm, kind):
+def rank_one_way_mismatch(comm, kind, seed):
     """A small (one-way) broadcast that does not match: returns what the call raised and,
     when it succeeded, what the next barrier raised, with the receiver's output."""
     sub = comm.split(0)
     with sub:
         odd = comm.rank == comm.size - 1
-        rng = np.random.default_rng(1000 + comm.rank)
+        rng = np.random.default_rng([seed, comm.rank])
         x = rng.standard_normal(15 if odd and kind == "count" else 16).astype(np.float32)
         before = x.copy()
         root = 1 if odd and kind == "root" else 0
@@ -100,10 +100,10 @@ def rank_one_way_mismatch(comm, kind):
 
 
 @pytest.mark.parametrize("kind", ["count", "collective", "root"])
-def test_one_way_broadcast_mismatch_fails_by_the_next_synchronising_call(rank_pool, kind):
+def test_one_way_broadcast_mismatch_fails_by_the_next_synchronising_call(rank_pool, kind, seeded):
     in_calls = []
     for rank, (in_call, error, untouched, is_root) in enumerate(
-        rank_pool.run(rank_one_way_mismatch, kind)
+        rank_pool.run(rank_one_way_mismatch, kind, seeded.seed)
     ):
         in_calls.append(in_call)
         # In the call (a receiver that sees the root's slot or history) or at the barrier
