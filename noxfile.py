@@ -191,6 +191,8 @@ def _ctest(
         "-G",
         "Ninja",
         "-DSPYRECCL_BUILD_TESTS=ON",
+        # the smoke test and the timing driver too: ctest runs both end to end
+        "-DSPYRECCL_BUILD_TOOLS=ON",
         f"-DPython_EXECUTABLE={python.strip()}",
         f"-Dpybind11_DIR={pybind11_dir.strip()}",
         *cmake_args,

@@ -1,7 +1,7 @@
 // spyreccl_bench: timing driver for the C API (developer tool, not a test).
 //
 //   spyreccl_bench [nranks=2] [min_bytes=8] [max_bytes=128M] [memory=host|arena]
-//                  [op=allreduce|broadcast|allgather|barrier] [iters_scale=1]
+//                  [op=allreduce|broadcast|allgather|barrier] [iters_scale=1] [flush_mib=0]
 //
 // Forks nranks processes; for each size (x4 steps) runs warm-up iterations, then times
 // iterations individually with a barrier-free loop and prints the median, mean and p90
@@ -10,14 +10,27 @@
 // memory=arena allocates the buffers with spyrecclMemAlloc (direct transfers), host with
 // new[] (staged transfers). bytes are per rank (allgather: the send buffer; barrier: none).
 // iters_scale multiplies the iteration counts (e.g. 50 for a perf record of small sizes).
+//
+// flush_mib > 0 times each call as it runs inside a model's step on a CPU: before every timed
+// call each rank writes one byte per cache line of its own flush_mib MiB buffer (as a layer
+// streams its weights), so the call finds the library's code, the segment and the buffers
+// evicted. The ranks then arrive at different times, so each call is split, from timestamps of
+// one machine-wide clock, into the wait (last arrival - first) and the in-call time (from the
+// last arrival to each rank's return, mean over the ranks). For comparison the same split is
+// printed for a warm pass in which the ranks busy-wait instead of streaming (caches untouched).
+// Both passes assume a core per rank: with more ranks than cores a busy-waiting or streaming rank
+// holds a core its peer needs.
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -46,6 +59,9 @@ size_t parseBytes(const char* s) {
   }
   return static_cast<size_t>(v);
 }
+
+// Timed calls per size and pass of the cold mode (each follows a flush of several ms).
+constexpr int kColdIters = 200;
 
 enum class Op { kAllReduce, kBroadcast, kAllGather, kBarrier };
 
@@ -77,30 +93,89 @@ spyrecclResult_t runOp(Op op, const float* in, float* out, size_t count, spyrecc
   return spyrecclInternalError;
 }
 
-int runRank(int rank, int nranks, spyrecclUniqueId id, size_t minBytes, size_t maxBytes, bool arena,
-            Op op, int itersScale) {
-  spyrecclComm_t comm = nullptr;
-  if (spyrecclCommInitRank(&comm, nranks, id, rank, nullptr) != spyrecclSuccess) {
-    std::fprintf(stderr, "rank %d: init failed: %s\n", rank, spyrecclGetLastError(nullptr));
-    return 1;
-  }
-  const size_t maxCount = std::max<size_t>(1, maxBytes / 4);
-  // allgather receives nranks blocks; the other ops one.
-  const size_t outCount = op == Op::kAllGather ? maxCount * nranks : maxCount;
-  float* in = nullptr;
-  float* out = nullptr;
-  if (arena) {
-    if (spyrecclMemAlloc(reinterpret_cast<void**>(&in), maxCount * 4) != spyrecclSuccess ||
-        spyrecclMemAlloc(reinterpret_cast<void**>(&out), outCount * 4) != spyrecclSuccess) {
-      std::fprintf(stderr, "rank %d: %s\n", rank, spyrecclGetLastError(nullptr));
-      return 1;
+// Timestamps of the cold mode, shared by the forked ranks (mapped before the fork).
+struct CallTimes {
+  int64_t arrive;
+  int64_t leave;
+};
+
+int64_t monotonicNs() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // one clock for every process of the machine
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+// Prints, for one size, the median and p90 in-call time and the median wait of the timed
+// calls of `times` ([iteration][rank]).
+void printSplit(const char* pass, size_t bytes, const CallTimes* times, int iters, int nranks) {
+  std::vector<double> inCall(iters);
+  std::vector<double> wait(iters);
+  for (int i = 0; i < iters; ++i) {
+    const CallTimes* t = times + static_cast<size_t>(i) * nranks;
+    int64_t first = t[0].arrive;
+    int64_t last = t[0].arrive;
+    for (int r = 1; r < nranks; ++r) {
+      first = std::min(first, t[r].arrive);
+      last = std::max(last, t[r].arrive);
     }
-  } else {
-    in = new float[maxCount];
-    out = new float[outCount];
+    double sum = 0;
+    for (int r = 0; r < nranks; ++r) sum += static_cast<double>(t[r].leave - last);
+    inCall[i] = sum / nranks / 1e3;
+    wait[i] = static_cast<double>(last - first) / 1e3;
   }
-  std::fill(in, in + maxCount, 1.0f);
-  std::fill(out, out + outCount, 0.0f);
+  std::sort(inCall.begin(), inCall.end());
+  std::sort(wait.begin(), wait.end());
+  std::printf("%12zu %6s %14.3f %12.3f %14.3f\n", bytes, pass, inCall[iters / 2],
+              inCall[iters * 9 / 10], wait[iters / 2]);
+  std::fflush(stdout);
+}
+
+// The cold mode (flush_mib > 0): see the top of this file.
+int runCold(int rank, int nranks, spyrecclComm_t comm, Op op, const float* in, float* out,
+            size_t minBytes, size_t maxBytes, size_t flushBytes, int iters, CallTimes* times) {
+  std::vector<unsigned char> flush(flushBytes);
+  if (rank == 0) {
+    std::printf(
+        "# %s, %d ranks, each call after streaming %zu MiB (cold) or after a busy wait"
+        " (warm)\n",
+        opName(op), nranks, flushBytes >> 20);
+    std::printf("%12s %6s %14s %12s %14s\n", "bytes", "pass", "in-call_us", "in-call_p90",
+                "wait_median_us");
+  }
+  for (size_t bytes = minBytes; bytes <= maxBytes; bytes *= 4) {
+    const size_t count = std::max<size_t>(1, bytes / 4);
+    for (int cold = 0; cold < 2; ++cold) {
+      for (int i = 0; i < 10; ++i) runOp(op, in, out, count, comm);
+      spyrecclBarrier(comm);
+      for (int i = 0; i < iters; ++i) {
+        if (cold) {
+          for (size_t k = 0; k < flushBytes; k += 64) ++flush[k];
+        } else {
+          const int64_t until = monotonicNs() + 1000000;  // 1 ms: a pace, not a flush
+          while (monotonicNs() < until) {
+          }
+        }
+        CallTimes& t = times[static_cast<size_t>(i) * nranks + rank];
+        t.arrive = monotonicNs();
+        spyrecclResult_t rc = runOp(op, in, out, count, comm);
+        t.leave = monotonicNs();
+        if (rc != spyrecclSuccess) {
+          std::fprintf(stderr, "rank %d: %s\n", rank, spyrecclGetLastError(comm));
+          return 1;
+        }
+      }
+      spyrecclBarrier(comm);  // every rank's timestamps are written
+      if (rank == 0) printSplit(cold ? "cold" : "warm", count * 4, times, iters, nranks);
+      spyrecclBarrier(comm);  // rank 0 has read them before they are overwritten
+    }
+    if (op == Op::kBarrier) break;
+  }
+  return 0;
+}
+
+// The default mode: back-to-back calls, each timed on its own.
+int runTimed(int rank, int nranks, spyrecclComm_t comm, Op op, const float* in, float* out,
+             size_t minBytes, size_t maxBytes, bool arena, int itersScale) {
   if (rank == 0) {
     std::printf("# %s, %d ranks, %s memory (per-call latency of timed iterations)\n", opName(op),
                 nranks, arena ? "arena" : "host");
@@ -136,6 +211,37 @@ int runRank(int rank, int nranks, spyrecclUniqueId id, size_t minBytes, size_t m
     }
     if (op == Op::kBarrier) break;  // no sizes
   }
+  return 0;
+}
+
+int runRank(int rank, int nranks, spyrecclUniqueId id, size_t minBytes, size_t maxBytes, bool arena,
+            Op op, int itersScale, size_t flushBytes, CallTimes* times) {
+  spyrecclComm_t comm = nullptr;
+  if (spyrecclCommInitRank(&comm, nranks, id, rank, nullptr) != spyrecclSuccess) {
+    std::fprintf(stderr, "rank %d: init failed: %s\n", rank, spyrecclGetLastError(nullptr));
+    return 1;
+  }
+  const size_t maxCount = std::max<size_t>(1, maxBytes / 4);
+  // allgather receives nranks blocks; the other ops one.
+  const size_t outCount = op == Op::kAllGather ? maxCount * nranks : maxCount;
+  float* in = nullptr;
+  float* out = nullptr;
+  if (arena) {
+    if (spyrecclMemAlloc(reinterpret_cast<void**>(&in), maxCount * 4) != spyrecclSuccess ||
+        spyrecclMemAlloc(reinterpret_cast<void**>(&out), outCount * 4) != spyrecclSuccess) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, spyrecclGetLastError(nullptr));
+      return 1;
+    }
+  } else {
+    in = new float[maxCount];
+    out = new float[outCount];
+  }
+  std::fill(in, in + maxCount, 1.0f);
+  std::fill(out, out + outCount, 0.0f);
+  const int rc = flushBytes > 0 ? runCold(rank, nranks, comm, op, in, out, minBytes, maxBytes,
+                                          flushBytes, kColdIters * itersScale, times)
+                                : runTimed(rank, nranks, comm, op, in, out, minBytes, maxBytes,
+                                           arena, itersScale);
   spyrecclCommDestroy(comm);
   if (arena) {
     spyrecclMemFree(in);
@@ -145,7 +251,7 @@ int runRank(int rank, int nranks, spyrecclUniqueId id, size_t minBytes, size_t m
     delete[] out;
   }
   std::fflush(stdout);  // the caller leaves with _exit
-  return 0;
+  return rc;
 }
 
 }  // namespace
@@ -172,12 +278,25 @@ int main(int argc, char** argv) {
     }
   }
   const int itersScale = argc > 6 ? std::max(1, std::atoi(argv[6])) : 1;
+  const size_t flushBytes =
+      argc > 7 ? static_cast<size_t>(std::max(0, std::atoi(argv[7]))) << 20 : 0;
+  CallTimes* times = nullptr;
+  if (flushBytes > 0) {
+    const size_t bytes = sizeof(CallTimes) * kColdIters * itersScale * nranks;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::perror("spyreccl_bench: mmap");
+      return 1;
+    }
+    times = static_cast<CallTimes*>(p);
+  }
   spyrecclUniqueId id;
   spyrecclGetUniqueId(&id);
   std::vector<pid_t> pids;
   for (int r = 0; r < nranks; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(runRank(r, nranks, id, minBytes, maxBytes, arena, op, itersScale));
+    if (pid == 0)
+      _exit(runRank(r, nranks, id, minBytes, maxBytes, arena, op, itersScale, flushBytes, times));
     pids.push_back(pid);
   }
   int failed = 0;
