@@ -268,6 +268,9 @@ def test_decode_mode_tiny_model(tmp_path, capsys):
         assert ours["dtensor_dispatch_ms"] == pytest.approx(
             dt_floor["token_ms"] - r["floor spyreccl"]["token_ms"]
         )
+        # The ratios to both floors round by round: one per round.
+        for key in ("vs_floor_rounds", "vs_dtensor_floor_rounds"):
+            assert len(ours[key]) == 2 and all(x > 0 for x in ours[key]), (key, ours[key])
     assert (tmp_path / "decode.png").stat().st_size > 10_000
     assert "# decode: ms per token" in capsys.readouterr().out
 

@@ -451,7 +451,7 @@ def test_decode_row_derives_the_floors_ratios_and_the_table_aligns_them():
         }
         per_rank.append({
             "config": {"n_layers": 2, "dim": 256}, "steps_ns": steps,
-            "ttft_ns": {n: [int(3e7)] for n in names},
+            "ttft_ns": {n: [int(3e7)] * 3 for n in names},  # 3 rounds of 3 steps
             "alone_us": {"spyreccl": rng.uniform(5, 20), "gloo": rng.uniform(50, 200)},
             "alone_cold_us": {}, "manual_calls_ns": [],
         })  # fmt: skip
@@ -474,6 +474,18 @@ def test_decode_row_derives_the_floors_ratios_and_the_table_aligns_them():
     assert ours["dtensor_comm_vs_alone"] == pytest.approx((tok - dt) * 1e3 / (4 * alone))
     assert ours["dtensor_dispatch_ms"] == pytest.approx(dt - floor)
     assert "dtensor_ms" not in ours  # compiled: no hook variant
+
+    def round_medians(name: str) -> list[float]:
+        means = [(a + b) / 2 for a, b in zip(*(r["steps_ns"][name] for r in per_rank))]
+        return [sorted(means[i : i + 3])[1] for i in range(0, 9, 3)]
+
+    expected = [
+        a / b for a, b in zip(round_medians("spyreccl"), round_medians("dtensor floor spyreccl"))
+    ]
+    assert ours["vs_dtensor_floor_rounds"] == pytest.approx(expected)
+    assert ours["vs_floor_rounds"] == pytest.approx(
+        [a / b for a, b in zip(round_medians("spyreccl"), round_medians("floor spyreccl"))]
+    )
     lines = format_table([row]).splitlines()
     head, cells = lines[1], lines[3]
     for heading, value in (
@@ -483,3 +495,5 @@ def test_decode_row_derives_the_floors_ratios_and_the_table_aligns_them():
         end = head.index(heading) + len(heading)
         text = f"{value:.2f}" if heading == "DT floor" else f"{value:.3f}"
         assert cells[:end].endswith(text), (heading, head, cells)
+    end = head.index("rounds") + len("rounds")
+    assert cells[:end].endswith(f"{min(expected):.3f}-{max(expected):.3f}"), (head, cells)

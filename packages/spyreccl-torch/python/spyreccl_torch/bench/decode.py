@@ -25,7 +25,10 @@ eager and ``torch.compile``d (each block compiled), and the all_reduce of one st
 (eager: ``_c10d_functional.all_reduce`` + ``wait_tensor``, as DTensor issues it; compiled:
 ``dist.all_reduce``, which a collective waited at once in a compiled graph amounts to).
 A step's time is the mean over the ranks of each rank's wall time of that step; the table
-gives medians over all steps of all rounds, and ``comm`` = token - floor.
+gives medians over all steps of all rounds, and ``comm`` = token - floor. The ratios to the
+floors are also taken round by round (``vs_floor_rounds``, ``vs_dtensor_floor_rounds``; the
+table prints the lowest and highest of the DTensor floor's): on a machine whose speed drifts,
+their spread says how much one run's median ratio can be trusted.
 """
 
 from __future__ import annotations
@@ -213,6 +216,28 @@ def _run_case(
     }
 
 
+def _round_medians_ms(per_rank: list[dict], name: str) -> list[float] | None:
+    """The median step (ms, mean over ranks) of each timed round of variant ``name``; None
+    where the steps do not split evenly into rounds (one TTFT is recorded per round)."""
+    import numpy as np
+
+    steps = combine_ranks([r["steps_ns"][name] for r in per_rank])
+    rounds = len(per_rank[0]["ttft_ns"][name])
+    if rounds == 0 or steps.size == 0 or steps.size % rounds:
+        return None
+    return [float(m) / 1e6 for m in np.median(steps.reshape(rounds, -1), axis=1)]
+
+
+def _round_ratios(per_rank: list[dict], name: str, base: str) -> list[float] | None:
+    """Token of ``name`` over token of ``base``, round by round. The variants of a round run
+    back to back (time_variants), so a round's ratio sees one state of the machine: their
+    spread is how far one run's median ratio can be trusted."""
+    ours, other = _round_medians_ms(per_rank, name), _round_medians_ms(per_rank, base)
+    if ours is None or other is None or len(ours) != len(other):
+        return None
+    return [a / b for a, b in zip(ours, other)]
+
+
 def _row(case: dict, per_rank: list[dict], nranks: int) -> dict:
     from .decode_timing import in_call_costs
 
@@ -241,10 +266,14 @@ def _row(case: dict, per_rank: list[dict], nranks: int) -> dict:
         row[level]["vs_floor"] = tok / floor
         row[level]["comm_ms"] = tok - floor
         row[level]["comm_vs_alone"] = (tok - floor) * 1e3 / (calls * alone)
+        row[level]["vs_floor_rounds"] = _round_ratios(per_rank, level, f"floor {level}")
         if f"dtensor floor {level}" in row:
             dt_floor = row[f"dtensor floor {level}"]["token_ms"]
             row[level]["dtensor_floor_ms"] = dt_floor
             row[level]["vs_dtensor_floor"] = tok / dt_floor
+            row[level]["vs_dtensor_floor_rounds"] = _round_ratios(
+                per_rank, level, f"dtensor floor {level}"
+            )
             row[level]["dtensor_comm_ms"] = tok - dt_floor
             row[level]["dtensor_comm_vs_alone"] = (tok - dt_floor) * 1e3 / (calls * alone)
             row[level]["dtensor_dispatch_ms"] = dt_floor - floor
@@ -273,7 +302,7 @@ def format_table(rows: list[dict]) -> str:
         f"{'spyreccl':>10}{'floor':>9}{'x floor':>8}{'comm':>8}{'vs alone':>9}"
         f"{'gloo':>9}{'floor':>9}{'gloo/ours':>10}{'DTensor':>9}{'w/o DT':>8}"
         f"{'in-call':>9}{'/alone':>7}{'/cold':>6}{'wait':>8}"
-        f"{'DT floor':>9}{'x DT fl':>8}{'DT comm':>8}{'vs alone':>9}"
+        f"{'DT floor':>9}{'x DT fl':>8}{'rounds':>12}{'DT comm':>8}{'vs alone':>9}"
     )
     lines = [
         "# decode: ms per token (median over steps, mean over ranks); floor = same shards, "
@@ -284,7 +313,8 @@ def format_table(rows: list[dict]) -> str:
         "that vs alone, /cold = vs alone after a 64 MiB pass through the caches (as the model "
         "leaves them), wait = us between the first and the last rank's arrival (rank skew); "
         "DT floor = the DTensor model on a group that moves nothing (the same step, eager "
-        "or compiled, with only the transfers skipped), x DT fl = token vs it, DT comm = "
+        "or compiled, with only the transfers skipped), x DT fl = token vs it, rounds = "
+        "the lowest and highest of that ratio taken round by round, DT comm = "
         "token - it, vs alone = that vs the all_reduces alone",
         head,
         "-" * len(head),
@@ -317,8 +347,11 @@ def format_table(rows: list[dict]) -> str:
         elif ours:
             cells += " " * 47  # compiled: no hook variant
         if ours and "dtensor_floor_ms" in ours:
+            spread = ours.get("vs_dtensor_floor_rounds")
+            spread_text = f"{min(spread):.3f}-{max(spread):.3f}" if spread else "-"
             cells += (
                 f"{ours['dtensor_floor_ms']:9.2f}{ours['vs_dtensor_floor']:8.3f}"
+                f"{spread_text:>12}"
                 f"{ours['dtensor_comm_ms']:8.2f}{ours['dtensor_comm_vs_alone']:9.2f}"
             )
         lines.append(prefix + cells)
