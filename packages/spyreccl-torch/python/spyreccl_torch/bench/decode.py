@@ -359,6 +359,9 @@ def format_table(rows: list[dict]) -> str:
 
 
 def plot_decode(path: str, rows: list[dict], title: str) -> None:
+    """Per-token latency bars (log scale) of every variant with a row-level figure, and below
+    them, where the DTensor floor was timed, spyreccl's token over it: the median ratio, the
+    lowest and highest round as an error bar, and the 1.05 target."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -367,23 +370,49 @@ def plot_decode(path: str, rows: list[dict], title: str) -> None:
     rows = [r for r in rows if "skipped" not in r]
     labels = [f"n{r['nranks']} w{r['width']} b{r['batch']} {r['dtype'][:4]} {r['form'][:4]}"
               for r in rows]  # fmt: skip
-    fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(rows) + 2), 4.5))
+    ratios = [
+        (j, r["spyreccl"]) for j, r in enumerate(rows)
+        if "spyreccl" in r and "vs_dtensor_floor" in r["spyreccl"]
+    ]  # fmt: skip
+    panels = 2 if ratios else 1
+    fig, axes = plt.subplots(
+        panels, 1, figsize=(max(8, 0.6 * len(rows) + 2), 4.5 + 2.5 * (panels - 1)),
+        sharex=True, squeeze=False, height_ratios=[2, 1][:panels],
+    )  # fmt: skip
+    ax = axes[0][0]
     series = [
         ("floor spyreccl", "tab:gray"),
+        ("dtensor floor spyreccl", "silver"),
         ("spyreccl", "tab:blue"),
         ("gloo", "tab:red"),
     ]
+    series = [(n, c) for n, c in series if any(n in r for r in rows)]
     width = 0.8 / len(series)
     for i, (name, color) in enumerate(series):
-        xs = [j + (i - 1) * width for j in range(len(rows)) if name in rows[j]]
+        offset = (i - (len(series) - 1) / 2) * width
+        xs = [j + offset for j in range(len(rows)) if name in rows[j]]
         ys = [r[name]["token_ms"] for r in rows if name in r]
         ax.bar(xs, ys, width, label=name, color=color)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("ms per decode token (median)")
-    ax.legend()
+    ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)
+    if ratios:
+        low = axes[1][0]
+        xs = [j for j, _ in ratios]
+        mid = [v["vs_dtensor_floor"] for _, v in ratios]
+        spans = [v.get("vs_dtensor_floor_rounds") or [m] for (_, v), m in zip(ratios, mid)]
+        err = [[m - min(sp) for m, sp in zip(mid, spans)],
+               [max(sp) - m for m, sp in zip(mid, spans)]]  # fmt: skip
+        label = "spyreccl / DTensor floor (median; lowest and highest round)"
+        low.errorbar(xs, mid, yerr=err, fmt="o", color="tab:blue", capsize=3, label=label)
+        low.axhline(1.05, color="tab:green", linestyle="--", linewidth=1, label="1.05")
+        low.axhline(1.0, color="black", linewidth=0.5)
+        low.set_ylabel("token / DTensor floor")
+        low.legend(fontsize=8)
+    bottom = axes[-1][0]
+    bottom.set_xticks(range(len(rows)))
+    bottom.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
