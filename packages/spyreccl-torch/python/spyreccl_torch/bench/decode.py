@@ -377,7 +377,7 @@ def plot_decode(path: str, rows: list[dict], title: str) -> None:
     panels = 2 if ratios else 1
     fig, axes = plt.subplots(
         panels, 1, figsize=(max(8, 0.6 * len(rows) + 2), 4.5 + 2.5 * (panels - 1)),
-        sharex=True, squeeze=False, height_ratios=[2, 1][:panels],
+        sharex=True, squeeze=False, gridspec_kw={"height_ratios": [2, 1][:panels]},
     )  # fmt: skip
     ax = axes[0][0]
     series = [
@@ -402,8 +402,9 @@ def plot_decode(path: str, rows: list[dict], title: str) -> None:
         xs = [j for j, _ in ratios]
         mid = [v["vs_dtensor_floor"] for _, v in ratios]
         spans = [v.get("vs_dtensor_floor_rounds") or [m] for (_, v), m in zip(ratios, mid)]
-        err = [[m - min(sp) for m, sp in zip(mid, spans)],
-               [max(sp) - m for m, sp in zip(mid, spans)]]  # fmt: skip
+        # The median over all steps need not lie between the rounds' own ratios: clamp.
+        err = [[max(0.0, m - min(sp)) for m, sp in zip(mid, spans)],
+               [max(0.0, max(sp) - m) for m, sp in zip(mid, spans)]]  # fmt: skip
         label = "spyreccl / DTensor floor (median; lowest and highest round)"
         low.errorbar(xs, mid, yerr=err, fmt="o", color="tab:blue", capsize=3, label=label)
         low.axhline(1.05, color="tab:green", linestyle="--", linewidth=1, label="1.05")
