@@ -41,6 +41,8 @@ import time
 import warnings
 from typing import Any
 
+import numpy as np
+
 from .launcher import RankJob, reporting_to
 from .machine import command_line, describe_environment, timestamp
 from .report import write_json
@@ -216,26 +218,21 @@ def _run_case(
     }
 
 
-def _round_medians_ms(per_rank: list[dict], name: str) -> list[float] | None:
-    """The median step (ms, mean over ranks) of each timed round of variant ``name``; None
-    where the steps do not split evenly into rounds (one TTFT is recorded per round)."""
-    import numpy as np
-
-    steps = combine_ranks([r["steps_ns"][name] for r in per_rank])
-    rounds = len(per_rank[0]["ttft_ns"][name])
-    if rounds == 0 or steps.size == 0 or steps.size % rounds:
+def _round_medians_ms(steps_ns: np.ndarray, rounds: int) -> list[float] | None:
+    """The median step (ms) of each of ``rounds`` equal runs of ``steps_ns`` (a variant's
+    steps, mean over ranks, round after round); None where they do not split evenly."""
+    if rounds == 0 or steps_ns.size == 0 or steps_ns.size % rounds:
         return None
-    return [float(m) / 1e6 for m in np.median(steps.reshape(rounds, -1), axis=1)]
+    return [float(m) / 1e6 for m in np.median(steps_ns.reshape(rounds, -1), axis=1)]
 
 
-def _round_ratios(per_rank: list[dict], name: str, base: str) -> list[float] | None:
-    """Token of ``name`` over token of ``base``, round by round. The variants of a round run
-    back to back (time_variants), so a round's ratio sees one state of the machine: their
-    spread is how far one run's median ratio can be trusted."""
-    ours, other = _round_medians_ms(per_rank, name), _round_medians_ms(per_rank, base)
-    if ours is None or other is None or len(ours) != len(other):
+def _round_ratios(ours: list[float] | None, base: list[float] | None) -> list[float] | None:
+    """A token over its floor, round by round. The variants of a round run back to back
+    (time_variants), so a round's ratio sees one state of the machine: their spread is how
+    far one run's median ratio can be trusted."""
+    if ours is None or base is None or len(ours) != len(base):
         return None
-    return [a / b for a, b in zip(ours, other)]
+    return [a / b for a, b in zip(ours, base)]
 
 
 def _row(case: dict, per_rank: list[dict], nranks: int) -> dict:
@@ -250,9 +247,12 @@ def _row(case: dict, per_rank: list[dict], nranks: int) -> dict:
     nbytes = case["batch"] * cfg["dim"] * (2 if case["dtype"] in ("bfloat16", "float16") else 4)
     row["all_reduce_bytes"] = nbytes
     row["all_reduces_per_token"] = calls
+    rounds: dict[str, list[float] | None] = {}  # per variant: its median step per round
     for name in first["steps_ns"]:
-        s = summarize(combine_ranks([r["steps_ns"][name] for r in per_rank]))
+        steps = combine_ranks([r["steps_ns"][name] for r in per_rank])
+        s = summarize(steps)
         t = summarize(combine_ranks([r["ttft_ns"][name] for r in per_rank]))
+        rounds[name] = _round_medians_ms(steps, len(first["ttft_ns"][name]))  # a TTFT a round
         row[name] = {
             "token_ms": s.median_us / 1e3,
             "p90_ms": s.p90_us / 1e3,
@@ -266,13 +266,13 @@ def _row(case: dict, per_rank: list[dict], nranks: int) -> dict:
         row[level]["vs_floor"] = tok / floor
         row[level]["comm_ms"] = tok - floor
         row[level]["comm_vs_alone"] = (tok - floor) * 1e3 / (calls * alone)
-        row[level]["vs_floor_rounds"] = _round_ratios(per_rank, level, f"floor {level}")
+        row[level]["vs_floor_rounds"] = _round_ratios(rounds[level], rounds[f"floor {level}"])
         if f"dtensor floor {level}" in row:
             dt_floor = row[f"dtensor floor {level}"]["token_ms"]
             row[level]["dtensor_floor_ms"] = dt_floor
             row[level]["vs_dtensor_floor"] = tok / dt_floor
             row[level]["vs_dtensor_floor_rounds"] = _round_ratios(
-                per_rank, level, f"dtensor floor {level}"
+                rounds[level], rounds[f"dtensor floor {level}"]
             )
             row[level]["dtensor_comm_ms"] = tok - dt_floor
             row[level]["dtensor_comm_vs_alone"] = (tok - dt_floor) * 1e3 / (calls * alone)
